@@ -1,0 +1,82 @@
+//! `agent-runs keys create|list|revoke`.
+
+use std::path::Path;
+
+use agent_runs_shared::auth::generate_key;
+use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
+use agent_runs_shared::store::{Durability, KeyStore, SqliteStore};
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum KeysCommand {
+    /// Issue a key for an owner; the key is printed once and never stored.
+    Create {
+        #[arg(long)]
+        owner: String,
+        /// A label to recognise the key by.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List every key with its owner and status (never the key itself).
+    List,
+    /// Revoke a key; it stops working within 60 seconds everywhere.
+    Revoke { key_id: String },
+}
+
+pub type Error = Box<dyn std::error::Error>;
+
+/// Issues a key and stores its hash; returns the key and its id.
+pub async fn issue(
+    keys: &dyn KeyStore,
+    owner: Owner,
+    name: Option<String>,
+) -> Result<(String, KeyId), Error> {
+    let now = SystemClock.now();
+    let id = KeyId::from_ulid(IdGenerator::default().ulid_at(now));
+    let issued = generate_key(id, owner, name, now);
+    keys.put_key(&issued.stored).await?;
+    Ok((issued.secret, id))
+}
+
+pub async fn run(command: KeysCommand, db: &Path) -> Result<(), Error> {
+    let store = SqliteStore::open(db, Durability::default())?;
+    match command {
+        KeysCommand::Create { owner, name } => {
+            let owner = Owner::parse(&owner)?;
+            let (secret, id) = issue(&store, owner.clone(), name).await?;
+            eprintln!("Issued {id} for owner {owner}. It is shown only this once:");
+            println!("{secret}");
+        }
+        KeysCommand::List => {
+            println!(
+                "{:<30}  {:<20}  {:<24}  {:<8}  NAME",
+                "ID", "OWNER", "CREATED", "STATUS"
+            );
+            for key in store.list_keys().await? {
+                let status = if key.revoked_at.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                println!(
+                    "{:<30}  {:<20}  {:<24}  {:<8}  {}",
+                    key.id,
+                    key.owner,
+                    key.created_at,
+                    status,
+                    key.name.as_deref().unwrap_or("")
+                );
+            }
+        }
+        KeysCommand::Revoke { key_id } => {
+            let id: KeyId = key_id
+                .parse()
+                .map_err(|_| format!("`{key_id}` is not a key id (key_...)"))?;
+            if !store.revoke_key(id, SystemClock.now()).await? {
+                return Err(format!("no key {id}").into());
+            }
+            eprintln!("Revoked {id}. Servers stop accepting it within 60 seconds.");
+        }
+    }
+    Ok(())
+}

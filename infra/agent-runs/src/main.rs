@@ -1,0 +1,62 @@
+//! `agent-runs`: the embedded server and the admin commands.
+
+mod http_server;
+mod keys;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "agent-runs",
+    version,
+    about = "The Agent Runs service: embedded server and admin tools"
+)]
+struct Cli {
+    /// The SQLite database file (created with its folder if missing).
+    #[arg(
+        long,
+        global = true,
+        env = "AGENT_RUNS_DB",
+        default_value = ".agent-runs/runs.db"
+    )]
+    db: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve every operation on one port, with workers in the same process.
+    Serve(serve::ServeArgs),
+    /// Issue, list and revoke API keys.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args, &cli.db).await,
+            Command::Keys(command) => keys::run(command, &cli.db).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `agent-runs serve`: every operation on one port, SQLite, in-process queue
+//! and workers. No AWS needed.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_runs_shared::agents::AgentRegistry;
+use agent_runs_shared::api::Api;
+use agent_runs_shared::auth::Authenticator;
+use agent_runs_shared::config::Config;
+use agent_runs_shared::domain::{Clock, Owner, SystemClock};
+use agent_runs_shared::queue::{InProcessQueue, RunQueue};
+use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
+use agent_runs_shared::worker::{Sweeper, Worker, WorkerPool};
+use clap::Args;
+use tokio::net::TcpListener;
+
+use crate::http_server;
+use crate::keys::{Error, issue};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The address to listen on; port 0 picks a free one.
+    #[arg(long, env = "AGENT_RUNS_ADDR", default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// How many runs execute at once.
+    #[arg(long, env = "AGENT_RUNS_WORKERS", default_value_t = 16)]
+    workers: usize,
+    /// How often the sweeper looks for stuck runs, in milliseconds.
+    #[arg(long, env = "AGENT_RUNS_SWEEP_MS", default_value_t = 1_000)]
+    sweep_ms: u64,
+    /// `full` adds an fsync per write, for power-loss durability.
+    #[arg(long, env = "AGENT_RUNS_SQLITE_SYNC", default_value = "normal", value_parser = ["normal", "full"])]
+    sqlite_sync: String,
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_env("AGENT_RUNS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if std::env::var("AGENT_RUNS_LOG_FORMAT").is_ok_and(|format| format == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
+    init_logging();
+    let config = Config::from_env()?;
+    let durability = if args.sqlite_sync == "full" {
+        Durability::Full
+    } else {
+        Durability::Process
+    };
+    let store = SqliteStore::open(db, durability)?;
+
+    if store.list_keys().await?.is_empty() {
+        let (secret, id) = issue(&store, Owner::parse("dev")?, Some("first start".into())).await?;
+        println!("No API keys yet: issued {id} for owner `dev`:");
+        println!("  export AGENT_RUNS_KEY={secret}");
+    }
+
+    let runs: Arc<dyn RunStore> = Arc::new(store.clone());
+    let keys: Arc<dyn KeyStore> = Arc::new(store.clone());
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let agents = AgentRegistry::builtin(&config.default_agent)?;
+    let (queue, receiver) = InProcessQueue::new();
+    let queue: Arc<dyn RunQueue> = Arc::new(queue);
+
+    let api = Arc::new(Api::new(
+        runs.clone(),
+        queue.clone(),
+        Authenticator::new(keys),
+        agents.clone(),
+        clock.clone(),
+        config.policy.clone(),
+        config.limits.clone(),
+    ));
+    let sweeper = Sweeper::new(
+        runs.clone(),
+        queue.clone(),
+        clock.clone(),
+        config.policy.clone(),
+    );
+    let pool = WorkerPool::start(
+        args.workers.max(1),
+        || {
+            Worker::new(
+                runs.clone(),
+                agents.clone(),
+                clock.clone(),
+                config.policy.clone(),
+            )
+        },
+        receiver,
+        queue,
+        sweeper,
+        Duration::from_millis(args.sweep_ms.max(10)),
+    );
+
+    let listener = TcpListener::bind(args.addr)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;
+    let addr = listener.local_addr()?;
+    println!(
+        "Listening on http://{addr} (database {})",
+        store.path().display()
+    );
+    std::io::stdout().flush()?;
+    tracing::info!(%addr, db = %store.path().display(), workers = args.workers, "serving");
+
+    http_server::serve(listener, api, shutdown_signal()).await;
+    tracing::info!("shutting down: handing running runs back to the queue");
+    pool.shutdown(Duration::from_secs(10)).await;
+    Ok(())
+}

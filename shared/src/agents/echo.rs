@@ -1,0 +1,17 @@
+use async_trait::async_trait;
+
+use super::{Agent, Step, StepInput};
+
+/// Succeeds with its input as the output.
+pub struct EchoAgent;
+
+#[async_trait]
+impl Agent for EchoAgent {
+    fn validate_input(&self, _input: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn step(&self, input: StepInput<'_>) -> Step {
+        Step::Succeeded(input.input.to_owned())
+    }
+}

@@ -1,0 +1,196 @@
+//! The `script` agent: a deterministic agent for tests and demos. Its input
+//! is lines of commands: `say <text>`, `sleep <ms>`, `approve <action>`,
+//! `fail <message>`; blank lines are ignored.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::{Agent, Step, StepInput};
+use crate::domain::ApprovalStatus;
+
+pub const MAX_SLEEP_MS: u64 = 60_000;
+/// A long sleep is taken in slices so a cancel is noticed between them.
+const SLEEP_SLICE: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Command<'a> {
+    Say(&'a str),
+    Sleep(u64),
+    Approve(&'a str),
+    Fail(&'a str),
+}
+
+fn parse(input: &str) -> Result<Vec<Command<'_>>, String> {
+    let mut commands = Vec::new();
+    for (index, raw) in input.split('\n').enumerate() {
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let line_number = index + 1;
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let command = match word {
+            "say" => Command::Say(rest),
+            "sleep" => {
+                let ms = rest.trim().parse::<u64>().ok().filter(|ms| {
+                    *ms <= MAX_SLEEP_MS && rest.trim().bytes().all(|b| b.is_ascii_digit())
+                });
+                Command::Sleep(ms.ok_or_else(|| {
+                    format!("line {line_number}: `sleep` takes a whole number of milliseconds from 0 to {MAX_SLEEP_MS}.")
+                })?)
+            }
+            "approve" if !rest.trim().is_empty() => Command::Approve(rest),
+            "approve" => {
+                return Err(format!(
+                    "line {line_number}: `approve` needs the action to approve."
+                ));
+            }
+            "fail" => Command::Fail(rest),
+            other => {
+                let shown: String = other.chars().take(40).collect();
+                return Err(format!(
+                    "line {line_number}: unknown command `{shown}`; the script agent knows say, sleep, approve and fail."
+                ));
+            }
+        };
+        commands.push(command);
+    }
+    Ok(commands)
+}
+
+/// Where the script is: the next command, the output so far, and what is
+/// left of a sleep or which approval it waits for.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Progress {
+    next: usize,
+    lines: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sleep_left_ms: Option<u64>,
+    /// The index in the run's approvals of the one this script asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    awaiting: Option<usize>,
+}
+
+pub struct ScriptAgent;
+
+impl ScriptAgent {
+    fn next(progress: Progress) -> Step {
+        Step::Continue(serde_json::to_value(progress).unwrap_or_default())
+    }
+}
+
+#[async_trait]
+impl Agent for ScriptAgent {
+    fn validate_input(&self, input: &str) -> Result<(), String> {
+        parse(input).map(|_| ())
+    }
+
+    async fn step(&self, step: StepInput<'_>) -> Step {
+        let commands = match parse(step.input) {
+            Ok(commands) => commands,
+            Err(message) => return Step::Failed(message),
+        };
+        let mut progress: Progress = match step
+            .checkpoint
+            .map(|value| serde_json::from_value(value.clone()))
+        {
+            None => Progress::default(),
+            Some(Ok(progress)) => progress,
+            Some(Err(_)) => {
+                return Step::Failed(
+                    "The script agent could not resume from its checkpoint.".into(),
+                );
+            }
+        };
+
+        if let Some(index) = progress.awaiting.take() {
+            let Some(approval) = step.approvals.get(index) else {
+                return Step::Failed("The approval the script waited for is missing.".into());
+            };
+            let verdict = match approval.status {
+                ApprovalStatus::Approved => "approved",
+                ApprovalStatus::Rejected => "rejected",
+                _ => {
+                    return Step::Failed(
+                        "The approval the script waited for was not decided.".into(),
+                    );
+                }
+            };
+            progress
+                .lines
+                .push(format!("{verdict}: {}", approval.action));
+            progress.next += 1;
+            return Self::next(progress);
+        }
+
+        let Some(command) = commands.get(progress.next) else {
+            return Step::Succeeded(progress.lines.join("\n"));
+        };
+        match *command {
+            Command::Say(text) => {
+                progress.lines.push(text.to_owned());
+                progress.next += 1;
+            }
+            Command::Sleep(ms) => {
+                let left = Duration::from_millis(progress.sleep_left_ms.unwrap_or(ms));
+                let slice = left.min(SLEEP_SLICE);
+                tokio::time::sleep(slice).await;
+                let left = left - slice;
+                if left.is_zero() {
+                    progress.sleep_left_ms = None;
+                    progress.next += 1;
+                } else {
+                    progress.sleep_left_ms = Some(left.as_millis() as u64);
+                }
+            }
+            Command::Approve(action) => {
+                progress.awaiting = Some(step.approvals.len());
+                return Step::AwaitApproval {
+                    actions: vec![action.to_owned()],
+                    checkpoint: serde_json::to_value(progress).unwrap_or_default(),
+                };
+            }
+            Command::Fail(message) => return Step::Failed(message.to_owned()),
+        }
+        Self::next(progress)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_command_and_ignores_blank_lines() {
+        let commands =
+            parse("say hello world\n\n  \nsleep 10\r\napprove Delete 3 branches\nfail boom")
+                .unwrap();
+        assert_eq!(
+            commands,
+            vec![
+                Command::Say("hello world"),
+                Command::Sleep(10),
+                Command::Approve("Delete 3 branches"),
+                Command::Fail("boom")
+            ]
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_commands_and_bad_arguments_with_the_line() {
+        assert!(
+            parse("say hi\nshout hi")
+                .unwrap_err()
+                .starts_with("line 2: unknown command `shout`")
+        );
+        assert!(parse("sleep 60001").unwrap_err().contains("0 to 60000"));
+        assert!(parse("sleep -1").is_err());
+        assert!(parse("sleep +5").is_err());
+        assert!(parse("sleep").is_err());
+        assert!(parse("approve").is_err());
+        assert!(parse("SAY hi").is_err());
+        assert_eq!(parse("sleep 60000").unwrap(), vec![Command::Sleep(60_000)]);
+    }
+}

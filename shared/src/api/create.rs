@@ -1,0 +1,203 @@
+//! `POST /v1/agent/runs`: validate, store the run, queue it, answer `201`.
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, StatusCode, header};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use super::body::{json_object, optional_string, reject_unknown_fields};
+use super::{Api, ApiError, ApiResponse, run_response};
+use crate::domain::{IdempotencyKey, Metadata, Owner, Run, RunId, RunInput};
+use crate::queue::RunMessage;
+use crate::store::{IdempotencyClaim, InsertOutcome};
+
+const FIELDS: &[&str] = &["input", "agent", "metadata"];
+const IDEMPOTENCY_WINDOW: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
+
+/// A create request, parsed.
+struct NewRun {
+    input: RunInput,
+    agent: String,
+    metadata: Metadata,
+}
+
+fn parse_metadata(value: Option<Value>) -> Result<Metadata, ApiError> {
+    let object = match value {
+        None | Some(Value::Null) => return Ok(Metadata::default()),
+        Some(Value::Object(object)) => object,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "metadata",
+                "`metadata` must be an object of strings.",
+            ));
+        }
+    };
+    let entries = object
+        .into_iter()
+        .map(|(key, value)| match value {
+            Value::String(text) => Ok((key, text)),
+            _ => Err(ApiError::invalid(
+                "metadata",
+                format!("The value of `metadata.{key}` must be a string."),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Metadata::parse(entries).map_err(|error| ApiError::invalid("metadata", error.0))
+}
+
+fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun, ApiError> {
+    reject_unknown_fields(&object, FIELDS)?;
+    let input = match object.remove("input") {
+        None | Some(Value::Null) => return Err(ApiError::invalid("input", "`input` is required.")),
+        Some(Value::String(text)) => {
+            RunInput::parse(text).map_err(|error| ApiError::invalid("input", error.0))?
+        }
+        Some(_) => return Err(ApiError::invalid("input", "`input` must be a string.")),
+    };
+    let agent = optional_string(&mut object, "agent")?
+        .unwrap_or_else(|| api.agents.default_name().to_owned());
+    let implementation = api.agents.get(&agent).ok_or_else(|| {
+        let shown: String = agent.chars().take(64).collect();
+        ApiError::invalid(
+            "agent",
+            format!(
+                "Unknown agent `{shown}`. Available agents: {}.",
+                api.agents.names()
+            ),
+        )
+    })?;
+    implementation
+        .validate_input(input.as_str())
+        .map_err(|message| {
+            ApiError::invalid(
+                "input",
+                format!("The `{agent}` agent rejected the input: {message}"),
+            )
+        })?;
+    let metadata = parse_metadata(object.remove("metadata"))?;
+    Ok(NewRun {
+        input,
+        agent,
+        metadata,
+    })
+}
+
+fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, ApiError> {
+    let mut values = request.headers().get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "Send at most one Idempotency-Key header.",
+        ));
+    }
+    IdempotencyKey::parse(value.as_bytes())
+        .map(Some)
+        .map_err(|error| ApiError::invalid("Idempotency-Key", error.0))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A fingerprint of what the request asks for, insensitive to formatting.
+fn request_hash(new_run: &NewRun) -> String {
+    let canonical = serde_json::json!({
+        "agent": new_run.agent,
+        "input": new_run.input.as_str(),
+        "metadata": new_run.metadata.as_map(),
+    });
+    sha256_hex(canonical.to_string().as_bytes())
+}
+
+fn created(run: &Run, replayed: bool) -> ApiResponse {
+    let mut response = run_response(StatusCode::CREATED, run);
+    let location = format!("/v1/agent/runs/{}", run.id);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::LOCATION,
+        HeaderValue::from_str(&location).expect("run ids are ASCII"),
+    );
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+pub(super) async fn handle(
+    api: &Api,
+    owner: &Owner,
+    request: &Request<Bytes>,
+) -> Result<ApiResponse, ApiError> {
+    let object = json_object(request.headers(), request.body(), false)?;
+    let new_run = parse_body(api, object)?;
+    let key = idempotency_key(request)?;
+
+    let now = api.clock.now();
+    let run_id = RunId::from_ulid(api.ids.ulid_at(now));
+    let claim = key.as_ref().map(|key| IdempotencyClaim {
+        key_hash: sha256_hex(key.as_str().as_bytes()),
+        request_hash: request_hash(&new_run),
+        created_at: now,
+        expires_at: now.plus(IDEMPOTENCY_WINDOW),
+    });
+    let run = Run::new(
+        run_id,
+        owner.clone(),
+        new_run.agent,
+        new_run.input.into_string(),
+        new_run.metadata.into_map(),
+        &api.policy,
+    );
+
+    match api
+        .runs
+        .insert(&run, claim.as_ref(), api.limits.max_active_runs)
+        .await?
+    {
+        InsertOutcome::Inserted => {}
+        InsertOutcome::IdempotencyKeyTaken(record) => {
+            let claim = claim.expect("only a request with a key can find it taken");
+            if record.request_hash != claim.request_hash {
+                return Err(ApiError::Conflict(
+                    "This Idempotency-Key was already used with a different request. Use a new key for a new run."
+                        .into(),
+                ));
+            }
+            let original = api.runs.get(owner, record.run_id).await?.ok_or_else(|| {
+                ApiError::Internal("an idempotency record names a run that does not exist".into())
+            })?;
+            return Ok(created(&original, true));
+        }
+        InsertOutcome::TooManyActiveRuns => {
+            return Err(ApiError::RateLimited {
+                message: format!(
+                    "This owner already has {} runs that are queued, running or awaiting approval. Wait for some to finish.",
+                    api.limits.max_active_runs
+                ),
+                retry_after_secs: ACTIVE_RUNS_RETRY_AFTER_SECS,
+            });
+        }
+    }
+
+    let message = RunMessage {
+        run_id: run.id,
+        owner: owner.clone(),
+    };
+    if let Err(queue_error) = api.queue.enqueue(&message).await {
+        // Undo the create so the client's retry starts clean. Should the undo
+        // fail too, the sweeper enqueues the stored run within a minute.
+        if let Err(store_error) = api
+            .runs
+            .remove(&run, claim.as_ref().map(|claim| claim.key_hash.as_str()))
+            .await
+        {
+            tracing::error!(run_id = %run.id, error = %store_error, "could not undo a create whose enqueue failed");
+        }
+        return Err(queue_error.into());
+    }
+    Ok(created(&run, false))
+}

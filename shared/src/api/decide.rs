@@ -1,0 +1,87 @@
+//! `POST /v1/agent/runs/{run_id}/approvals/{approval_id}`: approve or reject.
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use serde_json::Value;
+
+use super::body::{json_object, optional_string, reject_unknown_fields};
+use super::{Api, ApiError, ApiResponse, modify_run, parse_run_id, run_response};
+use crate::domain::{ApprovalId, Comment, DecideOutcome, Decision, Owner, TransitionError};
+use crate::queue::RunMessage;
+
+fn approval_not_found() -> ApiError {
+    ApiError::NotFound("The run has no approval with that id.".into())
+}
+
+fn parse_decision(value: Option<Value>) -> Result<Decision, ApiError> {
+    match value.as_ref().and_then(Value::as_str) {
+        Some("approve") => Ok(Decision::Approve),
+        Some("reject") => Ok(Decision::Reject),
+        _ if value.is_none() || value == Some(Value::Null) => Err(ApiError::invalid(
+            "decision",
+            "`decision` is required: \"approve\" or \"reject\".",
+        )),
+        _ => Err(ApiError::invalid(
+            "decision",
+            "`decision` must be \"approve\" or \"reject\".",
+        )),
+    }
+}
+
+pub(super) async fn handle(
+    api: &Api,
+    owner: &Owner,
+    run_id: &str,
+    approval_id: &str,
+    request: &Request<Bytes>,
+) -> Result<ApiResponse, ApiError> {
+    let run_id = parse_run_id(run_id)?;
+    let approval_id: ApprovalId = approval_id.parse().map_err(|_| approval_not_found())?;
+    let mut body = json_object(request.headers(), request.body(), false)?;
+    reject_unknown_fields(&body, &["decision", "comment"])?;
+    let decision = parse_decision(body.remove("decision"))?;
+    let comment = optional_string(&mut body, "comment")?
+        .map(|text| Comment::parse(text).map_err(|error| ApiError::invalid("comment", error.0)))
+        .transpose()?
+        .map(Comment::into_string);
+
+    let (run, outcome) = modify_run(api.runs.as_ref(), owner, run_id, |run| {
+        match run.decide(
+            approval_id,
+            decision,
+            comment.clone(),
+            api.clock.now(),
+            &api.policy,
+        ) {
+            Ok(outcome) => Ok((outcome, outcome != DecideOutcome::Unchanged)),
+            Err(TransitionError::NoSuchApproval) => Err(approval_not_found()),
+            Err(TransitionError::ApprovalAlreadyResolved(status)) => {
+                Err(ApiError::Conflict(format!(
+                    "The approval is already {}; it can no longer be {}.",
+                    status.as_str(),
+                    if decision == Decision::Approve {
+                        "approved"
+                    } else {
+                        "rejected"
+                    }
+                )))
+            }
+            Err(other) => Err(ApiError::Conflict(format!(
+                "The approval cannot be decided: {other}."
+            ))),
+        }
+    })
+    .await?;
+
+    if outcome == DecideOutcome::Requeued {
+        let message = RunMessage {
+            run_id: run.id,
+            owner: owner.clone(),
+        };
+        // The decision is stored; a lost message is recovered by the sweeper.
+        if let Err(error) = api.queue.enqueue(&message).await {
+            tracing::warn!(run_id = %run.id, error = %error, "enqueue after the last decision failed; the sweeper will retry");
+        }
+    }
+    Ok(run_response(StatusCode::OK, &run))
+}

@@ -1,0 +1,173 @@
+//! The error every operation answers with, and its HTTP form:
+//! `{"error": {"code": ..., "message": ..., "param": ...}}`.
+
+use http::{HeaderValue, StatusCode, header};
+
+use super::response::{ApiResponse, json_response};
+use crate::queue::QueueError;
+use crate::store::StoreError;
+
+/// Seconds a client should wait before retrying after a `503`.
+const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<String>,
+    },
+    #[error("unauthorized")]
+    Unauthorized,
+    #[error("{0}")]
+    NotFound(String),
+    #[error("method not allowed")]
+    MethodNotAllowed { allow: &'static str },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("request body too large")]
+    RequestTooLarge,
+    #[error("unsupported media type")]
+    UnsupportedMediaType,
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after_secs: u64,
+    },
+    /// A dependency failed; the cause is logged, never shown.
+    #[error("a dependency is unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A defect; the cause is logged, never shown.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(param: impl Into<Option<&'static str>>, message: impl Into<String>) -> Self {
+        ApiError::InvalidRequest {
+            message: message.into(),
+            param: param.into().map(str::to_owned),
+        }
+    }
+
+    pub fn invalid_param(param: String, message: impl Into<String>) -> Self {
+        ApiError::InvalidRequest {
+            message: message.into(),
+            param: Some(param),
+        }
+    }
+
+    pub fn run_not_found() -> Self {
+        ApiError::NotFound("No run with that id exists for this API key.".into())
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidRequest { .. } => "invalid_request",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::RequestTooLarge => "request_too_large",
+            ApiError::UnsupportedMediaType => "unsupported_media_type",
+            ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal_error",
+        }
+    }
+
+    /// The message shown to the client: never a cause from inside.
+    fn public_message(&self) -> String {
+        match self {
+            ApiError::InvalidRequest { message, .. }
+            | ApiError::NotFound(message)
+            | ApiError::Conflict(message)
+            | ApiError::RateLimited { message, .. } => message.clone(),
+            ApiError::Unauthorized => {
+                "A valid API key is required: send it as `Authorization: Bearer <key>`.".into()
+            }
+            ApiError::MethodNotAllowed { allow } => {
+                format!("This path does not support that method. Allowed: {allow}.")
+            }
+            ApiError::RequestTooLarge => "The request body is larger than 256 KiB.".into(),
+            ApiError::UnsupportedMediaType => {
+                "Send the request body as JSON with `Content-Type: application/json`.".into()
+            }
+            ApiError::Unavailable(_) => {
+                "The service is temporarily unavailable. Retry the request after the time in Retry-After.".into()
+            }
+            ApiError::Internal(_) => {
+                "The service hit an internal error. Retry later; quote the x-request-id if you report it.".into()
+            }
+        }
+    }
+
+    pub fn into_response(self) -> ApiResponse {
+        let mut error =
+            serde_json::json!({ "code": self.code(), "message": self.public_message() });
+        if let ApiError::InvalidRequest {
+            param: Some(param), ..
+        } = &self
+        {
+            error["param"] = param.clone().into();
+        }
+        let mut response = json_response(self.status(), &serde_json::json!({ "error": error }));
+        let headers = response.headers_mut();
+        match &self {
+            ApiError::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::MethodNotAllowed { allow } => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            ApiError::RateLimited {
+                retry_after_secs, ..
+            } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+            }
+            ApiError::Unavailable(_) => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(UNAVAILABLE_RETRY_AFTER_SECS),
+                );
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(source) => ApiError::Unavailable(source),
+            StoreError::Conflict => {
+                ApiError::Internal("an unexpected write conflict escaped a retry loop".into())
+            }
+            StoreError::Defect(message) => ApiError::Internal(message),
+        }
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(error: QueueError) -> Self {
+        match error {
+            QueueError::Unavailable(source) => ApiError::Unavailable(source),
+        }
+    }
+}

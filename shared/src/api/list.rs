@@ -1,0 +1,113 @@
+//! `GET /v1/agent/runs`: newest first, a status filter, keyset cursors.
+
+use http::StatusCode;
+
+use super::response::json_response;
+use super::views::{ListView, RunView};
+use super::{ApiError, ApiResponse};
+use crate::domain::{Cursor, Owner, RunStatus};
+use crate::store::{ListRequest, RunStore};
+
+pub const DEFAULT_LIMIT: u32 = 20;
+pub const MAX_LIMIT: u32 = 100;
+const PARAMETERS: [&str; 3] = ["status", "limit", "cursor"];
+
+struct ListQuery {
+    status: Option<RunStatus>,
+    limit: u32,
+    cursor: Option<String>,
+}
+
+fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
+    let mut values: [Option<String>; 3] = Default::default();
+    let mut seen = [false; 3];
+    for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        let Some(index) = PARAMETERS.iter().position(|known| *known == name) else {
+            let shown: String = name.chars().take(64).collect();
+            return Err(ApiError::invalid_param(
+                shown.clone(),
+                format!("Unknown query parameter `{shown}`. Allowed: status, limit, cursor."),
+            ));
+        };
+        if std::mem::replace(&mut seen[index], true) {
+            return Err(ApiError::invalid(
+                PARAMETERS[index],
+                format!("`{name}` may be given only once."),
+            ));
+        }
+        if !value.is_empty() {
+            values[index] = Some(value.into_owned());
+        }
+    }
+    let [status, limit, cursor] = values;
+    let status = status
+        .map(|text| {
+            RunStatus::parse(&text).ok_or_else(|| {
+                ApiError::invalid(
+                    "status",
+                    "`status` must be one of queued, running, awaiting_approval, succeeded, failed, canceled.",
+                )
+            })
+        })
+        .transpose()?;
+    let limit = match limit {
+        None => DEFAULT_LIMIT,
+        Some(text) => text
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| text.parse::<u32>().ok())
+            .flatten()
+            .filter(|limit| (1..=MAX_LIMIT).contains(limit))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "limit",
+                    format!("`limit` must be a whole number from 1 to {MAX_LIMIT}."),
+                )
+            })?,
+    };
+    Ok(ListQuery {
+        status,
+        limit,
+        cursor,
+    })
+}
+
+pub(super) async fn handle(
+    runs: &dyn RunStore,
+    owner: &Owner,
+    query: Option<&str>,
+) -> Result<ApiResponse, ApiError> {
+    let query = parse_query(query)?;
+    let before = query
+        .cursor
+        .map(|text| Cursor::decode(&text, owner, query.status))
+        .transpose()
+        .map_err(|error| ApiError::invalid("cursor", error.to_string()))?
+        .map(|cursor| cursor.last);
+    let page = runs
+        .list(
+            owner,
+            ListRequest {
+                status: query.status,
+                before,
+                limit: query.limit,
+            },
+        )
+        .await?;
+    let next_cursor = page
+        .has_more
+        .then(|| page.runs.last())
+        .flatten()
+        .map(|last| {
+            Cursor {
+                status: query.status,
+                last: last.id,
+            }
+            .encode(owner)
+        });
+    let view = ListView {
+        data: page.runs.iter().map(RunView::from).collect(),
+        next_cursor,
+    };
+    Ok(json_response(StatusCode::OK, &view))
+}

@@ -1,0 +1,274 @@
+//! HTTP in, HTTP out: one module per operation, the router, and the shell
+//! every request passes through (request id, authentication, rate limit,
+//! errors). Framework-neutral: `http::Request<Bytes>` to
+//! `http::Response<Bytes>`, so the same code serves Lambda and the embedded
+//! server.
+
+mod body;
+mod cancel;
+mod create;
+mod decide;
+mod error;
+mod get;
+mod list;
+mod rate_limit;
+mod response;
+mod views;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, header};
+
+pub use body::MAX_BODY_BYTES;
+pub use error::ApiError;
+pub use rate_limit::RateLimit;
+pub use response::ApiResponse;
+
+use crate::agents::AgentRegistry;
+use crate::auth::{AuthError, Authenticator, Principal, bearer_token};
+use crate::domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId};
+use crate::queue::RunQueue;
+use crate::store::{RunStore, StoreError};
+use rate_limit::RateLimiter;
+
+/// The request id every response carries in `x-request-id`; set by whatever
+/// serves the request (API Gateway's id on AWS, a generated one locally).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Set by the server when the body was longer than [`MAX_BODY_BYTES`] and was
+/// not read whole.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTooLarge;
+
+/// Limits on what one owner may do.
+#[derive(Debug, Clone)]
+pub struct ApiLimits {
+    pub max_active_runs: u32,
+    pub rate: RateLimit,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        Self {
+            max_active_runs: 1_000,
+            rate: RateLimit::default(),
+        }
+    }
+}
+
+/// Everything the operations need, built once per process.
+pub struct Api {
+    runs: Arc<dyn RunStore>,
+    queue: Arc<dyn RunQueue>,
+    auth: Authenticator,
+    agents: AgentRegistry,
+    clock: Arc<dyn Clock>,
+    ids: IdGenerator,
+    policy: ExecutionPolicy,
+    limits: ApiLimits,
+    rate_limiter: RateLimiter,
+}
+
+/// The operations, found from method and path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route<'a> {
+    Runs,
+    Run(&'a str),
+    Cancel(&'a str),
+    Decide(&'a str, &'a str),
+}
+
+impl Route<'_> {
+    fn parse(path: &str) -> Option<Route<'_>> {
+        let rest = path.strip_prefix("/v1/agent/runs")?;
+        if rest.is_empty() {
+            return Some(Route::Runs);
+        }
+        let segments: Vec<&str> = rest.strip_prefix('/')?.split('/').collect();
+        match segments.as_slice() {
+            [run] if !run.is_empty() => Some(Route::Run(run)),
+            [run, "cancel"] if !run.is_empty() => Some(Route::Cancel(run)),
+            [run, "approvals", approval] if !run.is_empty() && !approval.is_empty() => {
+                Some(Route::Decide(run, approval))
+            }
+            _ => None,
+        }
+    }
+
+    fn allow(&self) -> &'static str {
+        match self {
+            Route::Runs => "GET, POST",
+            Route::Run(_) => "GET",
+            Route::Cancel(_) | Route::Decide(..) => "POST",
+        }
+    }
+}
+
+impl Api {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        runs: Arc<dyn RunStore>,
+        queue: Arc<dyn RunQueue>,
+        auth: Authenticator,
+        agents: AgentRegistry,
+        clock: Arc<dyn Clock>,
+        policy: ExecutionPolicy,
+        limits: ApiLimits,
+    ) -> Self {
+        let rate_limiter = RateLimiter::new(limits.rate);
+        Api {
+            runs,
+            queue,
+            auth,
+            agents,
+            clock,
+            ids: IdGenerator::default(),
+            policy,
+            limits,
+            rate_limiter,
+        }
+    }
+
+    /// Answers one request. Never fails: every error becomes its response.
+    pub async fn handle(&self, request: Request<Bytes>) -> ApiResponse {
+        let request_id = request
+            .extensions()
+            .get::<RequestId>()
+            .map(|id| id.0.clone())
+            .unwrap_or_else(|| self.ids.ulid_at(self.clock.now()).to_string());
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let mut response = match self.dispatch(request).await {
+            Ok(response) => response,
+            Err(error) => {
+                match &error {
+                    ApiError::Internal(_) | ApiError::Unavailable(_) => tracing::error!(
+                        request_id = %request_id, %method, %path,
+                        error = %error_chain(&error), "request failed"
+                    ),
+                    _ => {
+                        tracing::debug!(request_id = %request_id, %method, %path, code = error.code(), "request refused")
+                    }
+                }
+                error.into_response()
+            }
+        };
+        if let Ok(value) = HeaderValue::from_str(&request_id) {
+            response.headers_mut().insert("x-request-id", value);
+        }
+        response
+    }
+
+    async fn dispatch(&self, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
+        let principal = self.authenticate(&request).await?;
+        self.rate_limiter
+            .check(&principal.owner, self.clock.now())?;
+        let route = Route::parse(request.uri().path()).ok_or_else(|| {
+            ApiError::NotFound("No such path. Operations live under /v1/agent/runs.".into())
+        })?;
+        let method = request.method();
+        let allowed = match (&route, method) {
+            (Route::Runs, &Method::GET | &Method::POST) | (Route::Run(_), &Method::GET) => true,
+            (Route::Cancel(_) | Route::Decide(..), &Method::POST) => true,
+            _ => false,
+        };
+        if !allowed {
+            return Err(ApiError::MethodNotAllowed {
+                allow: route.allow(),
+            });
+        }
+        if request.extensions().get::<BodyTooLarge>().is_some()
+            || request.body().len() > MAX_BODY_BYTES
+        {
+            return Err(ApiError::RequestTooLarge);
+        }
+        let owner = &principal.owner;
+        match (route, method) {
+            (Route::Runs, &Method::POST) => create::handle(self, owner, &request).await,
+            (Route::Runs, _) => {
+                list::handle(self.runs.as_ref(), owner, request.uri().query()).await
+            }
+            (Route::Run(run_id), _) => get::handle(self.runs.as_ref(), owner, run_id).await,
+            (Route::Cancel(run_id), _) => {
+                cancel::handle(
+                    self.runs.as_ref(),
+                    self.clock.as_ref(),
+                    owner,
+                    run_id,
+                    &request,
+                )
+                .await
+            }
+            (Route::Decide(run_id, approval_id), _) => {
+                decide::handle(self, owner, run_id, approval_id, &request).await
+            }
+        }
+    }
+
+    async fn authenticate(&self, request: &Request<Bytes>) -> Result<Principal, ApiError> {
+        let mut headers = request.headers().get_all(header::AUTHORIZATION).iter();
+        let (Some(value), None) = (headers.next(), headers.next()) else {
+            return Err(ApiError::Unauthorized);
+        };
+        let secret = bearer_token(value.as_bytes()).ok_or(ApiError::Unauthorized)?;
+        self.auth
+            .authenticate(secret)
+            .await
+            .map_err(|error| match error {
+                AuthError::Unauthorized => ApiError::Unauthorized,
+                AuthError::Store(store) => store.into(),
+            })
+    }
+}
+
+/// A run id from a path; a malformed one names no run, so it is a `404`.
+fn parse_run_id(text: &str) -> Result<RunId, ApiError> {
+    text.parse().map_err(|_| ApiError::run_not_found())
+}
+
+/// Reads the run, applies `change` and writes it back, again from a fresh
+/// read when another writer came first. `change` returns whether it changed
+/// anything; an unchanged run is not written.
+async fn modify_run<T>(
+    runs: &dyn RunStore,
+    owner: &crate::domain::Owner,
+    run_id: RunId,
+    mut change: impl FnMut(&mut Run) -> Result<(T, bool), ApiError>,
+) -> Result<(Run, T), ApiError> {
+    const ATTEMPTS: usize = 16;
+    for _ in 0..ATTEMPTS {
+        let mut run = runs
+            .get(owner, run_id)
+            .await?
+            .ok_or_else(ApiError::run_not_found)?;
+        let (outcome, changed) = change(&mut run)?;
+        if !changed {
+            return Ok((run, outcome));
+        }
+        match runs.update(&mut run).await {
+            Ok(()) => return Ok((run, outcome)),
+            Err(StoreError::Conflict) => continue,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(ApiError::Unavailable(
+        "the run kept changing under concurrent writes".into(),
+    ))
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn run_response(status: http::StatusCode, run: &Run) -> ApiResponse {
+    response::json_response(status, &views::RunView::from(run))
+}

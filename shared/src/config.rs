@@ -1,0 +1,108 @@
+//! Settings read from the environment, in one place.
+
+use std::time::Duration;
+
+use crate::api::{ApiLimits, RateLimit};
+use crate::domain::ExecutionPolicy;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{name}: {problem}")]
+pub struct ConfigError {
+    name: &'static str,
+    problem: String,
+}
+
+/// What every way of running shares: agents, limits and execution timings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub default_agent: String,
+    pub limits: ApiLimits,
+    pub policy: ExecutionPolicy,
+}
+
+fn read<T: std::str::FromStr>(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: T,
+) -> Result<T, ConfigError> {
+    match env(name) {
+        None => Ok(default),
+        Some(text) if text.trim().is_empty() => Ok(default),
+        Some(text) => text.trim().parse().map_err(|_| ConfigError {
+            name,
+            problem: format!("cannot parse {text:?}"),
+        }),
+    }
+}
+
+impl Config {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `env`, so tests need not touch the process environment.
+    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let defaults = ExecutionPolicy::default();
+        let rate = RateLimit::default();
+        let config = Config {
+            default_agent: read(&env, "AGENT_RUNS_DEFAULT_AGENT", "echo".to_owned())?,
+            limits: ApiLimits {
+                max_active_runs: read(
+                    &env,
+                    "AGENT_RUNS_MAX_ACTIVE_RUNS",
+                    ApiLimits::default().max_active_runs,
+                )?,
+                rate: RateLimit {
+                    per_second: read(&env, "AGENT_RUNS_RATE_LIMIT_PER_SECOND", rate.per_second)?,
+                    burst: read(&env, "AGENT_RUNS_RATE_LIMIT_BURST", rate.burst)?,
+                },
+            },
+            policy: ExecutionPolicy {
+                lease: Duration::from_millis(read(
+                    &env,
+                    "AGENT_RUNS_LEASE_MS",
+                    defaults.lease.as_millis() as u64,
+                )?),
+                requeue_after: Duration::from_millis(read(
+                    &env,
+                    "AGENT_RUNS_REQUEUE_AFTER_MS",
+                    defaults.requeue_after.as_millis() as u64,
+                )?),
+                max_attempts: read(&env, "AGENT_RUNS_MAX_ATTEMPTS", defaults.max_attempts)?,
+            },
+        };
+        if config.policy.lease < Duration::from_millis(300) {
+            return Err(ConfigError {
+                name: "AGENT_RUNS_LEASE_MS",
+                problem: "must be at least 300".into(),
+            });
+        }
+        if config.policy.max_attempts == 0 {
+            return Err(ConfigError {
+                name: "AGENT_RUNS_MAX_ATTEMPTS",
+                problem: "must be at least 1".into(),
+            });
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let config = Config::from_lookup(|_| None).unwrap();
+        assert_eq!(config.default_agent, "echo");
+        assert_eq!(config.policy, ExecutionPolicy::default());
+        let config =
+            Config::from_lookup(|name| (name == "AGENT_RUNS_LEASE_MS").then(|| "2000".into()))
+                .unwrap();
+        assert_eq!(config.policy.lease, Duration::from_secs(2));
+        assert!(
+            Config::from_lookup(|name| (name == "AGENT_RUNS_MAX_ATTEMPTS").then(|| "x".into()))
+                .is_err()
+        );
+    }
+}

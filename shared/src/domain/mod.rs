@@ -1,0 +1,17 @@
+//! The pure core: runs, approvals, ids, field rules and the state machine.
+//! Knows nothing of HTTP, AWS or SQLite.
+
+mod cursor;
+mod fields;
+mod ids;
+mod run;
+mod time;
+
+#[cfg(test)]
+mod run_tests;
+
+pub use cursor::{Cursor, CursorError};
+pub use fields::*;
+pub use ids::{ApprovalId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId};
+pub use run::*;
+pub use time::{Clock, SystemClock, Timestamp};

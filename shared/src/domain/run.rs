@@ -1,0 +1,503 @@
+//! The Run, its approvals and the state machine: which transitions are legal.
+//!
+//! Every transition is a method that checks the current state and changes the
+//! run in memory. Stores persist the result with a conditional write on
+//! `version`, so two writers that read the same version cannot both win.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ApprovalId, Owner, RunId, Timestamp};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    AwaitingApproval,
+    Succeeded,
+    Failed,
+    Canceled,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 6] = [
+        RunStatus::Queued,
+        RunStatus::Running,
+        RunStatus::AwaitingApproval,
+        RunStatus::Succeeded,
+        RunStatus::Failed,
+        RunStatus::Canceled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::AwaitingApproval => "awaiting_approval",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Canceled => "canceled",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<RunStatus> {
+        RunStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == text)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    Pending,
+    Approved,
+    Rejected,
+    Canceled,
+    Expired,
+}
+
+impl ApprovalStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStatus::Pending => "pending",
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Rejected => "rejected",
+            ApprovalStatus::Canceled => "canceled",
+            ApprovalStatus::Expired => "expired",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Approve,
+    Reject,
+}
+
+impl Decision {
+    fn resulting_status(self) -> ApprovalStatus {
+        match self {
+            Decision::Approve => ApprovalStatus::Approved,
+            Decision::Reject => ApprovalStatus::Rejected,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    pub id: ApprovalId,
+    pub action: String,
+    pub status: ApprovalStatus,
+    pub requested_at: Timestamp,
+    pub resolved_at: Option<Timestamp>,
+    pub comment: Option<String>,
+}
+
+/// A worker's claim on a running run. Another worker may take the run over
+/// only once `expires_at` has passed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub worker: String,
+    pub expires_at: Timestamp,
+}
+
+/// The timings and limits of execution, set per deployment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecutionPolicy {
+    /// How long a claim or heartbeat keeps a run for its worker.
+    pub lease: Duration,
+    /// How long a run may stay `queued` before the sweeper enqueues it again.
+    pub requeue_after: Duration,
+    /// How many times a worker may claim a run before it is failed.
+    pub max_attempts: u32,
+}
+
+impl Default for ExecutionPolicy {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            requeue_after: Duration::from_secs(60),
+            max_attempts: 3,
+        }
+    }
+}
+
+/// A run as stored: the fields clients see and the worker's bookkeeping.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub id: RunId,
+    pub owner: Owner,
+    pub status: RunStatus,
+    pub agent: String,
+    pub input: String,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub approvals: Vec<Approval>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub completed_at: Option<Timestamp>,
+    /// Incremented by the store on every successful write.
+    pub version: u64,
+    /// When the sweeper must look at the run next; `None` once terminal.
+    pub due_at: Option<Timestamp>,
+    /// Claims so far in the current stretch of execution.
+    pub attempts: u32,
+    pub lease: Option<Lease>,
+    /// The agent's opaque state, saved at heartbeats and when parked.
+    pub checkpoint: Option<serde_json::Value>,
+}
+
+/// A transition that is not allowed from the run's current state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    #[error("the run is {}", .0.as_str())]
+    InvalidState(RunStatus),
+    #[error("no such approval")]
+    NoSuchApproval,
+    #[error("the approval is already {}", .0.as_str())]
+    ApprovalAlreadyResolved(ApprovalStatus),
+    #[error("the worker does not hold the run's lease")]
+    LeaseLost,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Changed {
+    Yes,
+    /// The request was a repeat; nothing needs writing.
+    No,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecideOutcome {
+    /// Recorded; other approvals are still pending.
+    Recorded,
+    /// Recorded, and it was the last pending one: the run is `queued` again
+    /// and must be enqueued.
+    Requeued,
+    /// The approval already had this decision.
+    Unchanged,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    Claimed,
+    /// The run had used up its attempts; it is now `failed`.
+    AttemptsExhausted,
+}
+
+/// Why a worker may not claim a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimRefused {
+    Terminal,
+    AwaitingApproval,
+    LeaseHeld,
+}
+
+/// What the sweeper should do with a run whose due time has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepAction {
+    /// Not due after all (another writer moved it); nothing to write.
+    Nothing,
+    /// Send the run to the queue again (the due time moved forward).
+    Enqueue,
+    /// The run was failed (attempts exhausted).
+    Failed,
+}
+
+pub fn attempts_exhausted_message(max_attempts: u32) -> String {
+    format!(
+        "The run was stopped after {max_attempts} attempts: the worker executing it stopped responding each time."
+    )
+}
+
+impl Run {
+    pub fn new(
+        id: RunId,
+        owner: Owner,
+        agent: String,
+        input: String,
+        metadata: BTreeMap<String, String>,
+        policy: &ExecutionPolicy,
+    ) -> Run {
+        let created_at = id.timestamp();
+        Run {
+            id,
+            owner,
+            status: RunStatus::Queued,
+            agent,
+            input,
+            output: None,
+            error: None,
+            approvals: Vec::new(),
+            metadata,
+            created_at,
+            started_at: None,
+            completed_at: None,
+            version: 0,
+            due_at: Some(created_at.plus(policy.requeue_after)),
+            attempts: 0,
+            lease: None,
+            checkpoint: None,
+        }
+    }
+
+    /// Moves to a terminal state. `completed_at` is never earlier than `created_at`.
+    fn complete(&mut self, status: RunStatus, now: Timestamp) {
+        debug_assert!(status.is_terminal());
+        self.status = status;
+        self.completed_at = Some(now.max(self.created_at));
+        self.due_at = None;
+        self.lease = None;
+        self.checkpoint = None;
+    }
+
+    fn requeue(&mut self, now: Timestamp, policy: &ExecutionPolicy) {
+        self.status = RunStatus::Queued;
+        self.lease = None;
+        self.due_at = Some(now.plus(policy.requeue_after));
+    }
+
+    pub fn cancel(&mut self, now: Timestamp) -> Result<Changed, TransitionError> {
+        match self.status {
+            RunStatus::Canceled => Ok(Changed::No),
+            RunStatus::Succeeded | RunStatus::Failed => {
+                Err(TransitionError::InvalidState(self.status))
+            }
+            RunStatus::Queued | RunStatus::Running | RunStatus::AwaitingApproval => {
+                let resolved_at = now.max(self.created_at);
+                for approval in &mut self.approvals {
+                    if approval.status == ApprovalStatus::Pending {
+                        approval.status = ApprovalStatus::Canceled;
+                        approval.resolved_at = Some(resolved_at.max(approval.requested_at));
+                    }
+                }
+                self.complete(RunStatus::Canceled, now);
+                Ok(Changed::Yes)
+            }
+        }
+    }
+
+    pub fn decide(
+        &mut self,
+        approval_id: ApprovalId,
+        decision: Decision,
+        comment: Option<String>,
+        now: Timestamp,
+        policy: &ExecutionPolicy,
+    ) -> Result<DecideOutcome, TransitionError> {
+        let approval = self
+            .approvals
+            .iter_mut()
+            .find(|approval| approval.id == approval_id)
+            .ok_or(TransitionError::NoSuchApproval)?;
+        match approval.status {
+            ApprovalStatus::Pending => {}
+            status if status == decision.resulting_status() => return Ok(DecideOutcome::Unchanged),
+            status => return Err(TransitionError::ApprovalAlreadyResolved(status)),
+        }
+        if self.status != RunStatus::AwaitingApproval {
+            // Pending approvals exist only while awaiting; anything else is a
+            // corrupted record, refused rather than made worse.
+            return Err(TransitionError::InvalidState(self.status));
+        }
+        approval.status = decision.resulting_status();
+        approval.resolved_at = Some(now.max(approval.requested_at));
+        approval.comment = comment;
+        if self
+            .approvals
+            .iter()
+            .any(|approval| approval.status == ApprovalStatus::Pending)
+        {
+            return Ok(DecideOutcome::Recorded);
+        }
+        self.requeue(now, policy);
+        Ok(DecideOutcome::Requeued)
+    }
+
+    /// A worker takes the run: `queued`, or `running` with an expired lease.
+    pub fn claim(
+        &mut self,
+        worker: &str,
+        now: Timestamp,
+        policy: &ExecutionPolicy,
+    ) -> Result<ClaimOutcome, ClaimRefused> {
+        match self.status {
+            RunStatus::Queued => {}
+            RunStatus::Running => {
+                let held = self
+                    .lease
+                    .as_ref()
+                    .is_some_and(|lease| lease.worker == worker || lease.expires_at > now);
+                if held {
+                    return Err(ClaimRefused::LeaseHeld);
+                }
+            }
+            RunStatus::AwaitingApproval => return Err(ClaimRefused::AwaitingApproval),
+            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled => {
+                return Err(ClaimRefused::Terminal);
+            }
+        }
+        if self.attempts >= policy.max_attempts {
+            self.error = Some(attempts_exhausted_message(policy.max_attempts));
+            self.complete(RunStatus::Failed, now);
+            return Ok(ClaimOutcome::AttemptsExhausted);
+        }
+        self.attempts += 1;
+        self.status = RunStatus::Running;
+        self.started_at.get_or_insert(now.max(self.created_at));
+        self.renew_lease(worker, now, policy);
+        Ok(ClaimOutcome::Claimed)
+    }
+
+    fn renew_lease(&mut self, worker: &str, now: Timestamp, policy: &ExecutionPolicy) {
+        let expires_at = now.plus(policy.lease);
+        self.lease = Some(Lease {
+            worker: worker.to_owned(),
+            expires_at,
+        });
+        self.due_at = Some(expires_at);
+    }
+
+    /// Whether `worker` may still write to this run as its executor.
+    pub fn held_by(&self, worker: &str) -> bool {
+        self.status == RunStatus::Running
+            && self
+                .lease
+                .as_ref()
+                .is_some_and(|lease| lease.worker == worker)
+    }
+
+    fn ensure_held_by(&self, worker: &str) -> Result<(), TransitionError> {
+        if self.held_by(worker) {
+            Ok(())
+        } else {
+            Err(TransitionError::LeaseLost)
+        }
+    }
+
+    /// Extends the lease and saves the agent's progress.
+    pub fn heartbeat(
+        &mut self,
+        worker: &str,
+        checkpoint: Option<serde_json::Value>,
+        now: Timestamp,
+        policy: &ExecutionPolicy,
+    ) -> Result<(), TransitionError> {
+        self.ensure_held_by(worker)?;
+        self.renew_lease(worker, now, policy);
+        if checkpoint.is_some() {
+            self.checkpoint = checkpoint;
+        }
+        Ok(())
+    }
+
+    /// The agent asked for approvals: store them with its checkpoint and wait.
+    pub fn park(
+        &mut self,
+        worker: &str,
+        requests: Vec<(ApprovalId, String)>,
+        checkpoint: serde_json::Value,
+        now: Timestamp,
+    ) -> Result<(), TransitionError> {
+        self.ensure_held_by(worker)?;
+        let requested_at = now.max(self.created_at);
+        self.approvals
+            .extend(requests.into_iter().map(|(id, action)| Approval {
+                id,
+                action,
+                status: ApprovalStatus::Pending,
+                requested_at,
+                resolved_at: None,
+                comment: None,
+            }));
+        self.status = RunStatus::AwaitingApproval;
+        self.lease = None;
+        self.due_at = None;
+        // The stretch of work up to here finished normally.
+        self.attempts = 0;
+        self.checkpoint = Some(checkpoint);
+        Ok(())
+    }
+
+    /// A worker that stops (shutdown) hands the run back without using up an attempt.
+    pub fn release(
+        &mut self,
+        worker: &str,
+        checkpoint: Option<serde_json::Value>,
+        now: Timestamp,
+        policy: &ExecutionPolicy,
+    ) -> Result<(), TransitionError> {
+        self.ensure_held_by(worker)?;
+        self.attempts = self.attempts.saturating_sub(1);
+        if checkpoint.is_some() {
+            self.checkpoint = checkpoint;
+        }
+        self.requeue(now, policy);
+        Ok(())
+    }
+
+    pub fn succeed(
+        &mut self,
+        worker: &str,
+        output: String,
+        now: Timestamp,
+    ) -> Result<(), TransitionError> {
+        self.ensure_held_by(worker)?;
+        self.output = Some(output);
+        self.complete(RunStatus::Succeeded, now);
+        Ok(())
+    }
+
+    pub fn fail(
+        &mut self,
+        worker: &str,
+        error: String,
+        now: Timestamp,
+    ) -> Result<(), TransitionError> {
+        self.ensure_held_by(worker)?;
+        self.error = Some(error);
+        self.complete(RunStatus::Failed, now);
+        Ok(())
+    }
+
+    /// The sweeper's look at a run whose due time has passed.
+    pub fn sweep(&mut self, now: Timestamp, policy: &ExecutionPolicy) -> SweepAction {
+        let due = self.due_at.is_some_and(|due| due <= now);
+        if !due {
+            return SweepAction::Nothing;
+        }
+        match self.status {
+            RunStatus::Queued => {
+                self.due_at = Some(now.plus(policy.requeue_after));
+                SweepAction::Enqueue
+            }
+            RunStatus::Running if self.attempts >= policy.max_attempts => {
+                self.error = Some(attempts_exhausted_message(policy.max_attempts));
+                self.complete(RunStatus::Failed, now);
+                SweepAction::Failed
+            }
+            RunStatus::Running => {
+                // The lease has expired: a worker that receives the message takes over.
+                self.due_at = Some(now.plus(policy.requeue_after));
+                SweepAction::Enqueue
+            }
+            RunStatus::AwaitingApproval
+            | RunStatus::Succeeded
+            | RunStatus::Failed
+            | RunStatus::Canceled => SweepAction::Nothing,
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The ports to persistence: runs, idempotency records and API keys.
+
+mod sqlite;
+
+use async_trait::async_trait;
+
+use crate::domain::{KeyId, Owner, RunId, RunStatus, Timestamp};
+
+pub use crate::domain::Run;
+pub use sqlite::{Durability, SqliteStore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A conditional write lost a race: the item changed since it was read.
+    #[error("the item changed since it was read")]
+    Conflict,
+    /// The database could not be reached or is overloaded; safe to retry.
+    #[error("the store is unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Data that cannot be read back, or a bug.
+    #[error("store defect: {0}")]
+    Defect(String),
+}
+
+/// The owner and id that address a run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RunKey {
+    pub owner: Owner,
+    pub run_id: RunId,
+}
+
+/// A request to reserve an `Idempotency-Key` along with the run it creates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyClaim {
+    /// SHA-256 hex of the key (the raw key is never stored).
+    pub key_hash: String,
+    /// SHA-256 hex of the normalised request, to tell a replay from a reuse.
+    pub request_hash: String,
+    pub created_at: Timestamp,
+    /// Records older than this are ignored and may be replaced.
+    pub expires_at: Timestamp,
+}
+
+/// What an earlier request with the same `Idempotency-Key` created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyRecord {
+    pub request_hash: String,
+    pub run_id: RunId,
+}
+
+#[derive(Debug)]
+pub enum InsertOutcome {
+    Inserted,
+    /// The idempotency key was taken by an earlier request; nothing was written.
+    IdempotencyKeyTaken(IdempotencyRecord),
+    /// The owner already has `max_active` runs that are not terminal.
+    TooManyActiveRuns,
+}
+
+/// One page of a list: at most `limit` runs, and whether more matched.
+#[derive(Debug)]
+pub struct ListPage {
+    pub runs: Vec<Run>,
+    pub has_more: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListRequest {
+    pub status: Option<RunStatus>,
+    /// Only runs with an id lower than this (older); the keyset cursor.
+    pub before: Option<RunId>,
+    pub limit: u32,
+}
+
+/// A run whose `due_at` has come, for the sweeper; also its position for
+/// paging through many of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueRun {
+    pub due_at: Timestamp,
+    pub key: RunKey,
+}
+
+#[async_trait]
+pub trait RunStore: Send + Sync + 'static {
+    /// Writes a new run (and its idempotency record, if any) atomically.
+    async fn insert(
+        &self,
+        run: &Run,
+        idempotency: Option<&IdempotencyClaim>,
+        max_active: u32,
+    ) -> Result<InsertOutcome, StoreError>;
+
+    /// Removes a run that was never handed to a worker, and its idempotency
+    /// record (the create is undone because the queue refused it).
+    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>)
+    -> Result<(), StoreError>;
+
+    /// A strongly consistent read.
+    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError>;
+
+    /// Replaces the run if its stored version is still `run.version`, then
+    /// increments `run.version`. `Err(Conflict)` when another write came first.
+    async fn update(&self, run: &mut Run) -> Result<(), StoreError>;
+
+    /// Newest first. Reads at most `limit + 1` runs to know whether more exist.
+    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError>;
+
+    /// Non-terminal runs whose `due_at` is at or before `until`, in due order,
+    /// after `after` (exclusive) when paging.
+    async fn due(
+        &self,
+        until: Timestamp,
+        after: Option<&DueRun>,
+        limit: u32,
+    ) -> Result<Vec<DueRun>, StoreError>;
+}
+
+/// An API key as stored: never the key itself, only its SHA-256 hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredKey {
+    pub id: KeyId,
+    pub owner: Owner,
+    pub name: Option<String>,
+    pub hash: [u8; 32],
+    pub created_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
+}
+
+#[async_trait]
+pub trait KeyStore: Send + Sync + 'static {
+    async fn put_key(&self, key: &StoredKey) -> Result<(), StoreError>;
+    async fn find_key(&self, hash: &[u8; 32]) -> Result<Option<StoredKey>, StoreError>;
+    async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError>;
+    /// Marks the key revoked; `Ok(false)` when no such key exists.
+    async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError>;
+}

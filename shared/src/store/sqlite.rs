@@ -1,0 +1,561 @@
+//! The embedded store: one SQLite file in WAL mode.
+//!
+//! Runs are kept as JSON documents beside the columns that are queried
+//! (status, due time, version), mirroring the DynamoDB item design. A
+//! committed transaction survives a kill -9 of the process: with WAL and
+//! `synchronous=NORMAL` the commit is in the WAL file before `insert`
+//! returns; only a power loss can drop the last commits, which
+//! `synchronous=FULL` ([`Durability::Full`]) prevents at the cost of an fsync
+//! per write.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+
+use super::{
+    DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest,
+    Run, RunKey, RunStore, StoreError, StoredKey,
+};
+use crate::domain::{KeyId, Owner, RunId, Timestamp};
+
+const SCHEMA_VERSION: i64 = 1;
+const READERS: usize = 4;
+
+const SCHEMA: &str = "
+CREATE TABLE runs (
+    owner   TEXT    NOT NULL,
+    id      TEXT    NOT NULL,
+    status  TEXT    NOT NULL,
+    version INTEGER NOT NULL,
+    due_at  INTEGER,
+    body    TEXT    NOT NULL,
+    PRIMARY KEY (owner, id)
+) WITHOUT ROWID;
+CREATE INDEX runs_by_status ON runs (owner, status, id);
+CREATE INDEX runs_by_due ON runs (due_at, owner, id) WHERE due_at IS NOT NULL;
+CREATE TABLE idempotency (
+    owner        TEXT    NOT NULL,
+    key_hash     TEXT    NOT NULL,
+    request_hash TEXT    NOT NULL,
+    run_id       TEXT    NOT NULL,
+    created_at   INTEGER NOT NULL,
+    expires_at   INTEGER NOT NULL,
+    PRIMARY KEY (owner, key_hash)
+) WITHOUT ROWID;
+CREATE TABLE api_keys (
+    id         TEXT    PRIMARY KEY,
+    hash       BLOB    NOT NULL UNIQUE,
+    owner      TEXT    NOT NULL,
+    name       TEXT,
+    created_at INTEGER NOT NULL,
+    revoked_at INTEGER
+);
+";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Survives a crash of the process (kill -9); the default.
+    #[default]
+    Process,
+    /// Also survives a power loss or OS crash: an fsync per commit.
+    Full,
+}
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+}
+
+fn unavailable(error: rusqlite::Error) -> StoreError {
+    StoreError::Unavailable(Box::new(error))
+}
+
+fn open_connection(path: &Path, durability: Durability) -> Result<Connection, rusqlite::Error> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let connection = Connection::open_with_flags(path, flags)?;
+    connection.busy_timeout(std::time::Duration::from_secs(5))?;
+    connection.pragma_update(None, "journal_mode", "WAL")?;
+    let synchronous = match durability {
+        Durability::Process => "NORMAL",
+        Durability::Full => "FULL",
+    };
+    connection.pragma_update(None, "synchronous", synchronous)?;
+    Ok(connection)
+}
+
+fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
+    let transaction = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(unavailable)?;
+    let version: i64 = transaction
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(unavailable)?;
+    match version {
+        0 => {
+            transaction.execute_batch(SCHEMA).map_err(unavailable)?;
+            transaction
+                .pragma_update(None, "user_version", SCHEMA_VERSION)
+                .map_err(unavailable)?;
+        }
+        SCHEMA_VERSION => {}
+        other => {
+            return Err(StoreError::Defect(format!(
+                "the database has schema version {other}, newer than this build knows ({SCHEMA_VERSION})"
+            )));
+        }
+    }
+    transaction.commit().map_err(unavailable)
+}
+
+fn encode_run(run: &Run) -> Result<String, StoreError> {
+    serde_json::to_string(run)
+        .map_err(|error| StoreError::Defect(format!("cannot encode run: {error}")))
+}
+
+fn decode_run(body: &str) -> Result<Run, StoreError> {
+    serde_json::from_str(body)
+        .map_err(|error| StoreError::Defect(format!("cannot decode stored run: {error}")))
+}
+
+const ACTIVE_STATUSES: &str = "('queued', 'running', 'awaiting_approval')";
+
+impl SqliteStore {
+    /// Opens (creating it and its folder if needed) the database at `path`.
+    pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(parent) = path
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(parent)
+                .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        }
+        let mut writer = open_connection(&path, durability).map_err(unavailable)?;
+        migrate(&mut writer)?;
+        let readers = (0..READERS)
+            .map(|_| open_connection(&path, durability).map(Mutex::new))
+            .collect::<Result<_, _>>()
+            .map_err(unavailable)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                writer: Mutex::new(writer),
+                readers,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut connection = inner
+                .writer
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            work(&mut connection)
+        })
+        .await
+        .map_err(|error| StoreError::Defect(format!("store task failed: {error}")))?
+    }
+
+    async fn read<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            // Take a free reader if there is one; otherwise wait for the first.
+            let guard = inner
+                .readers
+                .iter()
+                .find_map(|reader| reader.try_lock().ok())
+                .unwrap_or_else(|| {
+                    inner.readers[0]
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                });
+            work(&guard)
+        })
+        .await
+        .map_err(|error| StoreError::Defect(format!("store task failed: {error}")))?
+    }
+}
+
+fn insert_run_row(connection: &Connection, run: &Run) -> Result<(), StoreError> {
+    connection
+        .execute(
+            "INSERT INTO runs (owner, id, status, version, due_at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                run.owner.as_str(),
+                run.id.to_string(),
+                run.status.as_str(),
+                run.version as i64,
+                run.due_at.map(Timestamp::millis),
+                encode_run(run)?
+            ],
+        )
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+#[async_trait]
+impl RunStore for SqliteStore {
+    async fn insert(
+        &self,
+        run: &Run,
+        idempotency: Option<&IdempotencyClaim>,
+        max_active: u32,
+    ) -> Result<InsertOutcome, StoreError> {
+        let run = run.clone();
+        let idempotency = idempotency.cloned();
+        self.write(move |connection| {
+            let transaction = connection
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(unavailable)?;
+            let owner = run.owner.as_str();
+            if let Some(claim) = &idempotency {
+                let existing = transaction
+                    .query_row(
+                        "SELECT request_hash, run_id FROM idempotency
+                         WHERE owner = ?1 AND key_hash = ?2 AND expires_at > ?3",
+                        params![owner, claim.key_hash, claim.created_at.millis()],
+                        |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+                    )
+                    .optional()
+                    .map_err(unavailable)?;
+                if let Some((request_hash, run_id)) = existing {
+                    let run_id = run_id.parse().map_err(|_| {
+                        StoreError::Defect("malformed run id in idempotency record".into())
+                    })?;
+                    return Ok(InsertOutcome::IdempotencyKeyTaken(IdempotencyRecord {
+                        request_hash,
+                        run_id,
+                    }));
+                }
+            }
+            let active: i64 = transaction
+                .query_row(
+                    &format!(
+                        "SELECT COUNT(*) FROM runs WHERE owner = ?1 AND status IN {ACTIVE_STATUSES}"
+                    ),
+                    params![owner],
+                    |row| row.get(0),
+                )
+                .map_err(unavailable)?;
+            if active >= i64::from(max_active) {
+                return Ok(InsertOutcome::TooManyActiveRuns);
+            }
+            insert_run_row(&transaction, &run)?;
+            if let Some(claim) = &idempotency {
+                transaction
+                    .execute(
+                        "INSERT OR REPLACE INTO idempotency
+                         (owner, key_hash, request_hash, run_id, created_at, expires_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        params![
+                            owner,
+                            claim.key_hash,
+                            claim.request_hash,
+                            run.id.to_string(),
+                            claim.created_at.millis(),
+                            claim.expires_at.millis()
+                        ],
+                    )
+                    .map_err(unavailable)?;
+            }
+            transaction.commit().map_err(unavailable)?;
+            Ok(InsertOutcome::Inserted)
+        })
+        .await
+    }
+
+    async fn remove(
+        &self,
+        run: &Run,
+        idempotency_key_hash: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let owner = run.owner.to_string();
+        let run_id = run.id.to_string();
+        let key_hash = idempotency_key_hash.map(str::to_owned);
+        self.write(move |connection| {
+            let transaction = connection.transaction().map_err(unavailable)?;
+            transaction
+                .execute("DELETE FROM runs WHERE owner = ?1 AND id = ?2", params![owner, run_id])
+                .map_err(unavailable)?;
+            if let Some(key_hash) = key_hash {
+                transaction
+                    .execute(
+                        "DELETE FROM idempotency WHERE owner = ?1 AND key_hash = ?2 AND run_id = ?3",
+                        params![owner, key_hash, run_id],
+                    )
+                    .map_err(unavailable)?;
+            }
+            transaction.commit().map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        let owner = owner.to_string();
+        self.read(move |connection| {
+            let body: Option<String> = connection
+                .prepare_cached("SELECT body FROM runs WHERE owner = ?1 AND id = ?2")
+                .and_then(|mut statement| {
+                    statement
+                        .query_row(params![owner, run_id.to_string()], |row| row.get(0))
+                        .optional()
+                })
+                .map_err(unavailable)?;
+            body.as_deref().map(decode_run).transpose()
+        })
+        .await
+    }
+
+    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
+        let mut next = run.clone();
+        next.version += 1;
+        let expected = run.version;
+        let body = encode_run(&next)?;
+        let written = self
+            .write(move |connection| {
+                let changed = connection
+                    .prepare_cached(
+                        "UPDATE runs SET status = ?1, version = ?2, due_at = ?3, body = ?4
+                         WHERE owner = ?5 AND id = ?6 AND version = ?7",
+                    )
+                    .and_then(|mut statement| {
+                        statement.execute(params![
+                            next.status.as_str(),
+                            next.version as i64,
+                            next.due_at.map(Timestamp::millis),
+                            body,
+                            next.owner.as_str(),
+                            next.id.to_string(),
+                            expected as i64
+                        ])
+                    })
+                    .map_err(unavailable)?;
+                if changed == 1 {
+                    Ok(next.version)
+                } else {
+                    Err(StoreError::Conflict)
+                }
+            })
+            .await?;
+        run.version = written;
+        Ok(())
+    }
+
+    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
+        let owner = owner.to_string();
+        self.read(move |connection| {
+            // Every run id sorts below this, so "no cursor" needs no second query shape.
+            let before = request.before.map_or_else(|| "run_~".to_owned(), |id| id.to_string());
+            let fetch = i64::from(request.limit) + 1;
+            let bodies = match request.status {
+                None => connection.prepare_cached(
+                    "SELECT body FROM runs WHERE owner = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3",
+                )
+                .and_then(|mut statement| {
+                    statement.query_map(params![owner, before, fetch], |row| row.get::<_, String>(0))?.collect()
+                }),
+                Some(status) => connection.prepare_cached(
+                    "SELECT body FROM runs WHERE owner = ?1 AND status = ?2 AND id < ?3 ORDER BY id DESC LIMIT ?4",
+                )
+                .and_then(|mut statement| {
+                    statement
+                        .query_map(params![owner, status.as_str(), before, fetch], |row| row.get::<_, String>(0))?
+                        .collect()
+                }),
+            }
+            .map_err(unavailable)?;
+            let bodies: Vec<String> = bodies;
+            let has_more = bodies.len() > request.limit as usize;
+            let runs = bodies
+                .iter()
+                .take(request.limit as usize)
+                .map(|body| decode_run(body))
+                .collect::<Result<_, _>>()?;
+            Ok(ListPage { runs, has_more })
+        })
+        .await
+    }
+
+    async fn due(
+        &self,
+        until: Timestamp,
+        after: Option<&DueRun>,
+        limit: u32,
+    ) -> Result<Vec<DueRun>, StoreError> {
+        let after = after.map(|due| {
+            (
+                due.due_at.millis(),
+                due.key.owner.to_string(),
+                due.key.run_id.to_string(),
+            )
+        });
+        self.read(move |connection| {
+            let (after_due, after_owner, after_id) = after.unwrap_or((i64::MIN, String::new(), String::new()));
+            let mut statement = connection
+                .prepare_cached(
+                    "SELECT due_at, owner, id FROM runs
+                     WHERE due_at IS NOT NULL AND due_at <= ?1 AND (due_at, owner, id) > (?2, ?3, ?4)
+                     ORDER BY due_at, owner, id LIMIT ?5",
+                )
+                .map_err(unavailable)?;
+            let rows = statement
+                .query_map(params![until.millis(), after_due, after_owner, after_id, limit], |row| {
+                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?))
+                })
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(unavailable)?;
+            rows.into_iter()
+                .map(|(due_at, owner, id)| {
+                    let owner = Owner::parse(&owner).map_err(|_| StoreError::Defect("malformed owner".into()))?;
+                    let run_id = id.parse().map_err(|_| StoreError::Defect("malformed run id".into()))?;
+                    Ok(DueRun { due_at: Timestamp::from_millis(due_at), key: RunKey { owner, run_id } })
+                })
+                .collect()
+        })
+        .await
+    }
+}
+
+fn key_from_row(
+    row: &rusqlite::Row<'_>,
+) -> rusqlite::Result<(String, Vec<u8>, String, Option<String>, i64, Option<i64>)> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+    ))
+}
+
+fn decode_key(
+    (id, hash, owner, name, created_at, revoked_at): (
+        String,
+        Vec<u8>,
+        String,
+        Option<String>,
+        i64,
+        Option<i64>,
+    ),
+) -> Result<StoredKey, StoreError> {
+    let defect = |what: &str| StoreError::Defect(format!("malformed stored key: {what}"));
+    Ok(StoredKey {
+        id: id.parse().map_err(|_| defect("id"))?,
+        owner: Owner::parse(&owner).map_err(|_| defect("owner"))?,
+        name,
+        hash: hash.try_into().map_err(|_| defect("hash"))?,
+        created_at: Timestamp::from_millis(created_at),
+        revoked_at: revoked_at.map(Timestamp::from_millis),
+    })
+}
+
+const KEY_COLUMNS: &str = "id, hash, owner, name, created_at, revoked_at";
+
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn put_key(&self, key: &StoredKey) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.write(move |connection| {
+            connection
+                .execute(
+                    &format!(
+                        "INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+                    ),
+                    params![
+                        key.id.to_string(),
+                        key.hash.to_vec(),
+                        key.owner.as_str(),
+                        key.name,
+                        key.created_at.millis(),
+                        key.revoked_at.map(Timestamp::millis)
+                    ],
+                )
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn find_key(&self, hash: &[u8; 32]) -> Result<Option<StoredKey>, StoreError> {
+        let hash = hash.to_vec();
+        self.read(move |connection| {
+            connection
+                .query_row(
+                    &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?1"),
+                    params![hash],
+                    key_from_row,
+                )
+                .optional()
+                .map_err(unavailable)?
+                .map(decode_key)
+                .transpose()
+        })
+        .await
+    }
+
+    async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError> {
+        self.read(|connection| {
+            let mut statement = connection
+                .prepare(&format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY id"))
+                .map_err(unavailable)?;
+            let rows = statement
+                .query_map([], key_from_row)
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(unavailable)?;
+            rows.into_iter().map(decode_key).collect()
+        })
+        .await
+    }
+
+    async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError> {
+        self.write(move |connection| {
+            let found: Option<Option<i64>> = connection
+                .query_row(
+                    "SELECT revoked_at FROM api_keys WHERE id = ?1",
+                    params![id.to_string()],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(unavailable)?;
+            match found {
+                None => Ok(false),
+                Some(Some(_)) => Ok(true),
+                Some(None) => {
+                    connection
+                        .execute(
+                            "UPDATE api_keys SET revoked_at = ?1 WHERE id = ?2",
+                            params![at.millis(), id.to_string()],
+                        )
+                        .map_err(unavailable)?;
+                    Ok(true)
+                }
+            }
+        })
+        .await
+    }
+}
