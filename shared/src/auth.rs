@@ -18,9 +18,10 @@ pub const KEY_PREFIX: &str = "ark_";
 const KEY_RANDOM_CHARS: usize = 43;
 const MIN_KEY_RANDOM_CHARS: usize = 40;
 const MAX_KEY_LEN: usize = 256;
-/// How long a verified key is trusted without asking the store again; this
-/// bounds how long a revoked key keeps working.
-pub const CACHE_TTL: Duration = Duration::from_secs(30);
+/// How long a verified key is trusted without asking the store again, where
+/// a lookup costs a network call; this bounds how long a revoked key keeps
+/// working (the contract allows 60 seconds).
+pub const REMOTE_STORE_CACHE_TTL: Duration = Duration::from_secs(30);
 const CACHE_CAPACITY: usize = 10_000;
 
 /// A key as issued: shown once, never stored.
@@ -37,26 +38,15 @@ pub fn hash_key(secret: &str) -> [u8; 32] {
 /// refused without a lookup.
 fn well_formed(secret: &str) -> bool {
     secret.len() <= MAX_KEY_LEN
-        && secret.strip_prefix(KEY_PREFIX).is_some_and(|rest| {
-            rest.len() >= MIN_KEY_RANDOM_CHARS && rest.bytes().all(|b| b.is_ascii_alphanumeric())
-        })
+        && secret
+            .strip_prefix(KEY_PREFIX)
+            .is_some_and(|rest| rest.len() >= MIN_KEY_RANDOM_CHARS && rest.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
 pub fn generate_key(id: KeyId, owner: Owner, name: Option<String>, now: Timestamp) -> IssuedKey {
-    let random: String = rand::rng()
-        .sample_iter(Alphanumeric)
-        .take(KEY_RANDOM_CHARS)
-        .map(char::from)
-        .collect();
+    let random: String = rand::rng().sample_iter(Alphanumeric).take(KEY_RANDOM_CHARS).map(char::from).collect();
     let secret = format!("{KEY_PREFIX}{random}");
-    let stored = StoredKey {
-        id,
-        owner,
-        name,
-        hash: hash_key(&secret),
-        created_at: now,
-        revoked_at: None,
-    };
+    let stored = StoredKey { id, owner, name, hash: hash_key(&secret), created_at: now, revoked_at: None };
     IssuedKey { secret, stored }
 }
 
@@ -65,10 +55,7 @@ pub fn generate_key(id: KeyId, owner: Owner, name: Option<String>, now: Timestam
 pub fn bearer_token(header: &[u8]) -> Option<&str> {
     let text = std::str::from_utf8(header).ok()?;
     let (scheme, token) = text.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start())
-        .filter(|token| !token.is_empty())
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start()).filter(|token| !token.is_empty())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,19 +74,19 @@ pub struct Principal {
 }
 
 /// Verifies keys through the key store, remembering verified ones for
-/// [`CACHE_TTL`] so a warm process makes no lookup per request.
+/// `cache_ttl` so a warm process makes no lookup per request.
 #[derive(Clone)]
 pub struct Authenticator {
     keys: Arc<dyn KeyStore>,
+    cache_ttl: Duration,
     cache: Arc<Mutex<HashMap<[u8; 32], (Principal, Instant)>>>,
 }
 
 impl Authenticator {
-    pub fn new(keys: Arc<dyn KeyStore>) -> Self {
-        Self {
-            keys,
-            cache: Arc::default(),
-        }
+    /// A zero `cache_ttl` asks the store every time, so a revocation is
+    /// seen at once.
+    pub fn new(keys: Arc<dyn KeyStore>, cache_ttl: Duration) -> Self {
+        Self { keys, cache_ttl, cache: Arc::default() }
     }
 
     pub async fn authenticate(&self, secret: &str) -> Result<Principal, AuthError> {
@@ -110,41 +97,27 @@ impl Authenticator {
         if let Some(principal) = self.cached(&hash) {
             return Ok(principal);
         }
-        let stored = self
-            .keys
-            .find_key(&hash)
-            .await?
-            .ok_or(AuthError::Unauthorized)?;
+        let stored = self.keys.find_key(&hash).await?.ok_or(AuthError::Unauthorized)?;
         let matches: bool = stored.hash.ct_eq(&hash).into();
         if !matches || stored.revoked_at.is_some() {
             return Err(AuthError::Unauthorized);
         }
-        let principal = Principal {
-            owner: stored.owner,
-            key_id: stored.id,
-        };
-        self.remember(hash, principal.clone());
+        let principal = Principal { owner: stored.owner, key_id: stored.id };
+        if !self.cache_ttl.is_zero() {
+            self.remember(hash, principal.clone());
+        }
         Ok(principal)
     }
 
     fn cached(&self, hash: &[u8; 32]) -> Option<Principal> {
-        let cache = self
-            .cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        cache
-            .get(hash)
-            .filter(|(_, at)| at.elapsed() < CACHE_TTL)
-            .map(|(principal, _)| principal.clone())
+        let cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache.get(hash).filter(|(_, at)| at.elapsed() < self.cache_ttl).map(|(principal, _)| principal.clone())
     }
 
     fn remember(&self, hash: [u8; 32], principal: Principal) {
-        let mut cache = self
-            .cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if cache.len() >= CACHE_CAPACITY {
-            cache.retain(|_, (_, at)| at.elapsed() < CACHE_TTL);
+            cache.retain(|_, (_, at)| at.elapsed() < self.cache_ttl);
             if cache.len() >= CACHE_CAPACITY {
                 cache.clear();
             }
@@ -160,18 +133,8 @@ mod tests {
     #[test]
     fn generated_keys_have_the_documented_shape() {
         let id = KeyId::from_ulid(ulid::Ulid::new());
-        let a = generate_key(
-            id,
-            Owner::parse("dev").unwrap(),
-            None,
-            Timestamp::from_millis(0),
-        );
-        let b = generate_key(
-            id,
-            Owner::parse("dev").unwrap(),
-            None,
-            Timestamp::from_millis(0),
-        );
+        let a = generate_key(id, Owner::parse("dev").unwrap(), None, Timestamp::from_millis(0));
+        let b = generate_key(id, Owner::parse("dev").unwrap(), None, Timestamp::from_millis(0));
         assert!(a.secret.starts_with("ark_"));
         assert_eq!(a.secret.len(), 4 + 43);
         assert!(well_formed(&a.secret));

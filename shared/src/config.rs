@@ -28,10 +28,7 @@ fn read<T: std::str::FromStr>(
     match env(name) {
         None => Ok(default),
         Some(text) if text.trim().is_empty() => Ok(default),
-        Some(text) => text.trim().parse().map_err(|_| ConfigError {
-            name,
-            problem: format!("cannot parse {text:?}"),
-        }),
+        Some(text) => text.trim().parse().map_err(|_| ConfigError { name, problem: format!("cannot parse {text:?}") }),
     }
 }
 
@@ -47,22 +44,14 @@ impl Config {
         let config = Config {
             default_agent: read(&env, "AGENT_RUNS_DEFAULT_AGENT", "echo".to_owned())?,
             limits: ApiLimits {
-                max_active_runs: read(
-                    &env,
-                    "AGENT_RUNS_MAX_ACTIVE_RUNS",
-                    ApiLimits::default().max_active_runs,
-                )?,
+                max_active_runs: read(&env, "AGENT_RUNS_MAX_ACTIVE_RUNS", ApiLimits::default().max_active_runs)?,
                 rate: RateLimit {
                     per_second: read(&env, "AGENT_RUNS_RATE_LIMIT_PER_SECOND", rate.per_second)?,
                     burst: read(&env, "AGENT_RUNS_RATE_LIMIT_BURST", rate.burst)?,
                 },
             },
             policy: ExecutionPolicy {
-                lease: Duration::from_millis(read(
-                    &env,
-                    "AGENT_RUNS_LEASE_MS",
-                    defaults.lease.as_millis() as u64,
-                )?),
+                lease: Duration::from_millis(read(&env, "AGENT_RUNS_LEASE_MS", defaults.lease.as_millis() as u64)?),
                 requeue_after: Duration::from_millis(read(
                     &env,
                     "AGENT_RUNS_REQUEUE_AFTER_MS",
@@ -72,16 +61,10 @@ impl Config {
             },
         };
         if config.policy.lease < Duration::from_millis(300) {
-            return Err(ConfigError {
-                name: "AGENT_RUNS_LEASE_MS",
-                problem: "must be at least 300".into(),
-            });
+            return Err(ConfigError { name: "AGENT_RUNS_LEASE_MS", problem: "must be at least 300".into() });
         }
         if config.policy.max_attempts == 0 {
-            return Err(ConfigError {
-                name: "AGENT_RUNS_MAX_ATTEMPTS",
-                problem: "must be at least 1".into(),
-            });
+            return Err(ConfigError { name: "AGENT_RUNS_MAX_ATTEMPTS", problem: "must be at least 1".into() });
         }
         Ok(config)
     }
@@ -96,13 +79,8 @@ mod tests {
         let config = Config::from_lookup(|_| None).unwrap();
         assert_eq!(config.default_agent, "echo");
         assert_eq!(config.policy, ExecutionPolicy::default());
-        let config =
-            Config::from_lookup(|name| (name == "AGENT_RUNS_LEASE_MS").then(|| "2000".into()))
-                .unwrap();
+        let config = Config::from_lookup(|name| (name == "AGENT_RUNS_LEASE_MS").then(|| "2000".into())).unwrap();
         assert_eq!(config.policy.lease, Duration::from_secs(2));
-        assert!(
-            Config::from_lookup(|name| (name == "AGENT_RUNS_MAX_ATTEMPTS").then(|| "x".into()))
-                .is_err()
-        );
+        assert!(Config::from_lookup(|name| (name == "AGENT_RUNS_MAX_ATTEMPTS").then(|| "x".into())).is_err());
     }
 }

@@ -71,10 +71,7 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: impl Future<O
         });
     }
     drop(listener);
-    if tokio::time::timeout(std::time::Duration::from_secs(10), graceful.shutdown())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(std::time::Duration::from_secs(10), graceful.shutdown()).await.is_err() {
         tracing::warn!("open connections did not finish within 10 s");
     }
 }

@@ -26,11 +26,7 @@ pub enum KeysCommand {
 pub type Error = Box<dyn std::error::Error>;
 
 /// Issues a key and stores its hash; returns the key and its id.
-pub async fn issue(
-    keys: &dyn KeyStore,
-    owner: Owner,
-    name: Option<String>,
-) -> Result<(String, KeyId), Error> {
+pub async fn issue(keys: &dyn KeyStore, owner: Owner, name: Option<String>) -> Result<(String, KeyId), Error> {
     let now = SystemClock.now();
     let id = KeyId::from_ulid(IdGenerator::default().ulid_at(now));
     let issued = generate_key(id, owner, name, now);
@@ -48,16 +44,9 @@ pub async fn run(command: KeysCommand, db: &Path) -> Result<(), Error> {
             println!("{secret}");
         }
         KeysCommand::List => {
-            println!(
-                "{:<30}  {:<20}  {:<24}  {:<8}  NAME",
-                "ID", "OWNER", "CREATED", "STATUS"
-            );
+            println!("{:<30}  {:<20}  {:<24}  {:<8}  NAME", "ID", "OWNER", "CREATED", "STATUS");
             for key in store.list_keys().await? {
-                let status = if key.revoked_at.is_some() {
-                    "revoked"
-                } else {
-                    "active"
-                };
+                let status = if key.revoked_at.is_some() { "revoked" } else { "active" };
                 println!(
                     "{:<30}  {:<20}  {:<24}  {:<8}  {}",
                     key.id,
@@ -69,9 +58,7 @@ pub async fn run(command: KeysCommand, db: &Path) -> Result<(), Error> {
             }
         }
         KeysCommand::Revoke { key_id } => {
-            let id: KeyId = key_id
-                .parse()
-                .map_err(|_| format!("`{key_id}` is not a key id (key_...)"))?;
+            let id: KeyId = key_id.parse().map_err(|_| format!("`{key_id}` is not a key id (key_...)"))?;
             if !store.revoke_key(id, SystemClock.now()).await? {
                 return Err(format!("no key {id}").into());
             }

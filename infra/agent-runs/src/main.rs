@@ -10,19 +10,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "agent-runs",
-    version,
-    about = "The Agent Runs service: embedded server and admin tools"
-)]
+#[command(name = "agent-runs", version, about = "The Agent Runs service: embedded server and admin tools")]
 struct Cli {
     /// The SQLite database file (created with its folder if missing).
-    #[arg(
-        long,
-        global = true,
-        env = "AGENT_RUNS_DB",
-        default_value = ".agent-runs/runs.db"
-    )]
+    #[arg(long, global = true, env = "AGENT_RUNS_DB", default_value = ".agent-runs/runs.db")]
     db: PathBuf,
     #[command(subcommand)]
     command: Command,

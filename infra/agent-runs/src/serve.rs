@@ -35,12 +35,15 @@ pub struct ServeArgs {
     /// `full` adds an fsync per write, for power-loss durability.
     #[arg(long, env = "AGENT_RUNS_SQLITE_SYNC", default_value = "normal", value_parser = ["normal", "full"])]
     sqlite_sync: String,
+    /// How long a verified API key is trusted before the database is asked
+    /// again, in seconds. 0 (the default) sees a revocation at once.
+    #[arg(long, env = "AGENT_RUNS_KEY_CACHE_SECS", default_value_t = 0)]
+    key_cache_secs: u64,
 }
 
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_env("AGENT_RUNS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("AGENT_RUNS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -57,8 +60,7 @@ async fn shutdown_signal() {
     #[cfg(unix)]
     {
         let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("SIGTERM handler");
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = terminate.recv() => {}
@@ -71,11 +73,7 @@ async fn shutdown_signal() {
 pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     init_logging();
     let config = Config::from_env()?;
-    let durability = if args.sqlite_sync == "full" {
-        Durability::Full
-    } else {
-        Durability::Process
-    };
+    let durability = if args.sqlite_sync == "full" { Durability::Full } else { Durability::Process };
     let store = SqliteStore::open(db, durability)?;
 
     if store.list_keys().await?.is_empty() {
@@ -94,42 +92,26 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let api = Arc::new(Api::new(
         runs.clone(),
         queue.clone(),
-        Authenticator::new(keys),
+        Authenticator::new(keys, Duration::from_secs(args.key_cache_secs.min(60))),
         agents.clone(),
         clock.clone(),
         config.policy.clone(),
         config.limits.clone(),
     ));
-    let sweeper = Sweeper::new(
-        runs.clone(),
-        queue.clone(),
-        clock.clone(),
-        config.policy.clone(),
-    );
+    let sweeper = Sweeper::new(runs.clone(), queue.clone(), clock.clone(), config.policy.clone());
     let pool = WorkerPool::start(
         args.workers.max(1),
-        || {
-            Worker::new(
-                runs.clone(),
-                agents.clone(),
-                clock.clone(),
-                config.policy.clone(),
-            )
-        },
+        || Worker::new(runs.clone(), agents.clone(), clock.clone(), config.policy.clone()),
         receiver,
         queue,
         sweeper,
         Duration::from_millis(args.sweep_ms.max(10)),
     );
 
-    let listener = TcpListener::bind(args.addr)
-        .await
-        .map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;
+    let listener =
+        TcpListener::bind(args.addr).await.map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;
     let addr = listener.local_addr()?;
-    println!(
-        "Listening on http://{addr} (database {})",
-        store.path().display()
-    );
+    println!("Listening on http://{addr} (database {})", store.path().display());
     std::io::stdout().flush()?;
     tracing::info!(%addr, db = %store.path().display(), workers = args.workers, "serving");
 

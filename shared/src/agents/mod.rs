@@ -59,15 +59,9 @@ impl AgentRegistry {
         agents.insert("echo".into(), Arc::new(EchoAgent));
         agents.insert("script".into(), Arc::new(ScriptAgent));
         if !agents.contains_key(default) {
-            return Err(format!(
-                "the default agent `{default}` is not one of: {}",
-                names(&agents)
-            ));
+            return Err(format!("the default agent `{default}` is not one of: {}", names(&agents)));
         }
-        Ok(Self {
-            agents,
-            default: default.to_owned(),
-        })
+        Ok(Self { agents, default: default.to_owned() })
     }
 
     pub fn default_name(&self) -> &str {
@@ -84,9 +78,5 @@ impl AgentRegistry {
 }
 
 fn names(agents: &BTreeMap<String, Arc<dyn Agent>>) -> String {
-    agents
-        .keys()
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .join(", ")
+    agents.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
 }

@@ -34,18 +34,20 @@ fn parse(input: &str) -> Result<Vec<Command<'_>>, String> {
         let command = match word {
             "say" => Command::Say(rest),
             "sleep" => {
-                let ms = rest.trim().parse::<u64>().ok().filter(|ms| {
-                    *ms <= MAX_SLEEP_MS && rest.trim().bytes().all(|b| b.is_ascii_digit())
-                });
+                let ms = rest
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| *ms <= MAX_SLEEP_MS && rest.trim().bytes().all(|b| b.is_ascii_digit()));
                 Command::Sleep(ms.ok_or_else(|| {
-                    format!("line {line_number}: `sleep` takes a whole number of milliseconds from 0 to {MAX_SLEEP_MS}.")
+                    format!(
+                        "line {line_number}: `sleep` takes a whole number of milliseconds from 0 to {MAX_SLEEP_MS}."
+                    )
                 })?)
             }
             "approve" if !rest.trim().is_empty() => Command::Approve(rest),
             "approve" => {
-                return Err(format!(
-                    "line {line_number}: `approve` needs the action to approve."
-                ));
+                return Err(format!("line {line_number}: `approve` needs the action to approve."));
             }
             "fail" => Command::Fail(rest),
             other => {
@@ -92,16 +94,11 @@ impl Agent for ScriptAgent {
             Ok(commands) => commands,
             Err(message) => return Step::Failed(message),
         };
-        let mut progress: Progress = match step
-            .checkpoint
-            .map(|value| serde_json::from_value(value.clone()))
-        {
+        let mut progress: Progress = match step.checkpoint.map(|value| serde_json::from_value(value.clone())) {
             None => Progress::default(),
             Some(Ok(progress)) => progress,
             Some(Err(_)) => {
-                return Step::Failed(
-                    "The script agent could not resume from its checkpoint.".into(),
-                );
+                return Step::Failed("The script agent could not resume from its checkpoint.".into());
             }
         };
 
@@ -113,14 +110,10 @@ impl Agent for ScriptAgent {
                 ApprovalStatus::Approved => "approved",
                 ApprovalStatus::Rejected => "rejected",
                 _ => {
-                    return Step::Failed(
-                        "The approval the script waited for was not decided.".into(),
-                    );
+                    return Step::Failed("The approval the script waited for was not decided.".into());
                 }
             };
-            progress
-                .lines
-                .push(format!("{verdict}: {}", approval.action));
+            progress.lines.push(format!("{verdict}: {}", approval.action));
             progress.next += 1;
             return Self::next(progress);
         }
@@ -164,9 +157,7 @@ mod tests {
 
     #[test]
     fn parses_each_command_and_ignores_blank_lines() {
-        let commands =
-            parse("say hello world\n\n  \nsleep 10\r\napprove Delete 3 branches\nfail boom")
-                .unwrap();
+        let commands = parse("say hello world\n\n  \nsleep 10\r\napprove Delete 3 branches\nfail boom").unwrap();
         assert_eq!(
             commands,
             vec![
@@ -180,11 +171,7 @@ mod tests {
 
     #[test]
     fn rejects_unknown_commands_and_bad_arguments_with_the_line() {
-        assert!(
-            parse("say hi\nshout hi")
-                .unwrap_err()
-                .starts_with("line 2: unknown command `shout`")
-        );
+        assert!(parse("say hi\nshout hi").unwrap_err().starts_with("line 2: unknown command `shout`"));
         assert!(parse("sleep 60001").unwrap_err().contains("0 to 60000"));
         assert!(parse("sleep -1").is_err());
         assert!(parse("sleep +5").is_err());

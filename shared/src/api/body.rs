@@ -24,19 +24,12 @@ fn is_json(headers: &HeaderMap) -> bool {
 
 /// Parses a body that must be a JSON object. With `optional`, an empty body
 /// counts as `{}`.
-pub fn json_object(
-    headers: &HeaderMap,
-    body: &Bytes,
-    optional: bool,
-) -> Result<Map<String, Value>, ApiError> {
+pub fn json_object(headers: &HeaderMap, body: &Bytes, optional: bool) -> Result<Map<String, Value>, ApiError> {
     if body.is_empty() {
         return if optional {
             Ok(Map::new())
         } else {
-            Err(ApiError::invalid(
-                None,
-                "The request body is empty; send a JSON object.",
-            ))
+            Err(ApiError::invalid(None, "The request body is empty; send a JSON object."))
         };
     }
     if !is_json(headers) {
@@ -44,17 +37,10 @@ pub fn json_object(
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(object)) => Ok(object),
-        Ok(_) => Err(ApiError::invalid(
-            None,
-            "The request body must be a JSON object.",
-        )),
+        Ok(_) => Err(ApiError::invalid(None, "The request body must be a JSON object.")),
         Err(error) => Err(ApiError::invalid(
             None,
-            format!(
-                "The request body is not valid JSON (line {}, column {}).",
-                error.line(),
-                error.column()
-            ),
+            format!("The request body is not valid JSON (line {}, column {}).", error.line(), error.column()),
         )),
     }
 }
@@ -66,10 +52,7 @@ pub fn reject_unknown_fields(object: &Map<String, Value>, known: &[&str]) -> Res
             let shown: String = unknown.chars().take(64).collect();
             Err(ApiError::invalid_param(
                 shown.clone(),
-                format!(
-                    "Unknown field `{shown}`. Allowed fields: {}.",
-                    known.join(", ")
-                ),
+                format!("Unknown field `{shown}`. Allowed fields: {}.", known.join(", ")),
             ))
         }
         None => Ok(()),
@@ -77,16 +60,10 @@ pub fn reject_unknown_fields(object: &Map<String, Value>, known: &[&str]) -> Res
 }
 
 /// A string field; `null` counts as absent.
-pub fn optional_string(
-    object: &mut Map<String, Value>,
-    field: &'static str,
-) -> Result<Option<String>, ApiError> {
+pub fn optional_string(object: &mut Map<String, Value>, field: &'static str) -> Result<Option<String>, ApiError> {
     match object.remove(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(text)) => Ok(Some(text)),
-        Some(_) => Err(ApiError::invalid(
-            field,
-            format!("`{field}` must be a string."),
-        )),
+        Some(_) => Err(ApiError::invalid(field, format!("`{field}` must be a string."))),
     }
 }

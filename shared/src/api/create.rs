@@ -27,20 +27,14 @@ fn parse_metadata(value: Option<Value>) -> Result<Metadata, ApiError> {
         None | Some(Value::Null) => return Ok(Metadata::default()),
         Some(Value::Object(object)) => object,
         Some(_) => {
-            return Err(ApiError::invalid(
-                "metadata",
-                "`metadata` must be an object of strings.",
-            ));
+            return Err(ApiError::invalid("metadata", "`metadata` must be an object of strings."));
         }
     };
     let entries = object
         .into_iter()
         .map(|(key, value)| match value {
             Value::String(text) => Ok((key, text)),
-            _ => Err(ApiError::invalid(
-                "metadata",
-                format!("The value of `metadata.{key}` must be a string."),
-            )),
+            _ => Err(ApiError::invalid("metadata", format!("The value of `metadata.{key}` must be a string."))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     Metadata::parse(entries).map_err(|error| ApiError::invalid("metadata", error.0))
@@ -50,37 +44,19 @@ fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun, ApiEr
     reject_unknown_fields(&object, FIELDS)?;
     let input = match object.remove("input") {
         None | Some(Value::Null) => return Err(ApiError::invalid("input", "`input` is required.")),
-        Some(Value::String(text)) => {
-            RunInput::parse(text).map_err(|error| ApiError::invalid("input", error.0))?
-        }
+        Some(Value::String(text)) => RunInput::parse(text).map_err(|error| ApiError::invalid("input", error.0))?,
         Some(_) => return Err(ApiError::invalid("input", "`input` must be a string.")),
     };
-    let agent = optional_string(&mut object, "agent")?
-        .unwrap_or_else(|| api.agents.default_name().to_owned());
+    let agent = optional_string(&mut object, "agent")?.unwrap_or_else(|| api.agents.default_name().to_owned());
     let implementation = api.agents.get(&agent).ok_or_else(|| {
         let shown: String = agent.chars().take(64).collect();
-        ApiError::invalid(
-            "agent",
-            format!(
-                "Unknown agent `{shown}`. Available agents: {}.",
-                api.agents.names()
-            ),
-        )
+        ApiError::invalid("agent", format!("Unknown agent `{shown}`. Available agents: {}.", api.agents.names()))
     })?;
     implementation
         .validate_input(input.as_str())
-        .map_err(|message| {
-            ApiError::invalid(
-                "input",
-                format!("The `{agent}` agent rejected the input: {message}"),
-            )
-        })?;
+        .map_err(|message| ApiError::invalid("input", format!("The `{agent}` agent rejected the input: {message}")))?;
     let metadata = parse_metadata(object.remove("metadata"))?;
-    Ok(NewRun {
-        input,
-        agent,
-        metadata,
-    })
+    Ok(NewRun { input, agent, metadata })
 }
 
 fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, ApiError> {
@@ -89,14 +65,9 @@ fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, A
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(ApiError::invalid(
-            "Idempotency-Key",
-            "Send at most one Idempotency-Key header.",
-        ));
+        return Err(ApiError::invalid("Idempotency-Key", "Send at most one Idempotency-Key header."));
     }
-    IdempotencyKey::parse(value.as_bytes())
-        .map(Some)
-        .map_err(|error| ApiError::invalid("Idempotency-Key", error.0))
+    IdempotencyKey::parse(value.as_bytes()).map(Some).map_err(|error| ApiError::invalid("Idempotency-Key", error.0))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -117,21 +88,14 @@ fn created(run: &Run, replayed: bool) -> ApiResponse {
     let mut response = run_response(StatusCode::CREATED, run);
     let location = format!("/v1/agent/runs/{}", run.id);
     let headers = response.headers_mut();
-    headers.insert(
-        header::LOCATION,
-        HeaderValue::from_str(&location).expect("run ids are ASCII"),
-    );
+    headers.insert(header::LOCATION, HeaderValue::from_str(&location).expect("run ids are ASCII"));
     if replayed {
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     response
 }
 
-pub(super) async fn handle(
-    api: &Api,
-    owner: &Owner,
-    request: &Request<Bytes>,
-) -> Result<ApiResponse, ApiError> {
+pub(super) async fn handle(api: &Api, owner: &Owner, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
     let new_run = parse_body(api, object)?;
     let key = idempotency_key(request)?;
@@ -153,11 +117,7 @@ pub(super) async fn handle(
         &api.policy,
     );
 
-    match api
-        .runs
-        .insert(&run, claim.as_ref(), api.limits.max_active_runs)
-        .await?
-    {
+    match api.runs.insert(&run, claim.as_ref(), api.limits.max_active_runs).await? {
         InsertOutcome::Inserted => {}
         InsertOutcome::IdempotencyKeyTaken(record) => {
             let claim = claim.expect("only a request with a key can find it taken");
@@ -167,9 +127,10 @@ pub(super) async fn handle(
                         .into(),
                 ));
             }
-            let original = api.runs.get(owner, record.run_id).await?.ok_or_else(|| {
-                ApiError::Internal("an idempotency record names a run that does not exist".into())
-            })?;
+            let original =
+                api.runs.get(owner, record.run_id).await?.ok_or_else(|| {
+                    ApiError::Internal("an idempotency record names a run that does not exist".into())
+                })?;
             return Ok(created(&original, true));
         }
         InsertOutcome::TooManyActiveRuns => {
@@ -183,18 +144,11 @@ pub(super) async fn handle(
         }
     }
 
-    let message = RunMessage {
-        run_id: run.id,
-        owner: owner.clone(),
-    };
+    let message = RunMessage { run_id: run.id, owner: owner.clone() };
     if let Err(queue_error) = api.queue.enqueue(&message).await {
         // Undo the create so the client's retry starts clean. Should the undo
         // fail too, the sweeper enqueues the stored run within a minute.
-        if let Err(store_error) = api
-            .runs
-            .remove(&run, claim.as_ref().map(|claim| claim.key_hash.as_str()))
-            .await
-        {
+        if let Err(store_error) = api.runs.remove(&run, claim.as_ref().map(|claim| claim.key_hash.as_str())).await {
             tracing::error!(run_id = %run.id, error = %store_error, "could not undo a create whose enqueue failed");
         }
         return Err(queue_error.into());

@@ -17,14 +17,10 @@ fn parse_decision(value: Option<Value>) -> Result<Decision, ApiError> {
     match value.as_ref().and_then(Value::as_str) {
         Some("approve") => Ok(Decision::Approve),
         Some("reject") => Ok(Decision::Reject),
-        _ if value.is_none() || value == Some(Value::Null) => Err(ApiError::invalid(
-            "decision",
-            "`decision` is required: \"approve\" or \"reject\".",
-        )),
-        _ => Err(ApiError::invalid(
-            "decision",
-            "`decision` must be \"approve\" or \"reject\".",
-        )),
+        _ if value.is_none() || value == Some(Value::Null) => {
+            Err(ApiError::invalid("decision", "`decision` is required: \"approve\" or \"reject\"."))
+        }
+        _ => Err(ApiError::invalid("decision", "`decision` must be \"approve\" or \"reject\".")),
     }
 }
 
@@ -46,38 +42,21 @@ pub(super) async fn handle(
         .map(Comment::into_string);
 
     let (run, outcome) = modify_run(api.runs.as_ref(), owner, run_id, |run| {
-        match run.decide(
-            approval_id,
-            decision,
-            comment.clone(),
-            api.clock.now(),
-            &api.policy,
-        ) {
+        match run.decide(approval_id, decision, comment.clone(), api.clock.now(), &api.policy) {
             Ok(outcome) => Ok((outcome, outcome != DecideOutcome::Unchanged)),
             Err(TransitionError::NoSuchApproval) => Err(approval_not_found()),
-            Err(TransitionError::ApprovalAlreadyResolved(status)) => {
-                Err(ApiError::Conflict(format!(
-                    "The approval is already {}; it can no longer be {}.",
-                    status.as_str(),
-                    if decision == Decision::Approve {
-                        "approved"
-                    } else {
-                        "rejected"
-                    }
-                )))
-            }
-            Err(other) => Err(ApiError::Conflict(format!(
-                "The approval cannot be decided: {other}."
+            Err(TransitionError::ApprovalAlreadyResolved(status)) => Err(ApiError::Conflict(format!(
+                "The approval is already {}; it can no longer be {}.",
+                status.as_str(),
+                if decision == Decision::Approve { "approved" } else { "rejected" }
             ))),
+            Err(other) => Err(ApiError::Conflict(format!("The approval cannot be decided: {other}."))),
         }
     })
     .await?;
 
     if outcome == DecideOutcome::Requeued {
-        let message = RunMessage {
-            run_id: run.id,
-            owner: owner.clone(),
-        };
+        let message = RunMessage { run_id: run.id, owner: owner.clone() };
         // The decision is stored; a lost message is recovered by the sweeper.
         if let Err(error) = api.queue.enqueue(&message).await {
             tracing::warn!(run_id = %run.id, error = %error, "enqueue after the last decision failed; the sweeper will retry");

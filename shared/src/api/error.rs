@@ -13,10 +13,7 @@ const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{message}")]
-    InvalidRequest {
-        message: String,
-        param: Option<String>,
-    },
+    InvalidRequest { message: String, param: Option<String> },
     #[error("unauthorized")]
     Unauthorized,
     #[error("{0}")]
@@ -30,10 +27,7 @@ pub enum ApiError {
     #[error("unsupported media type")]
     UnsupportedMediaType,
     #[error("{message}")]
-    RateLimited {
-        message: String,
-        retry_after_secs: u64,
-    },
+    RateLimited { message: String, retry_after_secs: u64 },
     /// A dependency failed; the cause is logged, never shown.
     #[error("a dependency is unavailable")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -44,17 +38,11 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn invalid(param: impl Into<Option<&'static str>>, message: impl Into<String>) -> Self {
-        ApiError::InvalidRequest {
-            message: message.into(),
-            param: param.into().map(str::to_owned),
-        }
+        ApiError::InvalidRequest { message: message.into(), param: param.into().map(str::to_owned) }
     }
 
     pub fn invalid_param(param: String, message: impl Into<String>) -> Self {
-        ApiError::InvalidRequest {
-            message: message.into(),
-            param: Some(param),
-        }
+        ApiError::InvalidRequest { message: message.into(), param: Some(param) }
     }
 
     pub fn run_not_found() -> Self {
@@ -98,9 +86,7 @@ impl ApiError {
             | ApiError::NotFound(message)
             | ApiError::Conflict(message)
             | ApiError::RateLimited { message, .. } => message.clone(),
-            ApiError::Unauthorized => {
-                "A valid API key is required: send it as `Authorization: Bearer <key>`.".into()
-            }
+            ApiError::Unauthorized => "A valid API key is required: send it as `Authorization: Bearer <key>`.".into(),
             ApiError::MethodNotAllowed { allow } => {
                 format!("This path does not support that method. Allowed: {allow}.")
             }
@@ -118,12 +104,8 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> ApiResponse {
-        let mut error =
-            serde_json::json!({ "code": self.code(), "message": self.public_message() });
-        if let ApiError::InvalidRequest {
-            param: Some(param), ..
-        } = &self
-        {
+        let mut error = serde_json::json!({ "code": self.code(), "message": self.public_message() });
+        if let ApiError::InvalidRequest { param: Some(param), .. } = &self {
             error["param"] = param.clone().into();
         }
         let mut response = json_response(self.status(), &serde_json::json!({ "error": error }));
@@ -135,16 +117,11 @@ impl ApiError {
             ApiError::MethodNotAllowed { allow } => {
                 headers.insert(header::ALLOW, HeaderValue::from_static(allow));
             }
-            ApiError::RateLimited {
-                retry_after_secs, ..
-            } => {
+            ApiError::RateLimited { retry_after_secs, .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
             }
             ApiError::Unavailable(_) => {
-                headers.insert(
-                    header::RETRY_AFTER,
-                    HeaderValue::from(UNAVAILABLE_RETRY_AFTER_SECS),
-                );
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(UNAVAILABLE_RETRY_AFTER_SECS));
             }
             _ => {}
         }
@@ -156,9 +133,7 @@ impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::Unavailable(source) => ApiError::Unavailable(source),
-            StoreError::Conflict => {
-                ApiError::Internal("an unexpected write conflict escaped a retry loop".into())
-            }
+            StoreError::Conflict => ApiError::Internal("an unexpected write conflict escaped a retry loop".into()),
             StoreError::Defect(message) => ApiError::Internal(message),
         }
     }

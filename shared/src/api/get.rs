@@ -6,15 +6,8 @@ use super::{ApiError, ApiResponse, parse_run_id, run_response};
 use crate::domain::Owner;
 use crate::store::RunStore;
 
-pub(super) async fn handle(
-    runs: &dyn RunStore,
-    owner: &Owner,
-    run_id: &str,
-) -> Result<ApiResponse, ApiError> {
+pub(super) async fn handle(runs: &dyn RunStore, owner: &Owner, run_id: &str) -> Result<ApiResponse, ApiError> {
     let run_id = parse_run_id(run_id)?;
-    let run = runs
-        .get(owner, run_id)
-        .await?
-        .ok_or_else(ApiError::run_not_found)?;
+    let run = runs.get(owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
     Ok(run_response(StatusCode::OK, &run))
 }

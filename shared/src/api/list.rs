@@ -30,10 +30,7 @@ fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
             ));
         };
         if std::mem::replace(&mut seen[index], true) {
-            return Err(ApiError::invalid(
-                PARAMETERS[index],
-                format!("`{name}` may be given only once."),
-            ));
+            return Err(ApiError::invalid(PARAMETERS[index], format!("`{name}` may be given only once.")));
         }
         if !value.is_empty() {
             values[index] = Some(value.into_owned());
@@ -59,24 +56,13 @@ fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
             .flatten()
             .filter(|limit| (1..=MAX_LIMIT).contains(limit))
             .ok_or_else(|| {
-                ApiError::invalid(
-                    "limit",
-                    format!("`limit` must be a whole number from 1 to {MAX_LIMIT}."),
-                )
+                ApiError::invalid("limit", format!("`limit` must be a whole number from 1 to {MAX_LIMIT}."))
             })?,
     };
-    Ok(ListQuery {
-        status,
-        limit,
-        cursor,
-    })
+    Ok(ListQuery { status, limit, cursor })
 }
 
-pub(super) async fn handle(
-    runs: &dyn RunStore,
-    owner: &Owner,
-    query: Option<&str>,
-) -> Result<ApiResponse, ApiError> {
+pub(super) async fn handle(runs: &dyn RunStore, owner: &Owner, query: Option<&str>) -> Result<ApiResponse, ApiError> {
     let query = parse_query(query)?;
     let before = query
         .cursor
@@ -84,30 +70,12 @@ pub(super) async fn handle(
         .transpose()
         .map_err(|error| ApiError::invalid("cursor", error.to_string()))?
         .map(|cursor| cursor.last);
-    let page = runs
-        .list(
-            owner,
-            ListRequest {
-                status: query.status,
-                before,
-                limit: query.limit,
-            },
-        )
-        .await?;
+    let page = runs.list(owner, ListRequest { status: query.status, before, limit: query.limit }).await?;
     let next_cursor = page
         .has_more
         .then(|| page.runs.last())
         .flatten()
-        .map(|last| {
-            Cursor {
-                status: query.status,
-                last: last.id,
-            }
-            .encode(owner)
-        });
-    let view = ListView {
-        data: page.runs.iter().map(RunView::from).collect(),
-        next_cursor,
-    };
+        .map(|last| Cursor { status: query.status, last: last.id }.encode(owner));
+    let view = ListView { data: page.runs.iter().map(RunView::from).collect(), next_cursor };
     Ok(json_response(StatusCode::OK, &view))
 }

@@ -51,10 +51,7 @@ pub struct ApiLimits {
 
 impl Default for ApiLimits {
     fn default() -> Self {
-        Self {
-            max_active_runs: 1_000,
-            rate: RateLimit::default(),
-        }
+        Self { max_active_runs: 1_000, rate: RateLimit::default() }
     }
 }
 
@@ -118,17 +115,7 @@ impl Api {
         limits: ApiLimits,
     ) -> Self {
         let rate_limiter = RateLimiter::new(limits.rate);
-        Api {
-            runs,
-            queue,
-            auth,
-            agents,
-            clock,
-            ids: IdGenerator::default(),
-            policy,
-            limits,
-            rate_limiter,
-        }
+        Api { runs, queue, auth, agents, clock, ids: IdGenerator::default(), policy, limits, rate_limiter }
     }
 
     /// Answers one request. Never fails: every error becomes its response.
@@ -163,11 +150,9 @@ impl Api {
 
     async fn dispatch(&self, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
         let principal = self.authenticate(&request).await?;
-        self.rate_limiter
-            .check(&principal.owner, self.clock.now())?;
-        let route = Route::parse(request.uri().path()).ok_or_else(|| {
-            ApiError::NotFound("No such path. Operations live under /v1/agent/runs.".into())
-        })?;
+        self.rate_limiter.check(&principal.owner, self.clock.now())?;
+        let route = Route::parse(request.uri().path())
+            .ok_or_else(|| ApiError::NotFound("No such path. Operations live under /v1/agent/runs.".into()))?;
         let method = request.method();
         let allowed = match (&route, method) {
             (Route::Runs, &Method::GET | &Method::POST) | (Route::Run(_), &Method::GET) => true,
@@ -175,35 +160,20 @@ impl Api {
             _ => false,
         };
         if !allowed {
-            return Err(ApiError::MethodNotAllowed {
-                allow: route.allow(),
-            });
+            return Err(ApiError::MethodNotAllowed { allow: route.allow() });
         }
-        if request.extensions().get::<BodyTooLarge>().is_some()
-            || request.body().len() > MAX_BODY_BYTES
-        {
+        if request.extensions().get::<BodyTooLarge>().is_some() || request.body().len() > MAX_BODY_BYTES {
             return Err(ApiError::RequestTooLarge);
         }
         let owner = &principal.owner;
         match (route, method) {
             (Route::Runs, &Method::POST) => create::handle(self, owner, &request).await,
-            (Route::Runs, _) => {
-                list::handle(self.runs.as_ref(), owner, request.uri().query()).await
-            }
+            (Route::Runs, _) => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
             (Route::Run(run_id), _) => get::handle(self.runs.as_ref(), owner, run_id).await,
             (Route::Cancel(run_id), _) => {
-                cancel::handle(
-                    self.runs.as_ref(),
-                    self.clock.as_ref(),
-                    owner,
-                    run_id,
-                    &request,
-                )
-                .await
+                cancel::handle(self.runs.as_ref(), self.clock.as_ref(), owner, run_id, &request).await
             }
-            (Route::Decide(run_id, approval_id), _) => {
-                decide::handle(self, owner, run_id, approval_id, &request).await
-            }
+            (Route::Decide(run_id, approval_id), _) => decide::handle(self, owner, run_id, approval_id, &request).await,
         }
     }
 
@@ -213,13 +183,10 @@ impl Api {
             return Err(ApiError::Unauthorized);
         };
         let secret = bearer_token(value.as_bytes()).ok_or(ApiError::Unauthorized)?;
-        self.auth
-            .authenticate(secret)
-            .await
-            .map_err(|error| match error {
-                AuthError::Unauthorized => ApiError::Unauthorized,
-                AuthError::Store(store) => store.into(),
-            })
+        self.auth.authenticate(secret).await.map_err(|error| match error {
+            AuthError::Unauthorized => ApiError::Unauthorized,
+            AuthError::Store(store) => store.into(),
+        })
     }
 }
 
@@ -239,10 +206,7 @@ async fn modify_run<T>(
 ) -> Result<(Run, T), ApiError> {
     const ATTEMPTS: usize = 16;
     for _ in 0..ATTEMPTS {
-        let mut run = runs
-            .get(owner, run_id)
-            .await?
-            .ok_or_else(ApiError::run_not_found)?;
+        let mut run = runs.get(owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
         let (outcome, changed) = change(&mut run)?;
         if !changed {
             return Ok((run, outcome));
@@ -253,9 +217,7 @@ async fn modify_run<T>(
             Err(error) => return Err(error.into()),
         }
     }
-    Err(ApiError::Unavailable(
-        "the run kept changing under concurrent writes".into(),
-    ))
+    Err(ApiError::Unavailable("the run kept changing under concurrent writes".into()))
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

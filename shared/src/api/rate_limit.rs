@@ -16,10 +16,7 @@ pub struct RateLimit {
 
 impl Default for RateLimit {
     fn default() -> Self {
-        Self {
-            per_second: 500.0,
-            burst: 1_000.0,
-        }
+        Self { per_second: 500.0, burst: 1_000.0 }
     }
 }
 
@@ -35,24 +32,15 @@ pub(super) struct RateLimiter {
 
 impl RateLimiter {
     pub fn new(limit: RateLimit) -> Self {
-        Self {
-            limit,
-            buckets: Mutex::default(),
-        }
+        Self { limit, buckets: Mutex::default() }
     }
 
     pub fn check(&self, owner: &Owner, now: Timestamp) -> Result<(), ApiError> {
         if self.limit.per_second <= 0.0 {
             return Ok(());
         }
-        let mut buckets = self
-            .buckets
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let bucket = buckets.entry(owner.clone()).or_insert(Bucket {
-            tokens: self.limit.burst,
-            refilled_at: now,
-        });
+        let mut buckets = self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let bucket = buckets.entry(owner.clone()).or_insert(Bucket { tokens: self.limit.burst, refilled_at: now });
         let elapsed = now.since(bucket.refilled_at).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * self.limit.per_second).min(self.limit.burst);
         bucket.refilled_at = now.max(bucket.refilled_at);
@@ -75,36 +63,19 @@ mod tests {
 
     #[test]
     fn allows_a_burst_then_refills_at_the_rate() {
-        let limiter = RateLimiter::new(RateLimit {
-            per_second: 2.0,
-            burst: 3.0,
-        });
+        let limiter = RateLimiter::new(RateLimit { per_second: 2.0, burst: 3.0 });
         let owner = Owner::parse("acme").unwrap();
         let other = Owner::parse("other").unwrap();
         let t0 = Timestamp::from_millis(1_000_000);
         for _ in 0..3 {
             assert!(limiter.check(&owner, t0).is_ok());
         }
-        let Err(ApiError::RateLimited {
-            retry_after_secs, ..
-        }) = limiter.check(&owner, t0)
-        else {
+        let Err(ApiError::RateLimited { retry_after_secs, .. }) = limiter.check(&owner, t0) else {
             panic!("the fourth request at once must be limited");
         };
         assert_eq!(retry_after_secs, 1);
-        assert!(
-            limiter.check(&other, t0).is_ok(),
-            "owners have separate buckets"
-        );
-        assert!(
-            limiter
-                .check(&owner, Timestamp::from_millis(1_000_500))
-                .is_ok()
-        );
-        assert!(
-            limiter
-                .check(&owner, Timestamp::from_millis(1_000_500))
-                .is_err()
-        );
+        assert!(limiter.check(&other, t0).is_ok(), "owners have separate buckets");
+        assert!(limiter.check(&owner, Timestamp::from_millis(1_000_500)).is_ok());
+        assert!(limiter.check(&owner, Timestamp::from_millis(1_000_500)).is_err());
     }
 }

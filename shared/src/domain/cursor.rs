@@ -32,13 +32,7 @@ pub enum CursorError {
 }
 
 fn status_code(status: Option<RunStatus>) -> u8 {
-    status.map_or(0, |status| {
-        RunStatus::ALL
-            .iter()
-            .position(|s| *s == status)
-            .unwrap_or(0) as u8
-            + 1
-    })
+    status.map_or(0, |status| RunStatus::ALL.iter().position(|s| *s == status).unwrap_or(0) as u8 + 1)
 }
 
 fn checksum(owner: &Owner, payload: &[u8]) -> [u8; CHECK_BYTES] {
@@ -48,9 +42,7 @@ fn checksum(owner: &Owner, payload: &[u8]) -> [u8; CHECK_BYTES] {
         .chain_update([0])
         .chain_update(payload)
         .finalize();
-    digest[..CHECK_BYTES]
-        .try_into()
-        .expect("a SHA-256 digest is 32 bytes")
+    digest[..CHECK_BYTES].try_into().expect("a SHA-256 digest is 32 bytes")
 }
 
 impl Cursor {
@@ -66,14 +58,8 @@ impl Cursor {
 
     /// Decodes a cursor for `owner` and checks it against the `status` filter
     /// of the request it came with.
-    pub fn decode(
-        text: &str,
-        owner: &Owner,
-        status: Option<RunStatus>,
-    ) -> Result<Cursor, CursorError> {
-        let bytes = URL_SAFE_NO_PAD
-            .decode(text)
-            .map_err(|_| CursorError::Malformed)?;
+    pub fn decode(text: &str, owner: &Owner, status: Option<RunStatus>) -> Result<Cursor, CursorError> {
+        let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| CursorError::Malformed)?;
         if bytes.len() != PAYLOAD_BYTES + CHECK_BYTES || bytes[0] != VERSION {
             return Err(CursorError::Malformed);
         }
@@ -83,22 +69,13 @@ impl Cursor {
         }
         let issued_status = match payload[1] {
             0 => None,
-            code => Some(
-                *RunStatus::ALL
-                    .get(code as usize - 1)
-                    .ok_or(CursorError::Malformed)?,
-            ),
+            code => Some(*RunStatus::ALL.get(code as usize - 1).ok_or(CursorError::Malformed)?),
         };
         if issued_status != status {
             return Err(CursorError::FilterMismatch);
         }
-        let ulid_bytes: [u8; 16] = payload[2..]
-            .try_into()
-            .map_err(|_| CursorError::Malformed)?;
-        Ok(Cursor {
-            status,
-            last: RunId::from_ulid(Ulid::from_bytes(ulid_bytes)),
-        })
+        let ulid_bytes: [u8; 16] = payload[2..].try_into().map_err(|_| CursorError::Malformed)?;
+        Ok(Cursor { status, last: RunId::from_ulid(Ulid::from_bytes(ulid_bytes)) })
     }
 }
 
@@ -115,33 +92,17 @@ mod tests {
         let last = RunId::from_ulid(Ulid::from_parts(1_795_303_478_123, 7));
         for status in std::iter::once(None).chain(RunStatus::ALL.map(Some)) {
             let text = Cursor { status, last }.encode(&owner("acme"));
-            assert_eq!(
-                Cursor::decode(&text, &owner("acme"), status),
-                Ok(Cursor { status, last })
-            );
+            assert_eq!(Cursor::decode(&text, &owner("acme"), status), Ok(Cursor { status, last }));
         }
     }
 
     #[test]
     fn refuses_other_filters_owners_and_any_altered_character() {
         let last = RunId::from_ulid(Ulid::from_parts(1_795_303_478_123, 7));
-        let text = Cursor {
-            status: Some(RunStatus::Queued),
-            last,
-        }
-        .encode(&owner("acme"));
-        assert_eq!(
-            Cursor::decode(&text, &owner("acme"), None),
-            Err(CursorError::FilterMismatch)
-        );
-        assert_eq!(
-            Cursor::decode(&text, &owner("acme"), Some(RunStatus::Failed)),
-            Err(CursorError::FilterMismatch)
-        );
-        assert_eq!(
-            Cursor::decode(&text, &owner("other"), Some(RunStatus::Queued)),
-            Err(CursorError::Malformed)
-        );
+        let text = Cursor { status: Some(RunStatus::Queued), last }.encode(&owner("acme"));
+        assert_eq!(Cursor::decode(&text, &owner("acme"), None), Err(CursorError::FilterMismatch));
+        assert_eq!(Cursor::decode(&text, &owner("acme"), Some(RunStatus::Failed)), Err(CursorError::FilterMismatch));
+        assert_eq!(Cursor::decode(&text, &owner("other"), Some(RunStatus::Queued)), Err(CursorError::Malformed));
         for i in 0..text.len() {
             let mut altered = text.clone().into_bytes();
             altered[i] = if altered[i] == b'A' { b'B' } else { b'A' };

@@ -89,9 +89,7 @@ pub struct Comment(String);
 impl Comment {
     pub fn parse(text: String) -> Result<Self, FieldError> {
         if text.chars().count() > MAX_COMMENT_CHARS {
-            return Err(FieldError(format!(
-                "`comment` is longer than {MAX_COMMENT_CHARS} characters."
-            )));
+            return Err(FieldError(format!("`comment` is longer than {MAX_COMMENT_CHARS} characters.")));
         }
         Ok(Self(text))
     }
@@ -137,11 +135,7 @@ mod tests {
 
     #[test]
     fn metadata_bounds_are_in_characters() {
-        let entries = |n: usize| {
-            (0..n)
-                .map(|i| (format!("k{i}"), "v".to_owned()))
-                .collect::<Vec<_>>()
-        };
+        let entries = |n: usize| (0..n).map(|i| (format!("k{i}"), "v".to_owned())).collect::<Vec<_>>();
         assert!(Metadata::parse(entries(16)).is_ok());
         assert!(Metadata::parse(entries(17)).is_err());
         assert!(Metadata::parse(vec![(String::new(), "v".into())]).is_err());

@@ -11,11 +11,12 @@ use super::Timestamp;
 /// Parses `<prefix><26 upper-case Crockford base32 characters>` into its ULID.
 fn parse_prefixed(prefix: &str, text: &str) -> Option<Ulid> {
     let body = text.strip_prefix(prefix)?;
+    // 26 characters hold 130 bits; a ULID is 128, so the first is at most '7'.
     let well_formed = body.len() == 26
-        && body.bytes().all(|b| {
-            b.is_ascii_digit()
-                || (b.is_ascii_uppercase() && !matches!(b, b'I' | b'L' | b'O' | b'U'))
-        });
+        && body.as_bytes()[0] <= b'7'
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b.is_ascii_uppercase() && !matches!(b, b'I' | b'L' | b'O' | b'U')));
     if !well_formed {
         return None;
     }
@@ -67,8 +68,7 @@ macro_rules! prefixed_id {
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 let text = String::deserialize(deserializer)?;
-                text.parse()
-                    .map_err(|_| serde::de::Error::custom(concat!("malformed ", $what, " id")))
+                text.parse().map_err(|_| serde::de::Error::custom(concat!("malformed ", $what, " id")))
             }
         }
     };
@@ -95,14 +95,8 @@ impl Owner {
     pub fn parse(text: &str) -> Result<Self, InvalidOwner> {
         let valid = !text.is_empty()
             && text.len() <= 128
-            && text.bytes().all(|b| {
-                b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@' | b':')
-            });
-        if valid {
-            Ok(Self(text.to_owned()))
-        } else {
-            Err(InvalidOwner)
-        }
+            && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@' | b':'));
+        if valid { Ok(Self(text.to_owned())) } else { Err(InvalidOwner) }
     }
 
     pub fn as_str(&self) -> &str {
@@ -172,22 +166,14 @@ pub struct IdGenerator {
 
 impl Default for IdGenerator {
     fn default() -> Self {
-        Self {
-            generator: std::sync::Mutex::new(ulid::Generator::new()),
-        }
+        Self { generator: std::sync::Mutex::new(ulid::Generator::new()) }
     }
 }
 
 impl IdGenerator {
     pub fn ulid_at(&self, now: Timestamp) -> Ulid {
-        let at =
-            std::time::UNIX_EPOCH + std::time::Duration::from_millis(now.millis().max(0) as u64);
-        let mut generator = self
-            .generator
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        generator
-            .generate_from_datetime(at)
-            .unwrap_or_else(|_| Ulid::from_datetime(at))
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(now.millis().max(0) as u64);
+        let mut generator = self.generator.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        generator.generate_from_datetime(at).unwrap_or_else(|_| Ulid::from_datetime(at))
     }
 }

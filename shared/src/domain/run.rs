@@ -44,16 +44,11 @@ impl RunStatus {
     }
 
     pub fn parse(text: &str) -> Option<RunStatus> {
-        RunStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == text)
+        RunStatus::ALL.into_iter().find(|status| status.as_str() == text)
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled
-        )
+        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled)
     }
 }
 
@@ -126,11 +121,7 @@ pub struct ExecutionPolicy {
 
 impl Default for ExecutionPolicy {
     fn default() -> Self {
-        Self {
-            lease: Duration::from_secs(30),
-            requeue_after: Duration::from_secs(60),
-            max_attempts: 3,
-        }
+        Self { lease: Duration::from_secs(30), requeue_after: Duration::from_secs(60), max_attempts: 3 }
     }
 }
 
@@ -218,9 +209,7 @@ pub enum SweepAction {
 }
 
 pub fn attempts_exhausted_message(max_attempts: u32) -> String {
-    format!(
-        "The run was stopped after {max_attempts} attempts: the worker executing it stopped responding each time."
-    )
+    format!("The run was stopped after {max_attempts} attempts: the worker executing it stopped responding each time.")
 }
 
 impl Run {
@@ -273,9 +262,7 @@ impl Run {
     pub fn cancel(&mut self, now: Timestamp) -> Result<Changed, TransitionError> {
         match self.status {
             RunStatus::Canceled => Ok(Changed::No),
-            RunStatus::Succeeded | RunStatus::Failed => {
-                Err(TransitionError::InvalidState(self.status))
-            }
+            RunStatus::Succeeded | RunStatus::Failed => Err(TransitionError::InvalidState(self.status)),
             RunStatus::Queued | RunStatus::Running | RunStatus::AwaitingApproval => {
                 let resolved_at = now.max(self.created_at);
                 for approval in &mut self.approvals {
@@ -316,11 +303,7 @@ impl Run {
         approval.status = decision.resulting_status();
         approval.resolved_at = Some(now.max(approval.requested_at));
         approval.comment = comment;
-        if self
-            .approvals
-            .iter()
-            .any(|approval| approval.status == ApprovalStatus::Pending)
-        {
+        if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {
             return Ok(DecideOutcome::Recorded);
         }
         self.requeue(now, policy);
@@ -337,10 +320,7 @@ impl Run {
         match self.status {
             RunStatus::Queued => {}
             RunStatus::Running => {
-                let held = self
-                    .lease
-                    .as_ref()
-                    .is_some_and(|lease| lease.worker == worker || lease.expires_at > now);
+                let held = self.lease.as_ref().is_some_and(|lease| lease.worker == worker || lease.expires_at > now);
                 if held {
                     return Err(ClaimRefused::LeaseHeld);
                 }
@@ -364,28 +344,17 @@ impl Run {
 
     fn renew_lease(&mut self, worker: &str, now: Timestamp, policy: &ExecutionPolicy) {
         let expires_at = now.plus(policy.lease);
-        self.lease = Some(Lease {
-            worker: worker.to_owned(),
-            expires_at,
-        });
+        self.lease = Some(Lease { worker: worker.to_owned(), expires_at });
         self.due_at = Some(expires_at);
     }
 
     /// Whether `worker` may still write to this run as its executor.
     pub fn held_by(&self, worker: &str) -> bool {
-        self.status == RunStatus::Running
-            && self
-                .lease
-                .as_ref()
-                .is_some_and(|lease| lease.worker == worker)
+        self.status == RunStatus::Running && self.lease.as_ref().is_some_and(|lease| lease.worker == worker)
     }
 
     fn ensure_held_by(&self, worker: &str) -> Result<(), TransitionError> {
-        if self.held_by(worker) {
-            Ok(())
-        } else {
-            Err(TransitionError::LeaseLost)
-        }
+        if self.held_by(worker) { Ok(()) } else { Err(TransitionError::LeaseLost) }
     }
 
     /// Extends the lease and saves the agent's progress.
@@ -414,15 +383,14 @@ impl Run {
     ) -> Result<(), TransitionError> {
         self.ensure_held_by(worker)?;
         let requested_at = now.max(self.created_at);
-        self.approvals
-            .extend(requests.into_iter().map(|(id, action)| Approval {
-                id,
-                action,
-                status: ApprovalStatus::Pending,
-                requested_at,
-                resolved_at: None,
-                comment: None,
-            }));
+        self.approvals.extend(requests.into_iter().map(|(id, action)| Approval {
+            id,
+            action,
+            status: ApprovalStatus::Pending,
+            requested_at,
+            resolved_at: None,
+            comment: None,
+        }));
         self.status = RunStatus::AwaitingApproval;
         self.lease = None;
         self.due_at = None;
@@ -449,24 +417,14 @@ impl Run {
         Ok(())
     }
 
-    pub fn succeed(
-        &mut self,
-        worker: &str,
-        output: String,
-        now: Timestamp,
-    ) -> Result<(), TransitionError> {
+    pub fn succeed(&mut self, worker: &str, output: String, now: Timestamp) -> Result<(), TransitionError> {
         self.ensure_held_by(worker)?;
         self.output = Some(output);
         self.complete(RunStatus::Succeeded, now);
         Ok(())
     }
 
-    pub fn fail(
-        &mut self,
-        worker: &str,
-        error: String,
-        now: Timestamp,
-    ) -> Result<(), TransitionError> {
+    pub fn fail(&mut self, worker: &str, error: String, now: Timestamp) -> Result<(), TransitionError> {
         self.ensure_held_by(worker)?;
         self.error = Some(error);
         self.complete(RunStatus::Failed, now);
@@ -494,10 +452,9 @@ impl Run {
                 self.due_at = Some(now.plus(policy.requeue_after));
                 SweepAction::Enqueue
             }
-            RunStatus::AwaitingApproval
-            | RunStatus::Succeeded
-            | RunStatus::Failed
-            | RunStatus::Canceled => SweepAction::Nothing,
+            RunStatus::AwaitingApproval | RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled => {
+                SweepAction::Nothing
+            }
         }
     }
 }

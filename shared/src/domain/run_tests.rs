@@ -1,1 +1,305 @@
+//! The state machine, transition by transition: every legal move and every
+//! refused one.
 
+use std::collections::BTreeMap;
+
+use ulid::Ulid;
+
+use super::*;
+
+const T0: i64 = 1_795_303_478_123;
+
+fn at(offset_ms: i64) -> Timestamp {
+    Timestamp::from_millis(T0 + offset_ms)
+}
+
+fn policy() -> ExecutionPolicy {
+    ExecutionPolicy::default()
+}
+
+fn approval_id(n: u128) -> ApprovalId {
+    ApprovalId::from_ulid(Ulid::from_parts(T0 as u64, n))
+}
+
+fn queued() -> Run {
+    let id = RunId::from_ulid(Ulid::from_parts(T0 as u64, 1));
+    Run::new(id, Owner::parse("acme").unwrap(), "script".into(), "say hi".into(), BTreeMap::new(), &policy())
+}
+
+fn running() -> Run {
+    let mut run = queued();
+    assert_eq!(run.claim("w1", at(10), &policy()), Ok(ClaimOutcome::Claimed));
+    run
+}
+
+fn awaiting(actions: usize) -> Run {
+    let mut run = running();
+    let requests = (0..actions).map(|n| (approval_id(n as u128 + 1), format!("action {n}"))).collect();
+    run.park("w1", requests, serde_json::json!({"next": 1}), at(20)).unwrap();
+    run
+}
+
+fn succeeded() -> Run {
+    let mut run = running();
+    run.succeed("w1", "out".into(), at(30)).unwrap();
+    run
+}
+
+fn failed() -> Run {
+    let mut run = running();
+    run.fail("w1", "boom".into(), at(30)).unwrap();
+    run
+}
+
+fn canceled() -> Run {
+    let mut run = queued();
+    run.cancel(at(5)).unwrap();
+    run
+}
+
+fn every_state() -> Vec<Run> {
+    vec![queued(), running(), awaiting(1), succeeded(), failed(), canceled()]
+}
+
+#[test]
+fn a_new_run_is_queued_with_its_creation_time_from_the_id() {
+    let run = queued();
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.created_at, at(0));
+    assert_eq!(run.due_at, Some(at(0).plus(policy().requeue_after)));
+    assert!(run.started_at.is_none() && run.completed_at.is_none() && run.output.is_none());
+}
+
+#[test]
+fn claim_moves_queued_to_running_with_a_lease() {
+    let run = running();
+    assert_eq!(run.status, RunStatus::Running);
+    assert_eq!(run.started_at, Some(at(10)));
+    assert_eq!(run.attempts, 1);
+    let lease = run.lease.clone().unwrap();
+    assert_eq!(lease.worker, "w1");
+    assert_eq!(lease.expires_at, at(10).plus(policy().lease));
+    assert_eq!(run.due_at, Some(lease.expires_at));
+}
+
+#[test]
+fn claim_is_refused_while_a_lease_is_live_and_allowed_once_it_expired() {
+    let mut run = running();
+    assert_eq!(run.claim("w2", at(11), &policy()), Err(ClaimRefused::LeaseHeld));
+    assert_eq!(run.claim("w1", at(11), &policy()), Err(ClaimRefused::LeaseHeld), "no re-entry by a duplicate");
+    let expired = at(10).plus(policy().lease);
+    assert_eq!(run.claim("w2", expired, &policy()), Ok(ClaimOutcome::Claimed));
+    assert_eq!(run.attempts, 2);
+    assert_eq!(run.started_at, Some(at(10)), "started_at keeps the first pick-up");
+    assert!(run.held_by("w2") && !run.held_by("w1"));
+}
+
+#[test]
+fn claim_fails_the_run_once_attempts_are_used_up() {
+    let mut run = queued();
+    let mut now = at(0);
+    for attempt in 1..=policy().max_attempts {
+        assert_eq!(run.claim(&format!("w{attempt}"), now, &policy()), Ok(ClaimOutcome::Claimed));
+        now = now.plus(policy().lease);
+    }
+    assert_eq!(run.claim("last", now, &policy()), Ok(ClaimOutcome::AttemptsExhausted));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.error.as_deref().unwrap().contains("3 attempts"));
+    assert_eq!(run.completed_at, Some(now));
+    assert_eq!(run.due_at, None);
+}
+
+#[test]
+fn claim_is_refused_for_awaiting_and_terminal_runs() {
+    assert_eq!(awaiting(1).claim("w2", at(50), &policy()), Err(ClaimRefused::AwaitingApproval));
+    for mut run in [succeeded(), failed(), canceled()] {
+        let before = run.clone();
+        assert_eq!(run.claim("w2", at(50), &policy()), Err(ClaimRefused::Terminal));
+        assert_eq!(run, before);
+    }
+}
+
+#[test]
+fn only_the_lease_holder_may_finish_and_only_while_running() {
+    for mut run in every_state() {
+        let before = run.clone();
+        let holder_may = run.status == RunStatus::Running;
+        assert_eq!(run.clone().succeed("w1", "x".into(), at(40)).is_ok(), holder_may);
+        assert_eq!(run.clone().fail("w1", "x".into(), at(40)).is_ok(), holder_may);
+        assert_eq!(run.clone().heartbeat("w1", None, at(40), &policy()).is_ok(), holder_may);
+        assert_eq!(run.clone().release("w1", None, at(40), &policy()).is_ok(), holder_may);
+        assert_eq!(
+            run.clone().park("w1", vec![(approval_id(9), "a".into())], serde_json::Value::Null, at(40)).is_ok(),
+            holder_may
+        );
+        assert_eq!(run.succeed("w2", "x".into(), at(40)), Err(TransitionError::LeaseLost));
+        assert_eq!(run, before, "a refused transition changes nothing");
+    }
+}
+
+#[test]
+fn succeed_and_fail_are_terminal_with_completed_at() {
+    let run = succeeded();
+    assert_eq!((run.status, run.output.as_deref(), run.error.as_deref()), (RunStatus::Succeeded, Some("out"), None));
+    assert_eq!(run.completed_at, Some(at(30)));
+    assert!(run.lease.is_none() && run.due_at.is_none() && run.checkpoint.is_none());
+    let run = failed();
+    assert_eq!((run.status, run.output.as_deref(), run.error.as_deref()), (RunStatus::Failed, None, Some("boom")));
+}
+
+#[test]
+fn completed_at_is_never_earlier_than_created_at() {
+    let mut run = running();
+    run.succeed("w1", String::new(), at(-5_000)).unwrap();
+    assert_eq!(run.completed_at, Some(run.created_at));
+    let mut run = queued();
+    run.cancel(at(-5_000)).unwrap();
+    assert_eq!(run.completed_at, Some(run.created_at));
+}
+
+#[test]
+fn heartbeat_extends_the_lease_and_saves_progress() {
+    let mut run = running();
+    run.heartbeat("w1", Some(serde_json::json!({"step": 3})), at(1_000), &policy()).unwrap();
+    assert_eq!(run.lease.as_ref().unwrap().expires_at, at(1_000).plus(policy().lease));
+    assert_eq!(run.checkpoint, Some(serde_json::json!({"step": 3})));
+}
+
+#[test]
+fn park_stores_pending_approvals_and_resets_attempts() {
+    let run = awaiting(2);
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
+    assert_eq!(run.approvals.len(), 2);
+    assert!(run.approvals.iter().all(|a| a.status == ApprovalStatus::Pending && a.requested_at == at(20)));
+    assert_eq!(run.attempts, 0);
+    assert!(run.lease.is_none());
+    assert_eq!(run.checkpoint, Some(serde_json::json!({"next": 1})));
+}
+
+#[test]
+fn release_requeues_without_using_an_attempt() {
+    let mut run = running();
+    run.release("w1", Some(serde_json::json!(7)), at(50), &policy()).unwrap();
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.attempts, 0);
+    assert_eq!(run.checkpoint, Some(serde_json::json!(7)));
+    assert_eq!(run.due_at, Some(at(50).plus(policy().requeue_after)));
+}
+
+#[test]
+fn cancel_from_each_state() {
+    for mut run in every_state() {
+        let from = run.status;
+        let result = run.cancel(at(100));
+        match from {
+            RunStatus::Queued | RunStatus::Running | RunStatus::AwaitingApproval => {
+                assert_eq!(result, Ok(Changed::Yes));
+                assert_eq!(run.status, RunStatus::Canceled);
+                assert_eq!(run.completed_at, Some(at(100)));
+                assert!(run.lease.is_none() && run.due_at.is_none());
+            }
+            RunStatus::Canceled => assert_eq!(result, Ok(Changed::No)),
+            RunStatus::Succeeded | RunStatus::Failed => assert_eq!(result, Err(TransitionError::InvalidState(from))),
+        }
+    }
+}
+
+#[test]
+fn cancel_cancels_pending_approvals_but_keeps_decided_ones() {
+    let mut run = awaiting(2);
+    run.decide(approval_id(1), Decision::Approve, None, at(30), &policy()).unwrap();
+    run.cancel(at(40)).unwrap();
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Approved);
+    assert_eq!(run.approvals[0].resolved_at, Some(at(30)));
+    assert_eq!(run.approvals[1].status, ApprovalStatus::Canceled);
+    assert_eq!(run.approvals[1].resolved_at, Some(at(40)));
+}
+
+#[test]
+fn deciding_the_last_pending_approval_requeues_the_run() {
+    let mut run = awaiting(2);
+    assert_eq!(
+        run.decide(approval_id(1), Decision::Approve, Some("ok".into()), at(30), &policy()),
+        Ok(DecideOutcome::Recorded)
+    );
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
+    assert_eq!(run.approvals[0].comment.as_deref(), Some("ok"));
+    assert_eq!(run.decide(approval_id(2), Decision::Reject, None, at(31), &policy()), Ok(DecideOutcome::Requeued));
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.approvals[1].status, ApprovalStatus::Rejected);
+    assert_eq!(run.approvals[1].resolved_at, Some(at(31)));
+    assert_eq!(run.due_at, Some(at(31).plus(policy().requeue_after)));
+}
+
+#[test]
+fn repeating_a_decision_is_unchanged_whatever_the_run_state() {
+    let mut run = awaiting(1);
+    run.decide(approval_id(1), Decision::Approve, Some("first".into()), at(30), &policy()).unwrap();
+    let mut done = run.clone();
+    assert!(done.claim("w2", at(40), &policy()).is_ok());
+    done.succeed("w2", "x".into(), at(50)).unwrap();
+    for mut state in [run, done] {
+        let before = state.clone();
+        assert_eq!(
+            state.decide(approval_id(1), Decision::Approve, Some("again".into()), at(60), &policy()),
+            Ok(DecideOutcome::Unchanged)
+        );
+        assert_eq!(state, before);
+        assert_eq!(
+            state.decide(approval_id(1), Decision::Reject, None, at(60), &policy()),
+            Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved))
+        );
+    }
+}
+
+#[test]
+fn canceled_approvals_refuse_any_decision_and_unknown_ones_are_not_found() {
+    let mut run = awaiting(1);
+    run.cancel(at(30)).unwrap();
+    for decision in [Decision::Approve, Decision::Reject] {
+        assert_eq!(
+            run.decide(approval_id(1), decision, None, at(40), &policy()),
+            Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Canceled))
+        );
+    }
+    assert_eq!(
+        run.decide(approval_id(99), Decision::Approve, None, at(40), &policy()),
+        Err(TransitionError::NoSuchApproval)
+    );
+}
+
+#[test]
+fn sweep_requeues_stale_queued_runs_and_recovers_expired_leases() {
+    let mut run = queued();
+    assert_eq!(run.sweep(at(1), &policy()), SweepAction::Nothing);
+    let due = run.due_at.unwrap();
+    assert_eq!(run.sweep(due, &policy()), SweepAction::Enqueue);
+    assert_eq!(run.due_at, Some(due.plus(policy().requeue_after)));
+
+    let mut run = running();
+    let expiry = run.lease.as_ref().unwrap().expires_at;
+    assert_eq!(run.sweep(expiry.plus(std::time::Duration::from_millis(1)), &policy()), SweepAction::Enqueue);
+    assert_eq!(run.status, RunStatus::Running, "the next claim takes it over");
+
+    let mut run = running();
+    run.attempts = policy().max_attempts;
+    let expiry = run.lease.as_ref().unwrap().expires_at;
+    assert_eq!(run.sweep(expiry, &policy()), SweepAction::Failed);
+    assert_eq!(run.status, RunStatus::Failed);
+
+    for mut run in [awaiting(1), succeeded(), failed(), canceled()] {
+        let before = run.clone();
+        assert_eq!(run.sweep(Timestamp::MAX, &policy()), SweepAction::Nothing);
+        assert_eq!(run, before);
+    }
+}
+
+#[test]
+fn statuses_parse_from_their_wire_names() {
+    for status in RunStatus::ALL {
+        assert_eq!(RunStatus::parse(status.as_str()), Some(status));
+        assert_eq!(serde_json::to_value(status).unwrap(), status.as_str());
+    }
+    assert_eq!(RunStatus::parse("Queued"), None);
+    assert_eq!(RunStatus::ALL.iter().filter(|s| s.is_terminal()).count(), 3);
+}

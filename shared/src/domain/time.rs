@@ -21,10 +21,7 @@ impl Timestamp {
     }
 
     pub fn plus(self, duration: Duration) -> Self {
-        Self(
-            self.0
-                .saturating_add(duration.as_millis().min(i64::MAX as u128) as i64),
-        )
+        Self(self.0.saturating_add(duration.as_millis().min(i64::MAX as u128) as i64))
     }
 
     /// The time from `earlier` to `self`, zero when `earlier` is later.
@@ -34,9 +31,7 @@ impl Timestamp {
 
     /// RFC 3339 in UTC with millisecond precision and a `Z`: `2026-11-21T23:24:38.123Z`.
     pub fn to_rfc3339(self) -> String {
-        DateTime::from_timestamp_millis(self.0)
-            .unwrap_or_default()
-            .to_rfc3339_opts(SecondsFormat::Millis, true)
+        DateTime::from_timestamp_millis(self.0).unwrap_or_default().to_rfc3339_opts(SecondsFormat::Millis, true)
     }
 }
 
@@ -66,14 +61,8 @@ mod tests {
 
     #[test]
     fn formats_rfc3339_utc_with_milliseconds() {
-        assert_eq!(
-            Timestamp::from_millis(0).to_rfc3339(),
-            "1970-01-01T00:00:00.000Z"
-        );
-        assert_eq!(
-            Timestamp::from_millis(1_795_303_478_123).to_rfc3339(),
-            "2026-11-21T23:24:38.123Z"
-        );
+        assert_eq!(Timestamp::from_millis(0).to_rfc3339(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(Timestamp::from_millis(1_795_303_478_123).to_rfc3339(), "2026-11-21T23:24:38.123Z");
     }
 
     #[test]

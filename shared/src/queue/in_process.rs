@@ -22,12 +22,7 @@ pub struct QueueReceiver {
 impl InProcessQueue {
     pub fn new() -> (InProcessQueue, QueueReceiver) {
         let (sender, receiver) = mpsc::unbounded_channel();
-        (
-            InProcessQueue { sender },
-            QueueReceiver {
-                receiver: Arc::new(Mutex::new(receiver)),
-            },
-        )
+        (InProcessQueue { sender }, QueueReceiver { receiver: Arc::new(Mutex::new(receiver)) })
     }
 }
 
@@ -45,8 +40,6 @@ struct PoolStopped;
 #[async_trait]
 impl RunQueue for InProcessQueue {
     async fn enqueue(&self, message: &RunMessage) -> Result<(), QueueError> {
-        self.sender
-            .send(message.clone())
-            .map_err(|_| QueueError::Unavailable(Box::new(PoolStopped)))
+        self.sender.send(message.clone()).map_err(|_| QueueError::Unavailable(Box::new(PoolStopped)))
     }
 }

@@ -92,8 +92,7 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Removes a run that was never handed to a worker, and its idempotency
     /// record (the create is undone because the queue refused it).
-    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>)
-    -> Result<(), StoreError>;
+    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError>;
 
     /// A strongly consistent read.
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError>;
@@ -107,12 +106,7 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Non-terminal runs whose `due_at` is at or before `until`, in due order,
     /// after `after` (exclusive) when paging.
-    async fn due(
-        &self,
-        until: Timestamp,
-        after: Option<&DueRun>,
-        limit: u32,
-    ) -> Result<Vec<DueRun>, StoreError>;
+    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError>;
 }
 
 /// An API key as stored: never the key itself, only its SHA-256 hash.

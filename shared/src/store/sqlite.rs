@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use super::{
-    DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest,
-    Run, RunKey, RunStore, StoreError, StoredKey,
+    DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore,
+    StoreError, StoredKey,
 };
 use crate::domain::{KeyId, Owner, RunId, Timestamp};
 
@@ -79,9 +79,7 @@ fn unavailable(error: rusqlite::Error) -> StoreError {
 }
 
 fn open_connection(path: &Path, durability: Durability) -> Result<Connection, rusqlite::Error> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let connection = Connection::open_with_flags(path, flags)?;
     connection.busy_timeout(std::time::Duration::from_secs(5))?;
     connection.pragma_update(None, "journal_mode", "WAL")?;
@@ -94,18 +92,12 @@ fn open_connection(path: &Path, durability: Durability) -> Result<Connection, ru
 }
 
 fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
-    let transaction = connection
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(unavailable)?;
-    let version: i64 = transaction
-        .query_row("PRAGMA user_version", [], |row| row.get(0))
-        .map_err(unavailable)?;
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+    let version: i64 = transaction.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(unavailable)?;
     match version {
         0 => {
             transaction.execute_batch(SCHEMA).map_err(unavailable)?;
-            transaction
-                .pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(unavailable)?;
+            transaction.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(unavailable)?;
         }
         SCHEMA_VERSION => {}
         other => {
@@ -118,13 +110,11 @@ fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
 }
 
 fn encode_run(run: &Run) -> Result<String, StoreError> {
-    serde_json::to_string(run)
-        .map_err(|error| StoreError::Defect(format!("cannot encode run: {error}")))
+    serde_json::to_string(run).map_err(|error| StoreError::Defect(format!("cannot encode run: {error}")))
 }
 
 fn decode_run(body: &str) -> Result<Run, StoreError> {
-    serde_json::from_str(body)
-        .map_err(|error| StoreError::Defect(format!("cannot decode stored run: {error}")))
+    serde_json::from_str(body).map_err(|error| StoreError::Defect(format!("cannot decode stored run: {error}")))
 }
 
 const ACTIVE_STATUSES: &str = "('queued', 'running', 'awaiting_approval')";
@@ -133,12 +123,8 @@ impl SqliteStore {
     /// Opens (creating it and its folder if needed) the database at `path`.
     pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        if let Some(parent) = path
-            .parent()
-            .filter(|parent| !parent.as_os_str().is_empty())
-        {
-            std::fs::create_dir_all(parent)
-                .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|error| StoreError::Unavailable(Box::new(error)))?;
         }
         let mut writer = open_connection(&path, durability).map_err(unavailable)?;
         migrate(&mut writer)?;
@@ -146,13 +132,7 @@ impl SqliteStore {
             .map(|_| open_connection(&path, durability).map(Mutex::new))
             .collect::<Result<_, _>>()
             .map_err(unavailable)?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                path,
-                writer: Mutex::new(writer),
-                readers,
-            }),
-        })
+        Ok(Self { inner: Arc::new(Inner { path, writer: Mutex::new(writer), readers }) })
     }
 
     pub fn path(&self) -> &Path {
@@ -166,10 +146,7 @@ impl SqliteStore {
     {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let mut connection = inner
-                .writer
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut connection = inner.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             work(&mut connection)
         })
         .await
@@ -188,11 +165,7 @@ impl SqliteStore {
                 .readers
                 .iter()
                 .find_map(|reader| reader.try_lock().ok())
-                .unwrap_or_else(|| {
-                    inner.readers[0]
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                });
+                .unwrap_or_else(|| inner.readers[0].lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
             work(&guard)
         })
         .await
@@ -228,9 +201,8 @@ impl RunStore for SqliteStore {
         let run = run.clone();
         let idempotency = idempotency.cloned();
         self.write(move |connection| {
-            let transaction = connection
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(unavailable)?;
+            let transaction =
+                connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
             let owner = run.owner.as_str();
             if let Some(claim) = &idempotency {
                 let existing = transaction
@@ -243,20 +215,15 @@ impl RunStore for SqliteStore {
                     .optional()
                     .map_err(unavailable)?;
                 if let Some((request_hash, run_id)) = existing {
-                    let run_id = run_id.parse().map_err(|_| {
-                        StoreError::Defect("malformed run id in idempotency record".into())
-                    })?;
-                    return Ok(InsertOutcome::IdempotencyKeyTaken(IdempotencyRecord {
-                        request_hash,
-                        run_id,
-                    }));
+                    let run_id = run_id
+                        .parse()
+                        .map_err(|_| StoreError::Defect("malformed run id in idempotency record".into()))?;
+                    return Ok(InsertOutcome::IdempotencyKeyTaken(IdempotencyRecord { request_hash, run_id }));
                 }
             }
             let active: i64 = transaction
                 .query_row(
-                    &format!(
-                        "SELECT COUNT(*) FROM runs WHERE owner = ?1 AND status IN {ACTIVE_STATUSES}"
-                    ),
+                    &format!("SELECT COUNT(*) FROM runs WHERE owner = ?1 AND status IN {ACTIVE_STATUSES}"),
                     params![owner],
                     |row| row.get(0),
                 )
@@ -288,11 +255,7 @@ impl RunStore for SqliteStore {
         .await
     }
 
-    async fn remove(
-        &self,
-        run: &Run,
-        idempotency_key_hash: Option<&str>,
-    ) -> Result<(), StoreError> {
+    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError> {
         let owner = run.owner.to_string();
         let run_id = run.id.to_string();
         let key_hash = idempotency_key_hash.map(str::to_owned);
@@ -320,9 +283,7 @@ impl RunStore for SqliteStore {
             let body: Option<String> = connection
                 .prepare_cached("SELECT body FROM runs WHERE owner = ?1 AND id = ?2")
                 .and_then(|mut statement| {
-                    statement
-                        .query_row(params![owner, run_id.to_string()], |row| row.get(0))
-                        .optional()
+                    statement.query_row(params![owner, run_id.to_string()], |row| row.get(0)).optional()
                 })
                 .map_err(unavailable)?;
             body.as_deref().map(decode_run).transpose()
@@ -354,11 +315,7 @@ impl RunStore for SqliteStore {
                         ])
                     })
                     .map_err(unavailable)?;
-                if changed == 1 {
-                    Ok(next.version)
-                } else {
-                    Err(StoreError::Conflict)
-                }
+                if changed == 1 { Ok(next.version) } else { Err(StoreError::Conflict) }
             })
             .await?;
         run.version = written;
@@ -372,47 +329,33 @@ impl RunStore for SqliteStore {
             let before = request.before.map_or_else(|| "run_~".to_owned(), |id| id.to_string());
             let fetch = i64::from(request.limit) + 1;
             let bodies = match request.status {
-                None => connection.prepare_cached(
-                    "SELECT body FROM runs WHERE owner = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3",
-                )
-                .and_then(|mut statement| {
-                    statement.query_map(params![owner, before, fetch], |row| row.get::<_, String>(0))?.collect()
-                }),
-                Some(status) => connection.prepare_cached(
-                    "SELECT body FROM runs WHERE owner = ?1 AND status = ?2 AND id < ?3 ORDER BY id DESC LIMIT ?4",
-                )
-                .and_then(|mut statement| {
-                    statement
-                        .query_map(params![owner, status.as_str(), before, fetch], |row| row.get::<_, String>(0))?
-                        .collect()
-                }),
+                None => connection
+                    .prepare_cached("SELECT body FROM runs WHERE owner = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3")
+                    .and_then(|mut statement| {
+                        statement.query_map(params![owner, before, fetch], |row| row.get::<_, String>(0))?.collect()
+                    }),
+                Some(status) => connection
+                    .prepare_cached(
+                        "SELECT body FROM runs WHERE owner = ?1 AND status = ?2 AND id < ?3 ORDER BY id DESC LIMIT ?4",
+                    )
+                    .and_then(|mut statement| {
+                        statement
+                            .query_map(params![owner, status.as_str(), before, fetch], |row| row.get::<_, String>(0))?
+                            .collect()
+                    }),
             }
             .map_err(unavailable)?;
             let bodies: Vec<String> = bodies;
             let has_more = bodies.len() > request.limit as usize;
-            let runs = bodies
-                .iter()
-                .take(request.limit as usize)
-                .map(|body| decode_run(body))
-                .collect::<Result<_, _>>()?;
+            let runs =
+                bodies.iter().take(request.limit as usize).map(|body| decode_run(body)).collect::<Result<_, _>>()?;
             Ok(ListPage { runs, has_more })
         })
         .await
     }
 
-    async fn due(
-        &self,
-        until: Timestamp,
-        after: Option<&DueRun>,
-        limit: u32,
-    ) -> Result<Vec<DueRun>, StoreError> {
-        let after = after.map(|due| {
-            (
-                due.due_at.millis(),
-                due.key.owner.to_string(),
-                due.key.run_id.to_string(),
-            )
-        });
+    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
+        let after = after.map(|due| (due.due_at.millis(), due.key.owner.to_string(), due.key.run_id.to_string()));
         self.read(move |connection| {
             let (after_due, after_owner, after_id) = after.unwrap_or((i64::MIN, String::new(), String::new()));
             let mut statement = connection
@@ -443,25 +386,11 @@ impl RunStore for SqliteStore {
 fn key_from_row(
     row: &rusqlite::Row<'_>,
 ) -> rusqlite::Result<(String, Vec<u8>, String, Option<String>, i64, Option<i64>)> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-        row.get(5)?,
-    ))
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?))
 }
 
 fn decode_key(
-    (id, hash, owner, name, created_at, revoked_at): (
-        String,
-        Vec<u8>,
-        String,
-        Option<String>,
-        i64,
-        Option<i64>,
-    ),
+    (id, hash, owner, name, created_at, revoked_at): (String, Vec<u8>, String, Option<String>, i64, Option<i64>),
 ) -> Result<StoredKey, StoreError> {
     let defect = |what: &str| StoreError::Defect(format!("malformed stored key: {what}"));
     Ok(StoredKey {
@@ -483,9 +412,7 @@ impl KeyStore for SqliteStore {
         self.write(move |connection| {
             connection
                 .execute(
-                    &format!(
-                        "INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
-                    ),
+                    &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"),
                     params![
                         key.id.to_string(),
                         key.hash.to_vec(),
@@ -505,11 +432,7 @@ impl KeyStore for SqliteStore {
         let hash = hash.to_vec();
         self.read(move |connection| {
             connection
-                .query_row(
-                    &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?1"),
-                    params![hash],
-                    key_from_row,
-                )
+                .query_row(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?1"), params![hash], key_from_row)
                 .optional()
                 .map_err(unavailable)?
                 .map(decode_key)
@@ -520,9 +443,8 @@ impl KeyStore for SqliteStore {
 
     async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError> {
         self.read(|connection| {
-            let mut statement = connection
-                .prepare(&format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY id"))
-                .map_err(unavailable)?;
+            let mut statement =
+                connection.prepare(&format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY id")).map_err(unavailable)?;
             let rows = statement
                 .query_map([], key_from_row)
                 .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
@@ -535,11 +457,7 @@ impl KeyStore for SqliteStore {
     async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError> {
         self.write(move |connection| {
             let found: Option<Option<i64>> = connection
-                .query_row(
-                    "SELECT revoked_at FROM api_keys WHERE id = ?1",
-                    params![id.to_string()],
-                    |row| row.get(0),
-                )
+                .query_row("SELECT revoked_at FROM api_keys WHERE id = ?1", params![id.to_string()], |row| row.get(0))
                 .optional()
                 .map_err(unavailable)?;
             match found {

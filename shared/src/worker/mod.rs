@@ -14,8 +14,7 @@ use tokio::sync::watch;
 
 use crate::agents::{AgentRegistry, Step, StepInput};
 use crate::domain::{
-    ApprovalId, ClaimOutcome, ClaimRefused, Clock, ExecutionPolicy, IdGenerator, Run,
-    TransitionError,
+    ApprovalId, ClaimOutcome, ClaimRefused, Clock, ExecutionPolicy, IdGenerator, Run, TransitionError,
 };
 use crate::queue::RunMessage;
 use crate::store::{RunStore, StoreError};
@@ -57,24 +56,11 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(
-        runs: Arc<dyn RunStore>,
-        agents: AgentRegistry,
-        clock: Arc<dyn Clock>,
-        policy: ExecutionPolicy,
-    ) -> Self {
+    pub fn new(runs: Arc<dyn RunStore>, agents: AgentRegistry, clock: Arc<dyn Clock>, policy: ExecutionPolicy) -> Self {
         let ids = IdGenerator::default();
         let id = format!("wrk_{}", ids.ulid_at(clock.now()));
         let heartbeat_every = policy.lease / 3;
-        Worker {
-            runs,
-            agents,
-            clock,
-            policy,
-            ids,
-            heartbeat_every,
-            id,
-        }
+        Worker { runs, agents, clock, policy, ids, heartbeat_every, id }
     }
 
     pub fn id(&self) -> &str {
@@ -83,62 +69,34 @@ impl Worker {
 
     /// Handles one message to the end. `stop` asks the worker to hand the
     /// run back at its next step (shutdown).
-    pub async fn process(
-        &self,
-        message: &RunMessage,
-        stop: &watch::Receiver<bool>,
-    ) -> Result<Outcome, WorkerError> {
+    pub async fn process(&self, message: &RunMessage, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
         let Some(mut run) = self.claim(message).await? else {
             return Ok(Outcome::Dropped);
         };
         tracing::debug!(run_id = %run.id, worker = %self.id, attempt = run.attempts, "claimed");
         let Some(agent) = self.agents.get(&run.agent).cloned() else {
             let error = format!("The agent `{}` is no longer configured.", run.agent);
-            return self
-                .finish(&mut run, |run, now, worker| {
-                    run.fail(worker, error.clone(), now)
-                })
-                .await;
+            return self.finish(&mut run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
         };
 
         let mut checkpoint = run.checkpoint.clone();
         let mut last_heartbeat = Instant::now();
         loop {
             let step = agent
-                .step(StepInput {
-                    input: &run.input,
-                    checkpoint: checkpoint.as_ref(),
-                    approvals: &run.approvals,
-                })
+                .step(StepInput { input: &run.input, checkpoint: checkpoint.as_ref(), approvals: &run.approvals })
                 .await;
             match step {
                 Step::Continue(next) => checkpoint = Some(next),
                 Step::Succeeded(output) => {
-                    return self
-                        .finish(&mut run, |run, now, worker| {
-                            run.succeed(worker, output.clone(), now)
-                        })
-                        .await;
+                    return self.finish(&mut run, |run, now, worker| run.succeed(worker, output.clone(), now)).await;
                 }
                 Step::Failed(error) => {
-                    return self
-                        .finish(&mut run, |run, now, worker| {
-                            run.fail(worker, error.clone(), now)
-                        })
-                        .await;
+                    return self.finish(&mut run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
                 }
-                Step::AwaitApproval {
-                    actions,
-                    checkpoint,
-                } => {
+                Step::AwaitApproval { actions, checkpoint } => {
                     let requests: Vec<(ApprovalId, String)> = actions
                         .into_iter()
-                        .map(|action| {
-                            (
-                                ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())),
-                                action,
-                            )
-                        })
+                        .map(|action| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), action))
                         .collect();
                     return self
                         .finish(&mut run, |run, now, worker| {
@@ -150,18 +108,14 @@ impl Worker {
             if *stop.borrow() {
                 let saved = checkpoint.clone();
                 return self
-                    .finish(&mut run, |run, now, worker| {
-                        run.release(worker, saved.clone(), now, &self.policy)
-                    })
+                    .finish(&mut run, |run, now, worker| run.release(worker, saved.clone(), now, &self.policy))
                     .await;
             }
             // Between steps: a cancel or takeover ends the work here.
             if last_heartbeat.elapsed() >= self.heartbeat_every {
                 let saved = checkpoint.clone();
                 let renewed = self
-                    .write(&mut run, |run, now, worker| {
-                        run.heartbeat(worker, saved.clone(), now, &self.policy)
-                    })
+                    .write(&mut run, |run, now, worker| run.heartbeat(worker, saved.clone(), now, &self.policy))
                     .await?;
                 if !renewed {
                     return Ok(Outcome::LostLease);
@@ -185,11 +139,7 @@ impl Worker {
             };
             let outcome = match run.claim(&self.id, self.clock.now(), &self.policy) {
                 Ok(outcome) => outcome,
-                Err(
-                    reason @ (ClaimRefused::Terminal
-                    | ClaimRefused::AwaitingApproval
-                    | ClaimRefused::LeaseHeld),
-                ) => {
+                Err(reason @ (ClaimRefused::Terminal | ClaimRefused::AwaitingApproval | ClaimRefused::LeaseHeld)) => {
                     tracing::debug!(run_id = %run.id, ?reason, "message dropped");
                     return Ok(None);
                 }

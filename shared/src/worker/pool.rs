@@ -88,14 +88,9 @@ impl WorkerPool {
     /// for them up to `grace`.
     pub async fn shutdown(mut self, grace: Duration) {
         let _ = self.stop.send(true);
-        let drained = tokio::time::timeout(grace, async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await;
+        let drained = tokio::time::timeout(grace, async { while self.tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
-            tracing::warn!(
-                "workers did not stop in time; their runs are taken over after the lease expires"
-            );
+            tracing::warn!("workers did not stop in time; their runs are taken over after the lease expires");
             self.tasks.abort_all();
         }
     }

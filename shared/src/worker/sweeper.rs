@@ -38,12 +38,7 @@ impl Sweeper {
         clock: Arc<dyn Clock>,
         policy: ExecutionPolicy,
     ) -> Self {
-        Sweeper {
-            runs,
-            queue,
-            clock,
-            policy,
-        }
+        Sweeper { runs, queue, clock, policy }
     }
 
     /// Every run due by `until`, in due order, read page by page.
@@ -60,10 +55,7 @@ impl Sweeper {
     }
 
     fn message(due: &DueRun) -> RunMessage {
-        RunMessage {
-            run_id: due.key.run_id,
-            owner: due.key.owner.clone(),
-        }
+        RunMessage { run_id: due.key.run_id, owner: due.key.owner.clone() }
     }
 
     /// One pass over every run whose due time has come.
@@ -104,11 +96,8 @@ impl Sweeper {
     pub async fn enqueue_all_queued(&self) -> Result<usize, SweepError> {
         let mut enqueued = 0;
         for due in self.all_due(Timestamp::MAX).await? {
-            let queued = self
-                .runs
-                .get(&due.key.owner, due.key.run_id)
-                .await?
-                .is_some_and(|run| run.status == RunStatus::Queued);
+            let queued =
+                self.runs.get(&due.key.owner, due.key.run_id).await?.is_some_and(|run| run.status == RunStatus::Queued);
             if queued {
                 self.queue.enqueue(&Self::message(&due)).await?;
                 enqueued += 1;
