@@ -1,0 +1,224 @@
+//! Starts the real `agent-runs` binary on an ephemeral port with a fresh
+//! database, and talks to it over HTTP: black-box, as a client would.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::{Client, RequestBuilder};
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_agent-runs");
+
+pub struct Server {
+    child: Child,
+    pub base: String,
+    pub dir: tempfile::TempDir,
+    pub dev_key: Option<String>,
+    env: Vec<(String, String)>,
+    client: Client,
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    /// Asserts the contract's error shape and returns the body's `error`.
+    #[track_caller]
+    pub fn expect_error(&self, status: u16, code: &str) -> &Value {
+        assert_eq!(self.status, status, "expected {status} {code}, got {}: {}", self.status, self.body);
+        let error = &self.body["error"];
+        assert_eq!(error["code"], code, "body: {}", self.body);
+        let message = error["message"].as_str().expect("error.message is a string");
+        assert!(!message.is_empty());
+        error
+    }
+
+    #[track_caller]
+    pub fn expect_status(&self, status: u16) -> &Value {
+        assert_eq!(self.status, status, "body: {}", self.body);
+        &self.body
+    }
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra environment (for example a short lease).
+    pub fn start_with(env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Self::spawn(dir, env)
+    }
+
+    fn db(dir: &tempfile::TempDir) -> PathBuf {
+        dir.path().join("data").join("runs.db")
+    }
+
+    fn spawn(dir: tempfile::TempDir, env: Vec<(String, String)>) -> Server {
+        let mut command = Command::new(BIN);
+        command
+            .args(["serve", "--addr", "127.0.0.1:0", "--db"])
+            .arg(Self::db(&dir))
+            .env("AGENT_RUNS_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (name, value) in &env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("start agent-runs serve");
+        let stdout = child.stdout.take().unwrap();
+        let (lines_tx, lines_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut dev_key = None;
+        let base = loop {
+            let line = lines_rx.recv_timeout(Duration::from_secs(20)).expect("server prints its address");
+            if let Some(key) = line.trim().strip_prefix("export AGENT_RUNS_KEY=") {
+                dev_key = Some(key.to_owned());
+            }
+            if let Some(rest) = line.strip_prefix("Listening on ") {
+                break rest.split_whitespace().next().unwrap().to_owned();
+            }
+        };
+        let client = Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+        Server { child, base, dir, dev_key, env, client }
+    }
+
+    /// Kills the process with SIGKILL (no shutdown) and starts it again on
+    /// the same database.
+    pub fn crash_and_restart(mut self) -> Server {
+        self.child.kill().expect("kill -9");
+        self.child.wait().unwrap();
+        let dir = tempfile::TempDir::new().unwrap();
+        let old_dir = std::mem::replace(&mut self.dir, dir);
+        let env = std::mem::take(&mut self.env);
+        drop(self);
+        Self::spawn(old_dir, env)
+    }
+
+    /// Runs `agent-runs <args> --db <this server's database>` and returns stdout.
+    pub fn admin(&self, args: &[&str]) -> String {
+        let output = Command::new(BIN)
+            .args(args)
+            .arg("--db")
+            .arg(Self::db(&self.dir))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run agent-runs");
+        assert!(output.status.success(), "agent-runs {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// Issues a key for `owner` with the admin command.
+    pub fn key(&self, owner: &str) -> String {
+        self.admin(&["keys", "create", "--owner", owner]).trim().to_owned()
+    }
+
+    pub fn request(&self, method: &str, path: &str) -> RequestBuilder {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        self.client.request(method, format!("{}{path}", self.base))
+    }
+
+    /// Sends and checks what every response must have.
+    #[track_caller]
+    pub fn send(&self, request: RequestBuilder) -> Reply {
+        let response = request.send().expect("request sent");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().unwrap();
+        assert_eq!(
+            headers.get("content-type").and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "every response is JSON: {status} {text}"
+        );
+        let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert!(!request_id.is_empty(), "every response has an x-request-id");
+        let body = serde_json::from_str(&text).unwrap_or_else(|_| panic!("JSON body: {text}"));
+        Reply { status, headers, body }
+    }
+
+    #[track_caller]
+    pub fn get(&self, key: &str, path: &str) -> Reply {
+        self.send(self.request("GET", path).bearer_auth(key))
+    }
+
+    #[track_caller]
+    pub fn post(&self, key: &str, path: &str, body: Value) -> Reply {
+        self.send(self.request("POST", path).bearer_auth(key).json(&body))
+    }
+
+    #[track_caller]
+    pub fn create(&self, key: &str, body: Value) -> Value {
+        self.post(key, "/v1/agent/runs", body).expect_status(201).clone()
+    }
+
+    #[track_caller]
+    pub fn create_script(&self, key: &str, script: &str) -> Value {
+        self.create(key, serde_json::json!({"agent": "script", "input": script}))
+    }
+
+    /// Polls the run until `done` holds for it, or panics after `timeout`.
+    #[track_caller]
+    pub fn wait_for(&self, key: &str, id: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let run = self.get(key, &format!("/v1/agent/runs/{id}")).expect_status(200).clone();
+            if done(&run) {
+                return run;
+            }
+            assert!(Instant::now() < deadline, "run {id} did not get there in {timeout:?}: {run}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[track_caller]
+    pub fn wait_for_status(&self, key: &str, id: &str, status: &str) -> Value {
+        self.wait_for(key, id, Duration::from_secs(20), |run| run["status"] == status)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `2026-11-21T23:24:38.123Z`
+pub fn is_timestamp(value: &Value) -> bool {
+    let Some(text) = value.as_str() else { return false };
+    let bytes = text.as_bytes();
+    bytes.len() == 24
+        && bytes[23] == b'Z'
+        && bytes[10] == b'T'
+        && bytes[19] == b'.'
+        && text.chars().enumerate().all(|(i, c)| match i {
+            4 | 7 => c == '-',
+            10 => c == 'T',
+            13 | 16 => c == ':',
+            19 => c == '.',
+            23 => c == 'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
