@@ -110,6 +110,20 @@ impl Server {
     pub fn crash_and_restart(mut self) -> Server {
         self.child.kill().expect("kill -9");
         self.child.wait().unwrap();
+        self.restart()
+    }
+
+    /// Stops the process with SIGTERM, waits for its graceful exit, and
+    /// starts it again on the same database.
+    pub fn terminate_and_restart(mut self) -> Server {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let exit = self.child.wait().unwrap();
+        assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
+        self.restart()
+    }
+
+    fn restart(mut self) -> Server {
         let dir = tempfile::TempDir::new().unwrap();
         let old_dir = std::mem::replace(&mut self.dir, dir);
         let env = std::mem::take(&mut self.env);

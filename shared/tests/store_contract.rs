@@ -1,0 +1,242 @@
+//! The store contract: what every RunStore and KeyStore adapter must do.
+//! Each check is a function over the traits, run here against SQLite; other
+//! adapters run the same functions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agent_runs_shared::domain::{ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
+use agent_runs_shared::store::{
+    DueRun, Durability, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunStore, SqliteStore, StoreError,
+    StoredKey,
+};
+use ulid::Ulid;
+
+const T0: u64 = 1_795_303_478_123;
+
+fn owner(name: &str) -> Owner {
+    Owner::parse(name).unwrap()
+}
+
+fn new_run(owner_name: &str, millis_after_t0: u64, random: u128) -> Run {
+    let id = RunId::from_ulid(Ulid::from_parts(T0 + millis_after_t0, random));
+    Run::new(id, owner(owner_name), "echo".into(), "hi".into(), BTreeMap::new(), &ExecutionPolicy::default())
+}
+
+fn claim(key: &str, request: &str, at: u64) -> IdempotencyClaim {
+    IdempotencyClaim {
+        key_hash: key.into(),
+        request_hash: request.into(),
+        created_at: Timestamp::from_millis(at as i64),
+        expires_at: Timestamp::from_millis((at + 1_000) as i64),
+    }
+}
+
+async fn insert(store: &dyn RunStore, run: &Run) {
+    assert!(matches!(store.insert(run, None, 1_000).await.unwrap(), InsertOutcome::Inserted));
+}
+
+async fn get_returns_what_insert_wrote_and_only_to_its_owner(store: &dyn RunStore) {
+    let mut run = new_run("acme", 0, 1);
+    run.metadata.insert("ticket".into(), "OPS-42".into());
+    insert(store, &run).await;
+    assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run.clone()));
+    assert_eq!(store.get(&owner("other"), run.id).await.unwrap(), None);
+    let missing = RunId::from_ulid(Ulid::from_parts(T0, 999));
+    assert_eq!(store.get(&owner("acme"), missing).await.unwrap(), None);
+}
+
+async fn update_is_conditional_on_the_version_read(store: &dyn RunStore) {
+    let run = new_run("acme", 0, 2);
+    insert(store, &run).await;
+    let mut first = store.get(&owner("acme"), run.id).await.unwrap().unwrap();
+    let mut second = first.clone();
+    first.cancel(Timestamp::from_millis(T0 as i64 + 5)).unwrap();
+    store.update(&mut first).await.unwrap();
+    assert_eq!(first.version, run.version + 1);
+    second.status = RunStatus::Running;
+    assert!(matches!(store.update(&mut second).await, Err(StoreError::Conflict)));
+    assert_eq!(second.version, run.version, "a lost write leaves the caller's version alone");
+    let stored = store.get(&owner("acme"), run.id).await.unwrap().unwrap();
+    assert_eq!(stored, first);
+    // An update to a run that does not exist is a conflict too, and creates nothing.
+    let mut ghost = new_run("acme", 0, 3);
+    assert!(matches!(store.update(&mut ghost).await, Err(StoreError::Conflict)));
+    assert_eq!(store.get(&owner("acme"), ghost.id).await.unwrap(), None);
+}
+
+async fn idempotency_keys_are_reserved_atomically_with_the_run(store: &dyn RunStore) {
+    let first = new_run("acme", 0, 10);
+    let outcome = store.insert(&first, Some(&claim("k1", "r1", T0)), 1_000).await.unwrap();
+    assert!(matches!(outcome, InsertOutcome::Inserted));
+    let second = new_run("acme", 1, 11);
+    match store.insert(&second, Some(&claim("k1", "r2", T0 + 1)), 1_000).await.unwrap() {
+        InsertOutcome::IdempotencyKeyTaken(record) => {
+            assert_eq!(record.run_id, first.id);
+            assert_eq!(record.request_hash, "r1");
+        }
+        other => panic!("expected the key to be taken: {other:?}"),
+    }
+    assert_eq!(store.get(&owner("acme"), second.id).await.unwrap(), None, "nothing written for a taken key");
+    // Another owner has its own keys.
+    let theirs = new_run("other", 1, 12);
+    assert!(matches!(
+        store.insert(&theirs, Some(&claim("k1", "r2", T0 + 1)), 1_000).await.unwrap(),
+        InsertOutcome::Inserted
+    ));
+    // Once expired, the key may be used again.
+    let later = new_run("acme", 5_000, 13);
+    assert!(matches!(
+        store.insert(&later, Some(&claim("k1", "r3", T0 + 5_000)), 1_000).await.unwrap(),
+        InsertOutcome::Inserted
+    ));
+    // Removing a run also frees its key.
+    store.remove(&later, Some("k1")).await.unwrap();
+    assert_eq!(store.get(&owner("acme"), later.id).await.unwrap(), None);
+    let again = new_run("acme", 5_001, 14);
+    assert!(matches!(
+        store.insert(&again, Some(&claim("k1", "r4", T0 + 5_001)), 1_000).await.unwrap(),
+        InsertOutcome::Inserted
+    ));
+}
+
+async fn insert_refuses_past_the_active_run_limit(store: &dyn RunStore) {
+    let runs: Vec<Run> = (0..3).map(|i| new_run("busy", i, 20 + i as u128)).collect();
+    for run in &runs[..2] {
+        assert!(matches!(store.insert(run, None, 2).await.unwrap(), InsertOutcome::Inserted));
+    }
+    assert!(matches!(store.insert(&runs[2], None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    let mut done = runs[0].clone();
+    done.cancel(Timestamp::from_millis(T0 as i64 + 10)).unwrap();
+    store.update(&mut done).await.unwrap();
+    assert!(matches!(store.insert(&runs[2], None, 2).await.unwrap(), InsertOutcome::Inserted));
+}
+
+async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(store: &dyn RunStore) {
+    let who = owner("lister");
+    let mut runs: Vec<Run> = (0..7).map(|i| new_run("lister", i * 10, 100 + i as u128)).collect();
+    for run in &runs {
+        insert(store, run).await;
+    }
+    insert(store, &new_run("someone-else", 1, 200)).await;
+    for run in runs.iter_mut().step_by(2) {
+        run.cancel(Timestamp::from_millis(T0 as i64 + 100)).unwrap();
+        store.update(run).await.unwrap();
+    }
+    let newest_first: Vec<RunId> = runs.iter().rev().map(|run| run.id).collect();
+
+    let page = store.list(&who, ListRequest { status: None, before: None, limit: 3 }).await.unwrap();
+    assert_eq!(page.runs.iter().map(|r| r.id).collect::<Vec<_>>(), newest_first[..3]);
+    assert!(page.has_more);
+    let page = store.list(&who, ListRequest { status: None, before: Some(newest_first[2]), limit: 4 }).await.unwrap();
+    assert_eq!(page.runs.iter().map(|r| r.id).collect::<Vec<_>>(), newest_first[3..]);
+    assert!(!page.has_more, "exactly the last items: no further page");
+
+    let canceled = ListRequest { status: Some(RunStatus::Canceled), before: None, limit: 10 };
+    let page = store.list(&who, canceled).await.unwrap();
+    let expected: Vec<RunId> = newest_first
+        .iter()
+        .copied()
+        .filter(|id| runs.iter().any(|r| r.id == *id && r.status == RunStatus::Canceled))
+        .collect();
+    assert_eq!(page.runs.iter().map(|r| r.id).collect::<Vec<_>>(), expected);
+    assert_eq!(expected.len(), 4);
+    let page = store.list(&who, ListRequest { before: Some(expected[1]), limit: 1, ..canceled }).await.unwrap();
+    assert_eq!(page.runs.iter().map(|r| r.id).collect::<Vec<_>>(), vec![expected[2]]);
+    assert!(page.has_more);
+}
+
+async fn due_lists_non_terminal_runs_by_due_time_in_pages(store: &dyn RunStore) {
+    let mut runs: Vec<Run> = (0..5).map(|i| new_run("sweep", i, 300 + i as u128)).collect();
+    for (i, run) in runs.iter_mut().enumerate() {
+        run.due_at = Some(Timestamp::from_millis(1_000 + i as i64 * 100));
+        insert(store, run).await;
+    }
+    runs[1].cancel(Timestamp::from_millis(T0 as i64)).unwrap();
+    store.update(&mut runs[1]).await.unwrap();
+
+    let all = store.due(Timestamp::from_millis(1_300), None, 10).await.unwrap();
+    let ids: Vec<RunId> = all.iter().map(|due| due.key.run_id).collect();
+    assert_eq!(ids, vec![runs[0].id, runs[2].id, runs[3].id], "terminal runs leave the index");
+    let first: Vec<DueRun> = store.due(Timestamp::MAX, None, 2).await.unwrap();
+    let rest = store.due(Timestamp::MAX, first.last(), 10).await.unwrap();
+    let paged: Vec<RunId> = first.iter().chain(rest.iter()).map(|due| due.key.run_id).collect();
+    assert!(paged.starts_with(&[runs[0].id, runs[2].id, runs[3].id, runs[4].id]));
+    assert_eq!(first[0].due_at, Timestamp::from_millis(1_000));
+}
+
+async fn keys_are_found_by_hash_listed_and_revoked(keys: &dyn KeyStore) {
+    let id = KeyId::from_ulid(Ulid::from_parts(T0, 1));
+    let key = StoredKey {
+        id,
+        owner: owner("acme"),
+        name: Some("ci".into()),
+        hash: [7; 32],
+        created_at: Timestamp::from_millis(T0 as i64),
+        revoked_at: None,
+    };
+    keys.put_key(&key).await.unwrap();
+    assert_eq!(keys.find_key(&[7; 32]).await.unwrap(), Some(key.clone()));
+    assert_eq!(keys.find_key(&[8; 32]).await.unwrap(), None);
+    assert!(keys.list_keys().await.unwrap().contains(&key));
+    assert!(keys.revoke_key(id, Timestamp::from_millis(T0 as i64 + 1)).await.unwrap());
+    let revoked = keys.find_key(&[7; 32]).await.unwrap().unwrap();
+    assert_eq!(revoked.revoked_at, Some(Timestamp::from_millis(T0 as i64 + 1)));
+    assert!(!keys.revoke_key(KeyId::from_ulid(Ulid::from_parts(T0, 2)), Timestamp::from_millis(0)).await.unwrap());
+}
+
+async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<dyn RunStore>) {
+    let run = new_run("race", 0, 400);
+    insert(store.as_ref(), &run).await;
+    let mut tasks = Vec::new();
+    for worker in 0..8 {
+        let store = store.clone();
+        let mut copy = run.clone();
+        tasks.push(tokio::spawn(async move {
+            copy.claim(&format!("w{worker}"), Timestamp::from_millis(T0 as i64 + 1), &ExecutionPolicy::default())
+                .unwrap();
+            store.update(&mut copy).await.is_ok()
+        }));
+    }
+    let mut winners = 0;
+    for task in tasks {
+        winners += task.await.unwrap() as usize;
+    }
+    assert_eq!(winners, 1);
+}
+
+async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore) {
+    get_returns_what_insert_wrote_and_only_to_its_owner(runs.as_ref()).await;
+    update_is_conditional_on_the_version_read(runs.as_ref()).await;
+    idempotency_keys_are_reserved_atomically_with_the_run(runs.as_ref()).await;
+    insert_refuses_past_the_active_run_limit(runs.as_ref()).await;
+    list_is_newest_first_with_keyset_pages_and_a_status_filter(runs.as_ref()).await;
+    due_lists_non_terminal_runs_by_due_time_in_pages(runs.as_ref()).await;
+    concurrent_updates_from_one_version_have_exactly_one_winner(runs.clone()).await;
+    keys_are_found_by_hash_listed_and_revoked(keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("nested/folder/runs.db"), Durability::Process).unwrap();
+    run_contract(Arc::new(store.clone()), &store).await;
+}
+
+#[tokio::test]
+async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let run = new_run("acme", 0, 1);
+    {
+        let store = SqliteStore::open(&path, Durability::Full).unwrap();
+        insert(&store, &run).await;
+    }
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run));
+    drop(store);
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    connection.pragma_update(None, "user_version", 99).unwrap();
+    drop(connection);
+    assert!(matches!(SqliteStore::open(&path, Durability::Process), Err(StoreError::Defect(_))));
+}

@@ -1,0 +1,165 @@
+//! The worker protocol against the real SQLite store: claims, duplicates,
+//! cancels mid-run, takeover after a lease expires, and the sweeper.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use agent_runs_shared::agents::AgentRegistry;
+use agent_runs_shared::domain::{Clock, ExecutionPolicy, IdGenerator, Owner, Run, RunId, RunStatus, Timestamp};
+use agent_runs_shared::queue::{InProcessQueue, RunMessage, RunQueue};
+use agent_runs_shared::store::{Durability, RunStore, SqliteStore};
+use agent_runs_shared::worker::{Outcome, Sweeper, Worker};
+use tokio::sync::watch;
+
+struct ManualClock(AtomicI64);
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.0.load(Ordering::SeqCst))
+    }
+}
+
+impl ManualClock {
+    fn advance(&self, by: Duration) {
+        self.0.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn RunStore>,
+    clock: Arc<ManualClock>,
+    policy: ExecutionPolicy,
+    agents: AgentRegistry,
+    ids: IdGenerator,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap();
+        Fixture {
+            _dir: dir,
+            store: Arc::new(store),
+            clock: Arc::new(ManualClock(AtomicI64::new(1_795_303_478_123))),
+            policy: ExecutionPolicy {
+                lease: Duration::from_secs(30),
+                requeue_after: Duration::from_secs(60),
+                max_attempts: 3,
+            },
+            agents: AgentRegistry::builtin("echo").unwrap(),
+            ids: IdGenerator::default(),
+        }
+    }
+
+    fn worker(&self) -> Worker {
+        Worker::new(self.store.clone(), self.agents.clone(), self.clock.clone(), self.policy.clone())
+    }
+
+    async fn create(&self, agent: &str, input: &str) -> RunMessage {
+        let id = RunId::from_ulid(self.ids.ulid_at(self.clock.now()));
+        let owner = Owner::parse("acme").unwrap();
+        let run = Run::new(id, owner.clone(), agent.into(), input.into(), BTreeMap::new(), &self.policy);
+        self.store.insert(&run, None, 1_000).await.unwrap();
+        RunMessage { run_id: id, owner }
+    }
+
+    async fn run(&self, message: &RunMessage) -> Run {
+        self.store.get(&message.owner, message.run_id).await.unwrap().unwrap()
+    }
+}
+
+fn running() -> watch::Receiver<bool> {
+    let (sender, receiver) = watch::channel(false);
+    std::mem::forget(sender);
+    receiver
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_message_delivered_five_times_at_once_runs_the_agent_once() {
+    let fixture = Fixture::new();
+    let message = fixture.create("script", "say once\nsleep 100").await;
+    let stop = running();
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let (worker, message, stop) = (fixture.worker(), message.clone(), stop.clone());
+            tokio::spawn(async move { worker.process(&message, &stop).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap());
+    }
+    let outcomes: Vec<Outcome> = outcomes.into_iter().map(Result::unwrap).collect();
+    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Succeeded).count(), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Dropped).count(), 4, "{outcomes:?}");
+    let run = fixture.run(&message).await;
+    assert_eq!(run.output.as_deref(), Some("once"));
+    assert_eq!(run.attempts, 1);
+    // A late duplicate of a finished run is dropped and changes nothing.
+    assert_eq!(fixture.worker().process(&message, &stop).await.unwrap(), Outcome::Dropped);
+    assert_eq!(fixture.run(&message).await, run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_during_the_run_stops_the_worker_without_overwriting() {
+    let fixture = Fixture::new();
+    let message = fixture.create("script", "say a\nsleep 1000\nsay b").await;
+    let worker = fixture.worker();
+    let stop = running();
+    let processing = worker.process(&message, &stop);
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let mut run = fixture.run(&message).await;
+        assert_eq!(run.status, RunStatus::Running);
+        run.cancel(fixture.clock.now()).unwrap();
+        fixture.store.update(&mut run).await.unwrap();
+        run
+    };
+    let (outcome, canceled) = tokio::join!(processing, cancel);
+    assert_eq!(outcome.unwrap(), Outcome::LostLease);
+    assert_eq!(fixture.run(&message).await, canceled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_taken_over_and_the_sweeper_requeues_it() {
+    let fixture = Fixture::new();
+    let message = fixture.create("echo", "hello").await;
+    // A worker claims the run and dies: simulate by claiming by hand.
+    let mut run = fixture.run(&message).await;
+    run.claim("dead-worker", fixture.clock.now(), &fixture.policy).unwrap();
+    fixture.store.update(&mut run).await.unwrap();
+
+    let (queue, receiver) = InProcessQueue::new();
+    let queue: Arc<dyn RunQueue> = Arc::new(queue);
+    let sweeper = Sweeper::new(fixture.store.clone(), queue, fixture.clock.clone(), fixture.policy.clone());
+    let stop = running();
+    assert_eq!(fixture.worker().process(&message, &stop).await.unwrap(), Outcome::Dropped, "the lease is live");
+    assert_eq!(sweeper.sweep().await.unwrap().enqueued, 0);
+
+    fixture.clock.advance(fixture.policy.lease);
+    assert_eq!(sweeper.sweep().await.unwrap().enqueued, 1);
+    let redelivered = receiver.receive().await.unwrap();
+    assert_eq!(redelivered, message);
+    assert_eq!(fixture.worker().process(&redelivered, &stop).await.unwrap(), Outcome::Succeeded);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.attempts, 2);
+    assert_eq!(run.output.as_deref(), Some("hello"));
+    assert_eq!(sweeper.sweep().await.unwrap().enqueued, 0, "terminal runs leave the sweeper's view");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_whose_message_was_lost_is_enqueued_after_a_minute() {
+    let fixture = Fixture::new();
+    let message = fixture.create("echo", "lost").await;
+    let (queue, receiver) = InProcessQueue::new();
+    let sweeper = Sweeper::new(fixture.store.clone(), Arc::new(queue), fixture.clock.clone(), fixture.policy.clone());
+    fixture.clock.advance(Duration::from_secs(59));
+    assert_eq!(sweeper.sweep().await.unwrap().enqueued, 0);
+    fixture.clock.advance(Duration::from_secs(1));
+    assert_eq!(sweeper.sweep().await.unwrap().enqueued, 1);
+    assert_eq!(receiver.receive().await.unwrap(), message);
+    assert_eq!(sweeper.sweep().await.unwrap().enqueued, 0, "not again until another minute passes");
+}
