@@ -12,12 +12,19 @@ pub struct ConfigError {
     problem: String,
 }
 
-/// What every way of running shares: agents, limits and execution timings.
+/// What every way of running shares: agents, limits and execution timings,
+/// and where the AWS resources are when running on them.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub default_agent: String,
     pub limits: ApiLimits,
     pub policy: ExecutionPolicy,
+    /// `AGENT_RUNS_TABLE`: the DynamoDB table; set on the AWS path.
+    pub table: Option<String>,
+    /// `AGENT_RUNS_QUEUE_URL`: the SQS queue of run ids.
+    pub queue_url: Option<String>,
+    /// How long before the Lambda deadline a worker hands its run back.
+    pub worker_deadline_margin: Duration,
 }
 
 fn read<T: std::str::FromStr>(
@@ -59,6 +66,9 @@ impl Config {
                 )?),
                 max_attempts: read(&env, "AGENT_RUNS_MAX_ATTEMPTS", defaults.max_attempts)?,
             },
+            table: env("AGENT_RUNS_TABLE").filter(|table| !table.trim().is_empty()),
+            queue_url: env("AGENT_RUNS_QUEUE_URL").filter(|url| !url.trim().is_empty()),
+            worker_deadline_margin: Duration::from_millis(read(&env, "AGENT_RUNS_WORKER_DEADLINE_MARGIN_MS", 10_000)?),
         };
         if config.policy.lease < Duration::from_millis(300) {
             return Err(ConfigError { name: "AGENT_RUNS_LEASE_MS", problem: "must be at least 300".into() });

@@ -5,8 +5,10 @@
 pub mod agents;
 pub mod api;
 pub mod auth;
+pub mod aws;
 pub mod config;
 pub mod domain;
+pub mod lambda;
 pub mod queue;
 pub mod store;
 pub mod worker;

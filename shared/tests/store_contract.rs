@@ -63,6 +63,11 @@ async fn update_is_conditional_on_the_version_read(store: &dyn RunStore) {
     let mut ghost = new_run("acme", 0, 3);
     assert!(matches!(store.update(&mut ghost).await, Err(StoreError::Conflict)));
     assert_eq!(store.get(&owner("acme"), ghost.id).await.unwrap(), None);
+    // A terminal run is never written again, even with the right version.
+    let mut stale = first.clone();
+    stale.status = RunStatus::Queued;
+    assert!(matches!(store.update(&mut stale).await, Err(StoreError::Conflict)));
+    assert_eq!(store.get(&owner("acme"), run.id).await.unwrap().unwrap(), first);
 }
 
 async fn idempotency_keys_are_reserved_atomically_with_the_run(store: &dyn RunStore) {

@@ -120,6 +120,13 @@ impl Api {
 
     /// Answers one request. Never fails: every error becomes its response.
     pub async fn handle(&self, request: Request<Bytes>) -> ApiResponse {
+        self.handle_as(None, request).await
+    }
+
+    /// Answers a request that must be for `operation` (a Lambda function
+    /// serves one); any other path or method is a `404` or `405`, never
+    /// another operation. `None` serves them all.
+    pub async fn handle_as(&self, operation: Option<Operation>, request: Request<Bytes>) -> ApiResponse {
         let request_id = request
             .extensions()
             .get::<RequestId>()
@@ -127,7 +134,7 @@ impl Api {
             .unwrap_or_else(|| self.ids.ulid_at(self.clock.now()).to_string());
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
-        let mut response = match self.dispatch(request).await {
+        let mut response = match self.dispatch(operation, request).await {
             Ok(response) => response,
             Err(error) => {
                 match &error {
@@ -148,11 +155,10 @@ impl Api {
         response
     }
 
-    async fn dispatch(&self, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
+    async fn dispatch(&self, expected: Option<Operation>, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
         let principal = self.authenticate(&request).await?;
         self.rate_limiter.check(&principal.owner, self.clock.now())?;
-        let route = Route::parse(request.uri().path())
-            .ok_or_else(|| ApiError::NotFound("No such path. Operations live under /v1/agent/runs.".into()))?;
+        let route = Route::parse(request.uri().path()).ok_or_else(not_found_path)?;
         let method = request.method();
         let allowed = match (&route, method) {
             (Route::Runs, &Method::GET | &Method::POST) | (Route::Run(_), &Method::GET) => true,
@@ -165,15 +171,25 @@ impl Api {
         if request.extensions().get::<BodyTooLarge>().is_some() || request.body().len() > MAX_BODY_BYTES {
             return Err(ApiError::RequestTooLarge);
         }
+        let operation = match (&route, method) {
+            (Route::Runs, &Method::POST) => Operation::Create,
+            (Route::Runs, _) => Operation::List,
+            (Route::Run(_), _) => Operation::Get,
+            (Route::Cancel(_), _) => Operation::Cancel,
+            (Route::Decide(..), _) => Operation::Decide,
+        };
+        if expected.is_some_and(|expected| expected != operation) {
+            return Err(not_found_path());
+        }
         let owner = &principal.owner;
-        match (route, method) {
-            (Route::Runs, &Method::POST) => create::handle(self, owner, &request).await,
-            (Route::Runs, _) => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
-            (Route::Run(run_id), _) => get::handle(self.runs.as_ref(), owner, run_id).await,
-            (Route::Cancel(run_id), _) => {
+        match route {
+            Route::Runs if operation == Operation::Create => create::handle(self, owner, &request).await,
+            Route::Runs => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
+            Route::Run(run_id) => get::handle(self.runs.as_ref(), owner, run_id).await,
+            Route::Cancel(run_id) => {
                 cancel::handle(self.runs.as_ref(), self.clock.as_ref(), owner, run_id, &request).await
             }
-            (Route::Decide(run_id, approval_id), _) => decide::handle(self, owner, run_id, approval_id, &request).await,
+            Route::Decide(run_id, approval_id) => decide::handle(self, owner, run_id, approval_id, &request).await,
         }
     }
 
@@ -188,6 +204,20 @@ impl Api {
             AuthError::Store(store) => store.into(),
         })
     }
+}
+
+/// The operations of the contract; each Lambda function serves one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    List,
+    Get,
+    Cancel,
+    Decide,
+}
+
+fn not_found_path() -> ApiError {
+    ApiError::NotFound("No such path. Operations live under /v1/agent/runs.".into())
 }
 
 /// A run id from a path; a malformed one names no run, so it is a `404`.

@@ -1,6 +1,7 @@
 //! The port to the work queue: run ids handed to workers.
 
 mod in_process;
+mod sqs;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -8,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::{Owner, RunId};
 
 pub use in_process::{InProcessQueue, QueueReceiver};
+pub use sqs::SqsQueue;
 
 /// The body of a queue message: which run to work on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,4 +28,18 @@ pub enum QueueError {
 #[async_trait]
 pub trait RunQueue: Send + Sync + 'static {
     async fn enqueue(&self, message: &RunMessage) -> Result<(), QueueError>;
+}
+
+/// For functions that never send (get, list, cancel): a send is a defect.
+pub struct NoQueue;
+
+#[derive(Debug, thiserror::Error)]
+#[error("this function has no queue configured (AGENT_RUNS_QUEUE_URL)")]
+struct NoQueueConfigured;
+
+#[async_trait]
+impl RunQueue for NoQueue {
+    async fn enqueue(&self, _message: &RunMessage) -> Result<(), QueueError> {
+        Err(QueueError::Unavailable(Box::new(NoQueueConfigured)))
+    }
 }

@@ -1,5 +1,6 @@
 //! The ports to persistence: runs, idempotency records and API keys.
 
+mod dynamodb;
 mod sqlite;
 
 use async_trait::async_trait;
@@ -7,6 +8,7 @@ use async_trait::async_trait;
 use crate::domain::{KeyId, Owner, RunId, RunStatus, Timestamp};
 
 pub use crate::domain::Run;
+pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore, STATUS_INDEX};
 pub use sqlite::{Durability, SqliteStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -97,8 +99,11 @@ pub trait RunStore: Send + Sync + 'static {
     /// A strongly consistent read.
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError>;
 
-    /// Replaces the run if its stored version is still `run.version`, then
-    /// increments `run.version`. `Err(Conflict)` when another write came first.
+    /// Replaces the run if its stored version is still `run.version` and the
+    /// stored run is not terminal, then increments `run.version`.
+    /// `Err(Conflict)` when another write came first. Terminal runs are never
+    /// written again, so a write whose status is terminal is the one that
+    /// ends the run (stores that count active runs rely on this).
     async fn update(&self, run: &mut Run) -> Result<(), StoreError>;
 
     /// Newest first. Reads at most `limit + 1` runs to know whether more exist.

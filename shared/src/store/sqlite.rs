@@ -301,7 +301,7 @@ impl RunStore for SqliteStore {
                 let changed = connection
                     .prepare_cached(
                         "UPDATE runs SET status = ?1, version = ?2, due_at = ?3, body = ?4
-                         WHERE owner = ?5 AND id = ?6 AND version = ?7",
+                         WHERE owner = ?5 AND id = ?6 AND version = ?7 AND status IN ('queued', 'running', 'awaiting_approval')",
                     )
                     .and_then(|mut statement| {
                         statement.execute(params![

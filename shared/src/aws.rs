@@ -1,0 +1,113 @@
+//! The AWS path's services, built once per process: SDK clients, the
+//! DynamoDB store and the SQS queue, and what is made from them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, SdkConfig};
+
+use crate::agents::AgentRegistry;
+use crate::api::Api;
+use crate::auth::{Authenticator, REMOTE_STORE_CACHE_TTL};
+use crate::config::Config;
+use crate::domain::{Clock, SystemClock};
+use crate::queue::{RunQueue, SqsQueue};
+use crate::store::{DynamoStore, KeyStore, RunStore};
+use crate::worker::{Sweeper, Worker};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{0} is not set; it names the AWS resource to use")]
+    Missing(&'static str),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("{0}")]
+    Agents(String),
+}
+
+/// The shared SDK configuration: region, credentials and endpoint (an
+/// emulator through `AWS_ENDPOINT_URL`) from the standard AWS variables.
+pub async fn sdk_config() -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest()).load().await
+}
+
+pub struct AwsServices {
+    pub config: Config,
+    pub store: DynamoStore,
+    /// Absent where a function sends nothing (get, list, cancel).
+    pub queue: Option<SqsQueue>,
+    pub clock: Arc<dyn Clock>,
+    pub agents: AgentRegistry,
+}
+
+impl AwsServices {
+    pub async fn from_env() -> Result<Self, SetupError> {
+        let config = Config::from_env()?;
+        let sdk = sdk_config().await;
+        Self::new(config, (&sdk).into(), (&sdk).into())
+    }
+
+    /// Builds the clients from their configurations (tests add interceptors).
+    pub fn new(
+        config: Config,
+        dynamodb: aws_sdk_dynamodb::Config,
+        sqs: aws_sdk_sqs::Config,
+    ) -> Result<Self, SetupError> {
+        let table = config.table.clone().ok_or(SetupError::Missing("AGENT_RUNS_TABLE"))?;
+        let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(dynamodb), table);
+        let queue = config.queue_url.clone().map(|url| SqsQueue::new(aws_sdk_sqs::Client::from_conf(sqs), url));
+        let agents = AgentRegistry::builtin(&config.default_agent).map_err(SetupError::Agents)?;
+        Ok(AwsServices { config, store, queue, clock: Arc::new(SystemClock), agents })
+    }
+
+    fn runs(&self) -> Arc<dyn RunStore> {
+        Arc::new(self.store.clone())
+    }
+
+    fn run_queue(&self) -> Arc<dyn RunQueue> {
+        match &self.queue {
+            Some(queue) => Arc::new(queue.clone()),
+            None => Arc::new(crate::queue::NoQueue),
+        }
+    }
+
+    pub fn api(&self) -> Api {
+        let keys: Arc<dyn KeyStore> = Arc::new(self.store.clone());
+        Api::new(
+            self.runs(),
+            self.run_queue(),
+            Authenticator::new(keys, REMOTE_STORE_CACHE_TTL),
+            self.agents.clone(),
+            self.clock.clone(),
+            self.config.policy.clone(),
+            self.config.limits.clone(),
+        )
+    }
+
+    pub fn worker(&self) -> Worker {
+        Worker::new(self.runs(), self.agents.clone(), self.clock.clone(), self.config.policy.clone())
+    }
+
+    pub fn sweeper(&self) -> Sweeper {
+        Sweeper::new(self.runs(), self.run_queue(), self.clock.clone(), self.config.policy.clone())
+    }
+
+    pub fn queue(&self) -> Arc<dyn RunQueue> {
+        self.run_queue()
+    }
+
+    /// Opens the connections a cold function will need, so its first
+    /// request does not pay for DNS and TLS set-up. Failures are ignored:
+    /// the request path reports them properly.
+    pub async fn warm_up(&self) {
+        let started = std::time::Instant::now();
+        let dynamodb = self.store.warm_up();
+        let sqs = async {
+            if let Some(queue) = &self.queue {
+                queue.warm_up().await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(dynamodb, sqs) }).await;
+        tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "connections warmed");
+    }
+}

@@ -1,0 +1,529 @@
+//! The production store: one DynamoDB table (see docs/design.md).
+//!
+//! | item | pk | sk |
+//! |---|---|---|
+//! | run | `OWNER#<owner>` | `RUN#<run_id>` |
+//! | active-run counter | `OWNER#<owner>` | `ACTIVE` |
+//! | idempotency record | `OWNER#<owner>` | `IDEM#<sha256 of the key>` |
+//! | API key | `KEY#<sha256 hex of the key>` | `KEY` |
+//!
+//! Runs also carry `gsi1pk = OWNER#<owner>#STATUS#<status>`, `gsi1sk =
+//! RUN#<run_id>` (the status filter) and, while not terminal, `gsi2pk =
+//! DUE#<shard>`, `gsi2sk = <due time>#<run_id>` (the sweeper's sparse timer
+//! index). Every write of a run is conditional on the version it read.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore,
+    StoreError, StoredKey,
+};
+use crate::domain::{KeyId, Owner, RunId, Timestamp};
+
+pub const STATUS_INDEX: &str = "gsi1";
+pub const DUE_INDEX: &str = "gsi2";
+/// Partitions of the due index, so the sweeper's reads and the writes of
+/// busy periods spread over several keys.
+pub const DUE_SHARDS: u32 = 4;
+
+const TERMINAL: [&str; 3] = ["succeeded", "failed", "canceled"];
+
+#[derive(Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+}
+
+type Item = HashMap<String, AttributeValue>;
+
+fn s(text: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(text.into())
+}
+
+fn n(number: impl ToString) -> AttributeValue {
+    AttributeValue::N(number.to_string())
+}
+
+fn owner_pk(owner: &Owner) -> String {
+    format!("OWNER#{owner}")
+}
+
+fn run_sk(run_id: RunId) -> String {
+    format!("RUN#{run_id}")
+}
+
+fn due_sk(due_at: Timestamp, run_id: RunId) -> String {
+    format!("{}#{run_id}", due_at.to_rfc3339())
+}
+
+fn due_shard(run_id: RunId) -> u32 {
+    (run_id.ulid().random() % u128::from(DUE_SHARDS)) as u32
+}
+
+fn unavailable<E: std::error::Error + Send + Sync + 'static>(error: E) -> StoreError {
+    StoreError::Unavailable(Box::new(error))
+}
+
+fn defect(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Defect(what.to_string())
+}
+
+fn run_item(run: &Run) -> Result<Item, StoreError> {
+    let mut item: Item = serde_dynamo::to_item(run).map_err(|error| defect(format!("cannot encode run: {error}")))?;
+    item.insert("pk".into(), s(owner_pk(&run.owner)));
+    item.insert("sk".into(), s(run_sk(run.id)));
+    item.insert("gsi1pk".into(), s(format!("OWNER#{}#STATUS#{}", run.owner, run.status.as_str())));
+    item.insert("gsi1sk".into(), s(run_sk(run.id)));
+    if let Some(due_at) = run.due_at {
+        item.insert("gsi2pk".into(), s(format!("DUE#{}", due_shard(run.id))));
+        item.insert("gsi2sk".into(), s(due_sk(due_at, run.id)));
+    }
+    Ok(item)
+}
+
+fn decode_run(mut item: Item) -> Result<Run, StoreError> {
+    for key in ["pk", "sk", "gsi1pk", "gsi1sk", "gsi2pk", "gsi2sk"] {
+        item.remove(key);
+    }
+    serde_dynamo::from_item(item).map_err(|error| defect(format!("cannot decode stored run: {error}")))
+}
+
+fn text<'a>(item: &'a Item, name: &str) -> Result<&'a str, StoreError> {
+    item.get(name)
+        .and_then(|value| value.as_s().ok())
+        .map(String::as_str)
+        .ok_or_else(|| defect(format!("item without {name}")))
+}
+
+#[derive(Serialize, Deserialize)]
+struct KeyItem {
+    key_id: KeyId,
+    owner: Owner,
+    name: Option<String>,
+    created_at: Timestamp,
+    revoked_at: Option<Timestamp>,
+}
+
+fn key_pk(hash: &[u8; 32]) -> String {
+    format!("KEY#{}", hex::encode(hash))
+}
+
+fn decode_key(item: Item) -> Result<StoredKey, StoreError> {
+    let hash_hex = text(&item, "pk")?.strip_prefix("KEY#").ok_or_else(|| defect("key item without KEY# pk"))?;
+    let hash: [u8; 32] = hex::decode(hash_hex)
+        .ok()
+        .and_then(|bytes| bytes.try_into().ok())
+        .ok_or_else(|| defect("key item with a malformed hash"))?;
+    let key: KeyItem = serde_dynamo::from_item(item).map_err(|error| defect(format!("cannot decode key: {error}")))?;
+    Ok(StoredKey {
+        id: key.key_id,
+        owner: key.owner,
+        name: key.name,
+        hash,
+        created_at: key.created_at,
+        revoked_at: key.revoked_at,
+    })
+}
+
+/// Whether a transaction failed on its own conditions, and which.
+fn canceled_conditions(error: &SdkError<TransactWriteItemsError>) -> Option<Vec<bool>> {
+    match error.as_service_error()? {
+        TransactWriteItemsError::TransactionCanceledException(canceled) => Some(
+            canceled
+                .cancellation_reasons()
+                .iter()
+                .map(|reason| reason.code() == Some("ConditionalCheckFailed"))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        Self { client, table: table.into() }
+    }
+
+    /// A read of an item that never exists (API key lookups use the same
+    /// permission), to open the connection to DynamoDB.
+    pub async fn warm_up(&self) {
+        let _ = self.client.get_item().table_name(&self.table).key("pk", s("KEY#warm-up")).key("sk", s("KEY")).send().await;
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn active_counter(&self, owner: &Owner, delta: i64, max_active: Option<u32>) -> Result<Update, StoreError> {
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .key("pk", s(owner_pk(owner)))
+            .key("sk", s("ACTIVE"))
+            .update_expression("ADD active :delta")
+            .expression_attribute_values(":delta", n(delta));
+        if let Some(max) = max_active {
+            update = update
+                .condition_expression("attribute_not_exists(active) OR active < :max")
+                .expression_attribute_values(":max", n(max));
+        }
+        update.build().map_err(defect)
+    }
+
+    async fn query_runs(
+        &self,
+        index: Option<&str>,
+        partition: (&str, String),
+        sort: &str,
+        start_after: Option<Item>,
+        limit: u32,
+    ) -> Result<Vec<Run>, StoreError> {
+        let (partition_name, partition_value) = partition;
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .set_index_name(index.map(str::to_owned))
+            .key_condition_expression("#p = :p AND begins_with(#s, :run)")
+            .expression_attribute_names("#p", partition_name)
+            .expression_attribute_names("#s", sort)
+            .expression_attribute_values(":p", s(partition_value))
+            .expression_attribute_values(":run", s("RUN#"))
+            .scan_index_forward(false)
+            .set_consistent_read(index.is_none().then_some(true))
+            .set_exclusive_start_key(start_after)
+            .limit(limit as i32);
+        let output = query.send().await.map_err(unavailable)?;
+        output.items.unwrap_or_default().into_iter().map(decode_run).collect()
+    }
+}
+
+#[async_trait]
+impl RunStore for DynamoStore {
+    async fn insert(
+        &self,
+        run: &Run,
+        idempotency: Option<&IdempotencyClaim>,
+        max_active: u32,
+    ) -> Result<InsertOutcome, StoreError> {
+        let put_run = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(run_item(run)?))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(defect)?;
+        let mut items = vec![
+            TransactWriteItem::builder().update(self.active_counter(&run.owner, 1, Some(max_active))?).build(),
+            TransactWriteItem::builder().put(put_run).build(),
+        ];
+        if let Some(claim) = idempotency {
+            let record = Put::builder()
+                .table_name(&self.table)
+                .item("pk", s(owner_pk(&run.owner)))
+                .item("sk", s(format!("IDEM#{}", claim.key_hash)))
+                .item("request_hash", s(&claim.request_hash))
+                .item("run_id", s(run.id.to_string()))
+                .item("created_at", n(claim.created_at.millis()))
+                // DynamoDB's TTL wants seconds; reads compare it too, since
+                // TTL deletion lags by up to days.
+                .item("expires_at", n(claim.expires_at.millis() / 1_000))
+                .condition_expression("attribute_not_exists(pk) OR expires_at <= :now")
+                .expression_attribute_values(":now", n(claim.created_at.millis() / 1_000))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().put(record).build());
+        }
+        let result = self.client.transact_write_items().set_transact_items(Some(items)).send().await;
+        let error = match result {
+            Ok(_) => return Ok(InsertOutcome::Inserted),
+            Err(error) => error,
+        };
+        let Some(failed) = canceled_conditions(&error) else {
+            return Err(unavailable(error));
+        };
+        if let (Some(claim), Some(true)) = (idempotency, failed.get(2)) {
+            let record = self
+                .client
+                .get_item()
+                .table_name(&self.table)
+                .key("pk", s(owner_pk(&run.owner)))
+                .key("sk", s(format!("IDEM#{}", claim.key_hash)))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(unavailable)?
+                .item
+                .ok_or_else(|| defect("idempotency record vanished"))?;
+            let run_id =
+                text(&record, "run_id")?.parse().map_err(|_| defect("malformed run id in idempotency record"))?;
+            let request_hash = text(&record, "request_hash")?.to_owned();
+            return Ok(InsertOutcome::IdempotencyKeyTaken(IdempotencyRecord { request_hash, run_id }));
+        }
+        if failed.first() == Some(&true) {
+            return Ok(InsertOutcome::TooManyActiveRuns);
+        }
+        Err(defect(format!("a new run's id was already taken: {}", run.id)))
+    }
+
+    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError> {
+        let delete_run = Delete::builder()
+            .table_name(&self.table)
+            .key("pk", s(owner_pk(&run.owner)))
+            .key("sk", s(run_sk(run.id)))
+            .condition_expression("attribute_exists(pk)")
+            .build()
+            .map_err(defect)?;
+        let mut items = vec![
+            TransactWriteItem::builder().delete(delete_run).build(),
+            TransactWriteItem::builder().update(self.active_counter(&run.owner, -1, None)?).build(),
+        ];
+        if let Some(key_hash) = idempotency_key_hash {
+            let delete_record = Delete::builder()
+                .table_name(&self.table)
+                .key("pk", s(owner_pk(&run.owner)))
+                .key("sk", s(format!("IDEM#{key_hash}")))
+                .condition_expression("attribute_not_exists(pk) OR run_id = :run")
+                .expression_attribute_values(":run", s(run.id.to_string()))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().delete(delete_record).build());
+        }
+        match self.client.transact_write_items().set_transact_items(Some(items)).send().await {
+            Ok(_) => Ok(()),
+            // Already gone: nothing to undo.
+            Err(error) if canceled_conditions(&error).is_some() => Ok(()),
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(owner_pk(owner)))
+            .key("sk", s(run_sk(run_id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        output.item.map(decode_run).transpose()
+    }
+
+    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
+        let mut next = run.clone();
+        next.version += 1;
+        let condition = "version = :expected AND NOT (#status IN (:t0, :t1, :t2))";
+        let values =
+            [(":expected", n(run.version)), (":t0", s(TERMINAL[0])), (":t1", s(TERMINAL[1])), (":t2", s(TERMINAL[2]))];
+        let ends_run = next.status.is_terminal();
+        let result = if ends_run {
+            let put = values
+                .into_iter()
+                .fold(Put::builder(), |put, (name, value)| put.expression_attribute_values(name, value))
+                .table_name(&self.table)
+                .set_item(Some(run_item(&next)?))
+                .condition_expression(condition)
+                .expression_attribute_names("#status", "status")
+                .build()
+                .map_err(defect)?;
+            let items = vec![
+                TransactWriteItem::builder().put(put).build(),
+                TransactWriteItem::builder().update(self.active_counter(&run.owner, -1, None)?).build(),
+            ];
+            match self.client.transact_write_items().set_transact_items(Some(items)).send().await {
+                Ok(_) => Ok(()),
+                Err(error) if canceled_conditions(&error).is_some_and(|failed| failed.first() == Some(&true)) => {
+                    Err(StoreError::Conflict)
+                }
+                Err(error) => Err(unavailable(error)),
+            }
+        } else {
+            let put = values
+                .into_iter()
+                .fold(self.client.put_item(), |put, (name, value)| put.expression_attribute_values(name, value))
+                .table_name(&self.table)
+                .set_item(Some(run_item(&next)?))
+                .condition_expression(condition)
+                .expression_attribute_names("#status", "status");
+            match put.send().await {
+                Ok(_) => Ok(()),
+                Err(error)
+                    if matches!(error.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) =>
+                {
+                    Err(StoreError::Conflict)
+                }
+                Err(error) => Err(unavailable(error)),
+            }
+        };
+        result?;
+        run.version = next.version;
+        Ok(())
+    }
+
+    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
+        let fetch = request.limit + 1;
+        let pk = owner_pk(owner);
+        let mut runs = match request.status {
+            None => {
+                let start =
+                    request.before.map(|before| Item::from([("pk".into(), s(&pk)), ("sk".into(), s(run_sk(before)))]));
+                self.query_runs(None, ("pk", pk), "sk", start, fetch).await?
+            }
+            Some(status) => {
+                let gsi1pk = format!("OWNER#{owner}#STATUS#{}", status.as_str());
+                let start = request.before.map(|before| {
+                    Item::from([
+                        ("pk".into(), s(&pk)),
+                        ("sk".into(), s(run_sk(before))),
+                        ("gsi1pk".into(), s(&gsi1pk)),
+                        ("gsi1sk".into(), s(run_sk(before))),
+                    ])
+                });
+                self.query_runs(Some(STATUS_INDEX), ("gsi1pk", gsi1pk), "gsi1sk", start, fetch).await?
+            }
+        };
+        let has_more = runs.len() > request.limit as usize;
+        runs.truncate(request.limit as usize);
+        Ok(ListPage { runs, has_more })
+    }
+
+    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
+        // Every key sorts above the one after which we resume, and at or
+        // below "until" followed by any run id.
+        let low = after.map_or_else(String::new, |due| format!("{}\u{1}", due_sk(due.due_at, due.key.run_id)));
+        let high = format!("{}#~", until.to_rfc3339());
+        let mut merged = Vec::new();
+        for shard in 0..DUE_SHARDS {
+            let output = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(DUE_INDEX)
+                .key_condition_expression("gsi2pk = :shard AND gsi2sk BETWEEN :low AND :high")
+                .expression_attribute_values(":shard", s(format!("DUE#{shard}")))
+                .expression_attribute_values(":low", s(&low))
+                .expression_attribute_values(":high", s(&high))
+                .limit(limit as i32)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in output.items.unwrap_or_default() {
+                let sort_key = text(&item, "gsi2sk")?;
+                let (due_text, run_text) = sort_key.rsplit_once('#').ok_or_else(|| defect("malformed gsi2sk"))?;
+                let owner = text(&item, "pk")?.strip_prefix("OWNER#").ok_or_else(|| defect("malformed run pk"))?;
+                let due_at =
+                    chrono::DateTime::parse_from_rfc3339(due_text).map_err(|_| defect("malformed due time"))?;
+                merged.push((
+                    sort_key.to_owned(),
+                    DueRun {
+                        due_at: Timestamp::from_millis(due_at.timestamp_millis()),
+                        key: RunKey {
+                            owner: Owner::parse(owner).map_err(|_| defect("malformed owner"))?,
+                            run_id: run_text.parse().map_err(|_| defect("malformed run id"))?,
+                        },
+                    },
+                ));
+            }
+        }
+        merged.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(merged.into_iter().take(limit as usize).map(|(_, due)| due).collect())
+    }
+}
+
+#[async_trait]
+impl KeyStore for DynamoStore {
+    async fn put_key(&self, key: &StoredKey) -> Result<(), StoreError> {
+        let record = KeyItem {
+            key_id: key.id,
+            owner: key.owner.clone(),
+            name: key.name.clone(),
+            created_at: key.created_at,
+            revoked_at: key.revoked_at,
+        };
+        let mut item: Item = serde_dynamo::to_item(record).map_err(defect)?;
+        item.insert("pk".into(), s(key_pk(&key.hash)));
+        item.insert("sk".into(), s("KEY"));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn find_key(&self, hash: &[u8; 32]) -> Result<Option<StoredKey>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(key_pk(hash)))
+            .key("sk", s("KEY"))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        output.item.map(decode_key).transpose()
+    }
+
+    async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError> {
+        // An admin operation over a handful of items: a filtered scan is fine.
+        let mut keys = Vec::new();
+        let mut start = None;
+        loop {
+            let output = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .filter_expression("sk = :key")
+                .expression_attribute_values(":key", s("KEY"))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in output.items.unwrap_or_default() {
+                keys.push(decode_key(item)?);
+            }
+            start = output.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+        keys.sort_by_key(|key| key.id);
+        Ok(keys)
+    }
+
+    async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError> {
+        let Some(key) = self.list_keys().await?.into_iter().find(|key| key.id == id) else {
+            return Ok(false);
+        };
+        if key.revoked_at.is_some() {
+            return Ok(true);
+        }
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(key_pk(&key.hash)))
+            .key("sk", s("KEY"))
+            .update_expression("SET revoked_at = :at")
+            .expression_attribute_values(":at", n(at.millis()))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(true)
+    }
+}
