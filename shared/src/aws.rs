@@ -76,7 +76,7 @@ impl AwsServices {
         Api::new(
             self.runs(),
             self.run_queue(),
-            Authenticator::new(keys, REMOTE_STORE_CACHE_TTL),
+            Authenticator::new(keys, self.config.key_cache.unwrap_or(REMOTE_STORE_CACHE_TTL)),
             self.agents.clone(),
             self.clock.clone(),
             self.config.policy.clone(),

@@ -25,6 +25,9 @@ pub struct Config {
     pub queue_url: Option<String>,
     /// How long before the Lambda deadline a worker hands its run back.
     pub worker_deadline_margin: Duration,
+    /// `AGENT_RUNS_KEY_CACHE_SECS`: how long a verified API key is trusted
+    /// without a lookup (at most 60); each way of running has its default.
+    pub key_cache: Option<Duration>,
 }
 
 fn read<T: std::str::FromStr>(
@@ -69,6 +72,10 @@ impl Config {
             table: env("AGENT_RUNS_TABLE").filter(|table| !table.trim().is_empty()),
             queue_url: env("AGENT_RUNS_QUEUE_URL").filter(|url| !url.trim().is_empty()),
             worker_deadline_margin: Duration::from_millis(read(&env, "AGENT_RUNS_WORKER_DEADLINE_MARGIN_MS", 10_000)?),
+            key_cache: env("AGENT_RUNS_KEY_CACHE_SECS")
+                .map(|_| read(&env, "AGENT_RUNS_KEY_CACHE_SECS", 0u64))
+                .transpose()?
+                .map(|secs| Duration::from_secs(secs.min(60))),
         };
         if config.policy.lease < Duration::from_millis(300) {
             return Err(ConfigError { name: "AGENT_RUNS_LEASE_MS", problem: "must be at least 300".into() });

@@ -12,3 +12,15 @@ pub mod lambda;
 pub mod queue;
 pub mod store;
 pub mod worker;
+
+/// An error and all its causes, for logs (never for clients).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use agent_runs_shared::api::{Api, BodyTooLarge, MAX_BODY_BYTES};
 use bytes::Bytes;
-use http::{Request, header};
+use http::{Request, Response, header};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -39,7 +39,22 @@ async fn into_api_request(request: Request<Incoming>) -> Request<Bytes> {
     Request::from_parts(parts, bytes.unwrap_or_default())
 }
 
+/// Serves the embedded API.
 pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: impl Future<Output = ()>) {
+    serve_with(listener, shutdown, move |request| {
+        let api = api.clone();
+        async move { api.handle(into_api_request(request).await).await.map(Full::new) }
+    })
+    .await
+}
+
+/// Serves HTTP/1.1 on `listener` with `handler` until `shutdown`, then lets
+/// open connections finish for up to 10 seconds.
+pub async fn serve_with<H, F>(listener: TcpListener, shutdown: impl Future<Output = ()>, handler: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -54,13 +69,10 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: impl Future<O
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let api = api.clone();
+        let handler = handler.clone();
         let service = service_fn(move |request: Request<Incoming>| {
-            let api = api.clone();
-            async move {
-                let response = api.handle(into_api_request(request).await).await;
-                Ok::<_, Infallible>(response.map(Full::new))
-            }
+            let response = handler(request);
+            async move { Ok::<_, Infallible>(response.await) }
         });
         let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);

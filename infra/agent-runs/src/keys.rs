@@ -3,8 +3,10 @@
 use std::path::Path;
 
 use agent_runs_shared::auth::generate_key;
+use agent_runs_shared::aws::sdk_config;
+use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
-use agent_runs_shared::store::{Durability, KeyStore, SqliteStore};
+use agent_runs_shared::store::{Durability, DynamoStore, KeyStore, SqliteStore};
 use clap::Subcommand;
 
 #[derive(Subcommand)]
@@ -34,12 +36,26 @@ pub async fn issue(keys: &dyn KeyStore, owner: Owner, name: Option<String>) -> R
     Ok((issued.secret, id))
 }
 
+/// The key store in use: DynamoDB when `AGENT_RUNS_TABLE` is set, else
+/// the SQLite database.
+async fn key_store(db: &Path) -> Result<Box<dyn KeyStore>, Error> {
+    let config = Config::from_env()?;
+    match config.table {
+        Some(table) => {
+            let client = aws_sdk_dynamodb::Client::new(&sdk_config().await);
+            Ok(Box::new(DynamoStore::new(client, table)))
+        }
+        None => Ok(Box::new(SqliteStore::open(db, Durability::default())?)),
+    }
+}
+
 pub async fn run(command: KeysCommand, db: &Path) -> Result<(), Error> {
-    let store = SqliteStore::open(db, Durability::default())?;
+    let store = key_store(db).await?;
+    let store = store.as_ref();
     match command {
         KeysCommand::Create { owner, name } => {
             let owner = Owner::parse(&owner)?;
-            let (secret, id) = issue(&store, owner.clone(), name).await?;
+            let (secret, id) = issue(store, owner.clone(), name).await?;
             eprintln!("Issued {id} for owner {owner}. It is shown only this once:");
             println!("{secret}");
         }

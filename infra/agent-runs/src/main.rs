@@ -1,5 +1,7 @@
 //! `agent-runs`: the embedded server and the admin commands.
 
+mod aws_setup;
+mod gateway;
 mod http_server;
 mod keys;
 mod serve;
@@ -23,9 +25,13 @@ struct Cli {
 enum Command {
     /// Serve every operation on one port, with workers in the same process.
     Serve(serve::ServeArgs),
-    /// Issue, list and revoke API keys.
+    /// Issue, list and revoke API keys (in DynamoDB when AGENT_RUNS_TABLE is set).
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Create the DynamoDB table and SQS queues as template.yaml defines them.
+    AwsSetup(aws_setup::AwsSetupArgs),
+    /// Run the Lambda handlers locally as API Gateway, SQS and the schedule would.
+    Gateway(gateway::GatewayArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +47,11 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve::run(args, &cli.db).await,
             Command::Keys(command) => keys::run(command, &cli.db).await,
+            Command::AwsSetup(args) => aws_setup::run(args).await,
+            Command::Gateway(args) => {
+                serve::init_logging();
+                gateway::run(args, serve::shutdown_signal()).await
+            }
         }
     });
     match result {

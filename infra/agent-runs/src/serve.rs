@@ -35,13 +35,9 @@ pub struct ServeArgs {
     /// `full` adds an fsync per write, for power-loss durability.
     #[arg(long, env = "AGENT_RUNS_SQLITE_SYNC", default_value = "normal", value_parser = ["normal", "full"])]
     sqlite_sync: String,
-    /// How long a verified API key is trusted before the database is asked
-    /// again, in seconds. 0 (the default) sees a revocation at once.
-    #[arg(long, env = "AGENT_RUNS_KEY_CACHE_SECS", default_value_t = 0)]
-    key_cache_secs: u64,
 }
 
-fn init_logging() {
+pub fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("AGENT_RUNS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -55,7 +51,7 @@ fn init_logging() {
     }
 }
 
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -92,7 +88,8 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let api = Arc::new(Api::new(
         runs.clone(),
         queue.clone(),
-        Authenticator::new(keys, Duration::from_secs(args.key_cache_secs.min(60))),
+        // A local lookup is cheap: by default, see a revocation at once.
+        Authenticator::new(keys, config.key_cache.unwrap_or(Duration::ZERO)),
         agents.clone(),
         clock.clone(),
         config.policy.clone(),

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Server, is_timestamp};
+use support::{Server, Target, is_timestamp};
 
 const RUNS: &str = "/v1/agent/runs";
 const UNKNOWN_RUN: &str = "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9";
@@ -22,9 +22,9 @@ fn ids(page: &Value) -> Vec<String> {
 
 // ---------------------------------------------------------------- auth
 
-#[test]
-fn missing_malformed_unknown_and_revoked_keys_answer_401_with_www_authenticate() {
-    let server = Server::start();
+fn missing_malformed_unknown_and_revoked_keys_answer_401_with_www_authenticate(target: Target) {
+    // Verified keys are cached; revocation must still take effect (here within the 1 s cache).
+    let server = Server::start_on(target, &[("AGENT_RUNS_KEY_CACHE_SECS", "1")]);
     let key = server.dev_key.clone().expect("the first start issues a key");
     let unknown = format!("ark_{}", "A".repeat(43));
     let cases = vec![
@@ -51,13 +51,17 @@ fn missing_malformed_unknown_and_revoked_keys_answer_401_with_www_authenticate()
     let key_id = listing.lines().find(|line| line.contains("acme")).unwrap().split_whitespace().next().unwrap();
     server.admin(&["keys", "revoke", key_id]);
     assert!(server.admin(&["keys", "list"]).lines().any(|line| line.contains(key_id) && line.contains("revoked")));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while server.get(&other, RUNS).status == 200 {
+        assert!(std::time::Instant::now() < deadline, "a revoked key kept working");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     server.get(&other, RUNS).expect_error(401, "unauthorized");
     server.get(&key, RUNS).expect_status(200);
 }
 
-#[test]
-fn the_bearer_scheme_is_case_insensitive() {
-    let server = Server::start();
+fn the_bearer_scheme_is_case_insensitive(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     for scheme in ["bearer", "BEARER", "BeArEr"] {
         let reply = server.send(server.request("GET", RUNS).header("authorization", format!("{scheme} {key}")));
@@ -65,9 +69,8 @@ fn the_bearer_scheme_is_case_insensitive() {
     }
 }
 
-#[test]
-fn another_owners_run_is_indistinguishable_from_a_missing_one() {
-    let server = Server::start();
+fn another_owners_run_is_indistinguishable_from_a_missing_one(target: Target) {
+    let server = Server::start_on(target, &[]);
     let alice = server.key("alice");
     let bob = server.key("bob");
     let run = server.create_script(&alice, "approve Ship it");
@@ -92,9 +95,8 @@ fn another_owners_run_is_indistinguishable_from_a_missing_one() {
 
 // ---------------------------------------------------------------- create
 
-#[test]
-fn create_answers_201_with_location_and_a_queued_run() {
-    let server = Server::start();
+fn create_answers_201_with_location_and_a_queued_run(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let reply =
         server.post(&key, RUNS, json!({"input": "Summarise the release notes", "metadata": {"ticket": "OPS-42"}}));
@@ -159,9 +161,8 @@ fn chrono_like_millis(text: &str) -> u64 {
     (seconds * 1_000 + n(20..23)) as u64
 }
 
-#[test]
-fn create_validates_every_field_and_names_the_offender() {
-    let server = Server::start();
+fn create_validates_every_field_and_names_the_offender(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let long = |n: usize| "x".repeat(n);
     let metadata_keys = |n: usize| Value::Object((0..n).map(|i| (format!("k{i}"), json!("v"))).collect());
@@ -215,9 +216,8 @@ fn create_validates_every_field_and_names_the_offender() {
     assert_eq!(ids(&server.get(&key, &format!("{RUNS}?limit=100")).body).len(), 7, "nothing else was created");
 }
 
-#[test]
-fn bodies_over_256_kib_answer_413_and_other_media_types_415() {
-    let server = Server::start();
+fn bodies_over_256_kib_answer_413_and_other_media_types_415(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let big = format!("{{\"input\": \"{}\"}}", "x".repeat(256 * 1024));
     let reply = server
@@ -250,9 +250,8 @@ fn bodies_over_256_kib_answer_413_and_other_media_types_415() {
 
 // ---------------------------------------------------------------- idempotency
 
-#[test]
-fn an_idempotency_key_replays_the_original_run_and_refuses_a_different_body() {
-    let server = Server::start();
+fn an_idempotency_key_replays_the_original_run_and_refuses_a_different_body(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let other_owner = server.key("other");
     let create = |api_key: &str, idem: &str, body: Value| {
@@ -294,9 +293,8 @@ fn an_idempotency_key_replays_the_original_run_and_refuses_a_different_body() {
 
 // ---------------------------------------------------------------- list
 
-#[test]
-fn list_pages_newest_first_without_repeats_or_gaps() {
-    let server = Server::start();
+fn list_pages_newest_first_without_repeats_or_gaps(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let mut created: Vec<String> = (0..25)
         .map(|i| server.create(&key, json!({"input": format!("run {i}")}))["id"].as_str().unwrap().to_owned())
@@ -344,9 +342,8 @@ fn list_pages_newest_first_without_repeats_or_gaps() {
     assert!(page["data"].as_array().unwrap().iter().all(|run| run.as_object().unwrap().len() == 11));
 }
 
-#[test]
-fn list_filters_by_status_and_binds_the_cursor_to_the_filter() {
-    let server = Server::start();
+fn list_filters_by_status_and_binds_the_cursor_to_the_filter(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let waiting: Vec<String> =
         (0..3).map(|_| server.create_script(&key, "approve Go")["id"].as_str().unwrap().to_owned()).collect();
@@ -396,9 +393,8 @@ fn flip_one(text: &str) -> String {
     String::from_utf8(bytes).unwrap()
 }
 
-#[test]
-fn list_parameters_are_checked_strictly() {
-    let server = Server::start();
+fn list_parameters_are_checked_strictly(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     for i in 0..3 {
         server.create(&key, json!({"input": format!("{i}")}));
@@ -430,9 +426,8 @@ fn list_parameters_are_checked_strictly() {
     assert_eq!(ids(&server.get(&key, &format!("{RUNS}?limit=")).body).len(), 3);
 }
 
-#[test]
-fn a_created_run_is_in_the_next_list_and_get() {
-    let server = Server::start();
+fn a_created_run_is_in_the_next_list_and_get(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     for i in 0..20 {
         let run = server.create(&key, json!({"input": format!("{i}")}));
@@ -444,18 +439,16 @@ fn a_created_run_is_in_the_next_list_and_get() {
 
 // ---------------------------------------------------------------- get and routing
 
-#[test]
-fn get_answers_404_for_unknown_and_malformed_ids() {
-    let server = Server::start();
+fn get_answers_404_for_unknown_and_malformed_ids(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     for id in [UNKNOWN_RUN, "run_123", "nope", "run_01jdq3v7q4k8z2x9m5n6p7r8s9", "apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9"] {
         server.get(&key, &format!("{RUNS}/{id}")).expect_error(404, "not_found");
     }
 }
 
-#[test]
-fn unknown_paths_answer_404_and_other_methods_405_with_allow() {
-    let server = Server::start();
+fn unknown_paths_answer_404_and_other_methods_405_with_allow(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     for path in ["/", "/v1", "/v1/agent", "/v2/agent/runs", "/v1/agent/runs/x/y", "/v1/agent/runs/x/approvals"] {
         server.get(&key, path).expect_error(404, "not_found");
@@ -477,10 +470,9 @@ fn unknown_paths_answer_404_and_other_methods_405_with_allow() {
 
 // ---------------------------------------------------------------- cancel
 
-#[test]
-fn cancel_in_every_state() {
+fn cancel_in_every_state(target: Target) {
     // One worker, kept busy, so a second run stays queued.
-    let server = Server::start_with(&[("AGENT_RUNS_WORKERS", "1")]);
+    let server = Server::start_on(target, &[("AGENT_RUNS_WORKERS", "1")]);
     let key = server.dev_key.clone().unwrap();
     let running = server.create_script(&key, "say started\nsleep 60000\nsay never");
     let running = server.wait_for_status(&key, running["id"].as_str().unwrap(), "running");
@@ -543,9 +535,8 @@ fn cancel_in_every_state() {
 
 // ---------------------------------------------------------------- approvals and the script agent
 
-#[test]
-fn approve_resumes_the_script_and_repeats_are_safe() {
-    let server = Server::start();
+fn approve_resumes_the_script_and_repeats_are_safe(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let run = server.create_script(&key, "say hello\n\napprove Delete 3 stale branches\nsay done\n");
     let run = server.wait_for_status(&key, run["id"].as_str().unwrap(), "awaiting_approval");
@@ -577,9 +568,8 @@ fn approve_resumes_the_script_and_repeats_are_safe() {
     server.post(&key, &path, json!({"decision": "reject"})).expect_error(409, "conflict");
 }
 
-#[test]
-fn reject_lets_the_script_go_on() {
-    let server = Server::start();
+fn reject_lets_the_script_go_on(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let run = server.create_script(&key, "approve Send the email\napprove Archive\nsay end");
     let id = run["id"].as_str().unwrap();
@@ -599,9 +589,8 @@ fn reject_lets_the_script_go_on() {
     server.post(&key, &first, json!({"decision": "approve"})).expect_error(409, "conflict");
 }
 
-#[test]
-fn decide_validates_its_body_and_ids() {
-    let server = Server::start();
+fn decide_validates_its_body_and_ids(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let run = server.create_script(&key, "approve Go");
     let run = server.wait_for_status(&key, run["id"].as_str().unwrap(), "awaiting_approval");
@@ -636,9 +625,8 @@ fn decide_validates_its_body_and_ids() {
     assert_eq!(done["output"], "rejected: Go");
 }
 
-#[test]
-fn the_script_agent_says_sleeps_and_fails() {
-    let server = Server::start();
+fn the_script_agent_says_sleeps_and_fails(target: Target) {
+    let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
     let run = server.create_script(&key, "say one\nsleep 50\nsay two three\n\nsay");
     let done = server.wait_for_status(&key, run["id"].as_str().unwrap(), "succeeded");
@@ -658,9 +646,8 @@ fn the_script_agent_says_sleeps_and_fails() {
 
 // ---------------------------------------------------------------- limits
 
-#[test]
-fn too_many_active_runs_answer_429_with_retry_after() {
-    let server = Server::start_with(&[("AGENT_RUNS_MAX_ACTIVE_RUNS", "2")]);
+fn too_many_active_runs_answer_429_with_retry_after(target: Target) {
+    let server = Server::start_on(target, &[("AGENT_RUNS_MAX_ACTIVE_RUNS", "2")]);
     let key = server.dev_key.clone().unwrap();
     let a = server.create_script(&key, "approve A");
     server.create_script(&key, "approve B");
@@ -674,9 +661,9 @@ fn too_many_active_runs_answer_429_with_retry_after() {
     server.create(&key, json!({"input": "x"}));
 }
 
-#[test]
-fn requests_over_the_rate_limit_answer_429_with_retry_after() {
-    let server = Server::start_with(&[("AGENT_RUNS_RATE_LIMIT_PER_SECOND", "1"), ("AGENT_RUNS_RATE_LIMIT_BURST", "3")]);
+fn requests_over_the_rate_limit_answer_429_with_retry_after(target: Target) {
+    let server =
+        Server::start_on(target, &[("AGENT_RUNS_RATE_LIMIT_PER_SECOND", "1"), ("AGENT_RUNS_RATE_LIMIT_BURST", "3")]);
     let key = server.dev_key.clone().unwrap();
     let statuses: Vec<u16> = (0..5).map(|_| server.get(&key, RUNS).status).collect();
     assert_eq!(&statuses[..3], &[200, 200, 200]);
@@ -684,3 +671,38 @@ fn requests_over_the_rate_limit_answer_429_with_retry_after() {
     reply.expect_error(429, "rate_limited");
     assert!(reply.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
 }
+
+/// Every rule above, against every way of serving.
+macro_rules! on_every_target {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(#[test] fn $name() { super::$name(super::Target::Embedded) })*
+        }
+        mod lambda {
+            $(#[test] fn $name() { super::$name(super::Target::Lambda) })*
+        }
+    };
+}
+
+on_every_target!(
+    missing_malformed_unknown_and_revoked_keys_answer_401_with_www_authenticate,
+    the_bearer_scheme_is_case_insensitive,
+    another_owners_run_is_indistinguishable_from_a_missing_one,
+    create_answers_201_with_location_and_a_queued_run,
+    create_validates_every_field_and_names_the_offender,
+    bodies_over_256_kib_answer_413_and_other_media_types_415,
+    an_idempotency_key_replays_the_original_run_and_refuses_a_different_body,
+    list_pages_newest_first_without_repeats_or_gaps,
+    list_filters_by_status_and_binds_the_cursor_to_the_filter,
+    list_parameters_are_checked_strictly,
+    a_created_run_is_in_the_next_list_and_get,
+    get_answers_404_for_unknown_and_malformed_ids,
+    unknown_paths_answer_404_and_other_methods_405_with_allow,
+    cancel_in_every_state,
+    approve_resumes_the_script_and_repeats_are_safe,
+    reject_lets_the_script_go_on,
+    decide_validates_its_body_and_ids,
+    the_script_agent_says_sleeps_and_fails,
+    too_many_active_runs_answer_429_with_retry_after,
+    requests_over_the_rate_limit_answer_429_with_retry_after,
+);

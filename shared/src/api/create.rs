@@ -1,5 +1,6 @@
 //! `POST /v1/agent/runs`: validate, store the run, queue it, answer `201`.
 
+use crate::error_chain;
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode, header};
 use serde_json::{Map, Value};
@@ -149,7 +150,7 @@ pub(super) async fn handle(api: &Api, owner: &Owner, request: &Request<Bytes>) -
         // Undo the create so the client's retry starts clean. Should the undo
         // fail too, the sweeper enqueues the stored run within a minute.
         if let Err(store_error) = api.runs.remove(&run, claim.as_ref().map(|claim| claim.key_hash.as_str())).await {
-            tracing::error!(run_id = %run.id, error = %store_error, "could not undo a create whose enqueue failed");
+            tracing::error!(run_id = %run.id, error = %error_chain(&store_error), "could not undo a create whose enqueue failed");
         }
         return Err(queue_error.into());
     }

@@ -1,5 +1,6 @@
 //! `POST /v1/agent/runs/{run_id}/approvals/{approval_id}`: approve or reject.
 
+use crate::error_chain;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use serde_json::Value;
@@ -59,7 +60,7 @@ pub(super) async fn handle(
         let message = RunMessage { run_id: run.id, owner: owner.clone() };
         // The decision is stored; a lost message is recovered by the sweeper.
         if let Err(error) = api.queue.enqueue(&message).await {
-            tracing::warn!(run_id = %run.id, error = %error, "enqueue after the last decision failed; the sweeper will retry");
+            tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
         }
     }
     Ok(run_response(StatusCode::OK, &run))

@@ -28,6 +28,7 @@ pub use response::ApiResponse;
 use crate::agents::AgentRegistry;
 use crate::auth::{AuthError, Authenticator, Principal, bearer_token};
 use crate::domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId};
+use crate::error_chain;
 use crate::queue::RunQueue;
 use crate::store::{RunStore, StoreError};
 use rate_limit::RateLimiter;
@@ -248,17 +249,6 @@ async fn modify_run<T>(
         }
     }
     Err(ApiError::Unavailable("the run kept changing under concurrent writes".into()))
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn run_response(status: http::StatusCode, run: &Run) -> ApiResponse {

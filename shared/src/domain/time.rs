@@ -30,8 +30,14 @@ impl Timestamp {
     }
 
     /// RFC 3339 in UTC with millisecond precision and a `Z`: `2026-11-21T23:24:38.123Z`.
+    /// Always 24 characters, so the text sorts as the time does: moments
+    /// outside years 0000 to 9999 are clamped to them.
     pub fn to_rfc3339(self) -> String {
-        DateTime::from_timestamp_millis(self.0).unwrap_or_default().to_rfc3339_opts(SecondsFormat::Millis, true)
+        const LAST_OF_9999: i64 = 253_402_300_799_999;
+        const FIRST_OF_0000: i64 = -62_167_219_200_000;
+        DateTime::from_timestamp_millis(self.0.clamp(FIRST_OF_0000, LAST_OF_9999))
+            .unwrap_or_default()
+            .to_rfc3339_opts(SecondsFormat::Millis, true)
     }
 }
 
@@ -71,5 +77,6 @@ mod tests {
         assert_eq!(t.plus(Duration::from_secs(1)).millis(), 2_000);
         assert_eq!(t.since(Timestamp::from_millis(2_000)), Duration::ZERO);
         assert_eq!(Timestamp::MAX.plus(Duration::from_secs(1)), Timestamp::MAX);
+        assert_eq!(Timestamp::MAX.to_rfc3339(), "9999-12-31T23:59:59.999Z");
     }
 }

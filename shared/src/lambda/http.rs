@@ -1,8 +1,8 @@
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use lambda_http::{Body, RequestExt, service_fn};
 use lambda_http::request::RequestContext;
+use lambda_http::{Body, RequestExt, service_fn};
 
 use crate::api::{ApiResponse, Operation, RequestId};
 use crate::aws::AwsServices;

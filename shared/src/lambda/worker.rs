@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use crate::error_chain;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use futures_util::future::join_all;
 use lambda_runtime::{LambdaEvent, service_fn};
@@ -31,7 +32,7 @@ pub async fn handle_batch(
         };
         match worker.process(&message, stop).await {
             Ok(Outcome::Released) => queue.enqueue(&message).await.map_err(|error| {
-                tracing::warn!(run_id = %message.run_id, error = %error, "could not re-enqueue a handed-back run");
+                tracing::warn!(run_id = %message.run_id, error = %error_chain(&error), "could not re-enqueue a handed-back run");
                 id
             }),
             Ok(outcome) => {
@@ -39,7 +40,7 @@ pub async fn handle_batch(
                 Ok(())
             }
             Err(WorkerError::Transient(error)) => {
-                tracing::warn!(run_id = %message.run_id, error = %error, "transient failure; SQS will redeliver");
+                tracing::warn!(run_id = %message.run_id, error = %error_chain(&error), "transient failure; SQS will redeliver");
                 Err(id)
             }
         }

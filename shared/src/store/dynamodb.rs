@@ -155,7 +155,8 @@ impl DynamoStore {
     /// A read of an item that never exists (API key lookups use the same
     /// permission), to open the connection to DynamoDB.
     pub async fn warm_up(&self) {
-        let _ = self.client.get_item().table_name(&self.table).key("pk", s("KEY#warm-up")).key("sk", s("KEY")).send().await;
+        let _ =
+            self.client.get_item().table_name(&self.table).key("pk", s("KEY#warm-up")).key("sk", s("KEY")).send().await;
     }
 
     pub fn client(&self) -> &Client {
@@ -402,7 +403,7 @@ impl RunStore for DynamoStore {
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
         // Every key sorts above the one after which we resume, and at or
         // below "until" followed by any run id.
-        let low = after.map_or_else(String::new, |due| format!("{}\u{1}", due_sk(due.due_at, due.key.run_id)));
+        let low = after.map_or_else(|| "0".to_owned(), |due| format!("{}\u{1}", due_sk(due.due_at, due.key.run_id)));
         let high = format!("{}#~", until.to_rfc3339());
         let mut merged = Vec::new();
         for shard in 0..DUE_SHARDS {

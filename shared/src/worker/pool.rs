@@ -1,6 +1,7 @@
 //! The embedded server's workers: tasks that take messages from the
 //! in-process queue, plus the sweeper on a timer.
 
+use crate::error_chain;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,7 +49,7 @@ impl WorkerPool {
                     match worker.process(&message, &stopped).await {
                         Ok(outcome) => tracing::debug!(run_id = %message.run_id, ?outcome, "message done"),
                         Err(WorkerError::Transient(error)) => {
-                            tracing::warn!(run_id = %message.run_id, error = %error, "transient failure; redelivering");
+                            tracing::warn!(run_id = %message.run_id, error = %error_chain(&error), "transient failure; redelivering");
                             let queue = queue.clone();
                             tokio::spawn(async move {
                                 tokio::time::sleep(REDELIVERY_DELAY).await;
@@ -65,7 +66,9 @@ impl WorkerPool {
             match sweeper.enqueue_all_queued().await {
                 Ok(count) if count > 0 => tracing::info!(count, "re-enqueued queued runs found at start-up"),
                 Ok(_) => {}
-                Err(error) => tracing::warn!(error = %error, "start-up recovery failed; the sweeper will retry"),
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), "start-up recovery failed; the sweeper will retry")
+                }
             }
             let mut ticks = tokio::time::interval(sweep_every);
             loop {
@@ -77,7 +80,7 @@ impl WorkerPool {
                 match sweeper.sweep().await {
                     Ok(report) if report.enqueued + report.failed > 0 => tracing::info!(?report, "sweep"),
                     Ok(_) => {}
-                    Err(error) => tracing::warn!(error = %error, "sweep failed"),
+                    Err(error) => tracing::warn!(error = %error_chain(&error), "sweep failed"),
                 }
             }
         });

@@ -15,73 +15,126 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agent-runs");
 
+/// The ways of serving the contract that the suite runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// `agent-runs serve`: SQLite, in-process queue and workers.
+    Embedded,
+    /// `agent-runs gateway`: the Lambda handlers fed API Gateway v2 and SQS
+    /// events, on DynamoDB and SQS in the AWS API emulator.
+    Lambda,
+}
+
 pub struct Server {
     child: Child,
     pub base: String,
     pub dir: tempfile::TempDir,
     pub dev_key: Option<String>,
+    pub target: Target,
     env: Vec<(String, String)>,
     client: Client,
 }
 
-pub struct Reply {
-    pub status: u16,
-    pub headers: HeaderMap,
-    pub body: Value,
+/// The emulator's endpoint, started by infra/test.sh.
+pub fn aws_endpoint() -> String {
+    std::env::var("AGENT_RUNS_TEST_AWS_ENDPOINT").expect(
+        "AGENT_RUNS_TEST_AWS_ENDPOINT is not set: run the tests with `bash infra/test.sh`, which starts the AWS API emulator",
+    )
 }
 
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
+/// The environment of a process that talks to the emulator.
+pub fn aws_env() -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT_URL", aws_endpoint()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_EC2_METADATA_DISABLED", "true".into()),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect()
+}
 
-    /// Asserts the contract's error shape and returns the body's `error`.
-    #[track_caller]
-    pub fn expect_error(&self, status: u16, code: &str) -> &Value {
-        assert_eq!(self.status, status, "expected {status} {code}, got {}: {}", self.status, self.body);
-        let error = &self.body["error"];
-        assert_eq!(error["code"], code, "body: {}", self.body);
-        let message = error["message"].as_str().expect("error.message is a string");
-        assert!(!message.is_empty());
-        error
-    }
+/// SDK configuration for the emulator, without touching the process environment.
+pub async fn aws_sdk_config() -> aws_config::SdkConfig {
+    let credentials = aws_sdk_dynamodb::config::Credentials::new("testing", "testing", None, None, "tests");
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(aws_endpoint())
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(credentials)
+        .load()
+        .await
+}
 
-    #[track_caller]
-    pub fn expect_status(&self, status: u16) -> &Value {
-        assert_eq!(self.status, status, "body: {}", self.body);
-        &self.body
-    }
+fn unique_prefix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("t{}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed), nanos % 100_000)
+}
+
+/// Creates a fresh table and queues from template.yaml with `agent-runs
+/// aws-setup`; returns the variables naming them.
+pub fn create_aws_resources() -> Vec<(String, String)> {
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml");
+    let output = Command::new(BIN)
+        .args(["aws-setup", "--template", template, "--prefix", &unique_prefix()])
+        .envs(aws_env())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agent-runs aws-setup");
+    assert!(output.status.success(), "aws-setup: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.strip_prefix("export ")?.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect()
 }
 
 impl Server {
     pub fn start() -> Server {
-        Self::start_with(&[])
+        Self::start_on(Target::Embedded, &[])
     }
 
-    /// Starts a server with extra environment (for example a short lease).
     pub fn start_with(env: &[(&str, &str)]) -> Server {
+        Self::start_on(Target::Embedded, env)
+    }
+
+    /// Starts a server of `target` with extra environment (for example a
+    /// short lease), on a fresh database or fresh AWS resources.
+    pub fn start_on(target: Target, env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self::spawn(dir, env)
+        let mut full_env: Vec<(String, String)> = Vec::new();
+        if target == Target::Lambda {
+            full_env.extend(aws_env());
+            full_env.extend(create_aws_resources());
+            full_env.push(("AGENT_RUNS_SWEEP_MS".into(), "1000".into()));
+        }
+        full_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut server = Self::spawn(target, dir, full_env);
+        if target == Target::Lambda {
+            server.dev_key = Some(server.key("dev"));
+        }
+        server
     }
 
     fn db(dir: &tempfile::TempDir) -> PathBuf {
         dir.path().join("data").join("runs.db")
     }
 
-    fn spawn(dir: tempfile::TempDir, env: Vec<(String, String)>) -> Server {
+    fn spawn(target: Target, dir: tempfile::TempDir, env: Vec<(String, String)>) -> Server {
         let mut command = Command::new(BIN);
-        command
-            .args(["serve", "--addr", "127.0.0.1:0", "--db"])
-            .arg(Self::db(&dir))
-            .env("AGENT_RUNS_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        match target {
+            Target::Embedded => command.args(["serve", "--addr", "127.0.0.1:0", "--db"]).arg(Self::db(&dir)),
+            Target::Lambda => command.args(["gateway", "--addr", "127.0.0.1:0"]),
+        };
+        command.env("AGENT_RUNS_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         for (name, value) in &env {
             command.env(name, value);
         }
-        let mut child = command.spawn().expect("start agent-runs serve");
+        let mut child = command.spawn().expect("start agent-runs");
         let stdout = child.stdout.take().unwrap();
         let (lines_tx, lines_rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -93,7 +146,7 @@ impl Server {
         });
         let mut dev_key = None;
         let base = loop {
-            let line = lines_rx.recv_timeout(Duration::from_secs(20)).expect("server prints its address");
+            let line = lines_rx.recv_timeout(Duration::from_secs(30)).expect("server prints its address");
             if let Some(key) = line.trim().strip_prefix("export AGENT_RUNS_KEY=") {
                 dev_key = Some(key.to_owned());
             }
@@ -102,7 +155,7 @@ impl Server {
             }
         };
         let client = Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
-        Server { child, base, dir, dev_key, env, client }
+        Server { child, base, dir, dev_key, target, env, client }
     }
 
     /// Kills the process with SIGKILL (no shutdown) and starts it again on
@@ -127,8 +180,9 @@ impl Server {
         let dir = tempfile::TempDir::new().unwrap();
         let old_dir = std::mem::replace(&mut self.dir, dir);
         let env = std::mem::take(&mut self.env);
+        let target = self.target;
         drop(self);
-        Self::spawn(old_dir, env)
+        Self::spawn(target, old_dir, env)
     }
 
     /// Runs `agent-runs <args> --db <this server's database>` and returns stdout.
@@ -137,6 +191,7 @@ impl Server {
             .args(args)
             .arg("--db")
             .arg(Self::db(&self.dir))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
             .expect("run agent-runs");
@@ -235,4 +290,33 @@ pub fn is_timestamp(value: &Value) -> bool {
             23 => c == 'Z',
             _ => c.is_ascii_digit(),
         })
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    /// Asserts the contract's error shape and returns the body's `error`.
+    #[track_caller]
+    pub fn expect_error(&self, status: u16, code: &str) -> &Value {
+        assert_eq!(self.status, status, "expected {status} {code}, got {}: {}", self.status, self.body);
+        let error = &self.body["error"];
+        assert_eq!(error["code"], code, "body: {}", self.body);
+        let message = error["message"].as_str().expect("error.message is a string");
+        assert!(!message.is_empty());
+        error
+    }
+
+    #[track_caller]
+    pub fn expect_status(&self, status: u16) -> &Value {
+        assert_eq!(self.status, status, "body: {}", self.body);
+        &self.body
+    }
 }

@@ -1,14 +1,16 @@
 //! The store contract: what every RunStore and KeyStore adapter must do.
-//! Each check is a function over the traits, run here against SQLite; other
-//! adapters run the same functions.
+//! Each check is a function over the traits, run against SQLite and against
+//! DynamoDB (the AWS API emulator, table created from template.yaml).
+
+mod support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agent_runs_shared::domain::{ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
 use agent_runs_shared::store::{
-    DueRun, Durability, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunStore, SqliteStore, StoreError,
-    StoredKey,
+    DueRun, Durability, DynamoStore, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunStore, SqliteStore,
+    StoreError, StoredKey,
 };
 use ulid::Ulid;
 
@@ -166,7 +168,11 @@ async fn due_lists_non_terminal_runs_by_due_time_in_pages(store: &dyn RunStore) 
     let first: Vec<DueRun> = store.due(Timestamp::MAX, None, 2).await.unwrap();
     let rest = store.due(Timestamp::MAX, first.last(), 10).await.unwrap();
     let paged: Vec<RunId> = first.iter().chain(rest.iter()).map(|due| due.key.run_id).collect();
-    assert!(paged.starts_with(&[runs[0].id, runs[2].id, runs[3].id, runs[4].id]));
+    assert!(
+        paged.starts_with(&[runs[0].id, runs[2].id, runs[3].id, runs[4].id]),
+        "{paged:?} {:?}",
+        runs.iter().map(|r| r.id).collect::<Vec<_>>()
+    );
     assert_eq!(first[0].due_at, Timestamp::from_millis(1_000));
 }
 
@@ -244,4 +250,13 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     connection.pragma_update(None, "user_version", 99).unwrap();
     drop(connection);
     assert!(matches!(SqliteStore::open(&path, Durability::Process), Err(StoreError::Defect(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_store_keeps_the_contract() {
+    let resources = support::create_aws_resources();
+    let table = resources.iter().find(|(name, _)| name == "AGENT_RUNS_TABLE").unwrap().1.clone();
+    let sdk = support::aws_sdk_config().await;
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
+    run_contract(Arc::new(store.clone()), &store).await;
 }

@@ -1,0 +1,10 @@
+//! `fallback`: API Gateway's `$default` route. Answers unknown paths with
+//! `404` and known paths with another method with `405` and `Allow`, in the
+//! contract's error format (after authentication, like every route).
+
+use agent_runs_shared::lambda;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda::Error> {
+    lambda::run_http(None).await
+}

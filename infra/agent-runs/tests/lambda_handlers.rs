@@ -1,0 +1,282 @@
+//! The Lambda handlers fed API Gateway v2 and SQS event fixtures, on
+//! DynamoDB and SQS in the AWS API emulator: the end-to-end path create →
+//! SQS → worker → get, approvals and cancels, and the budget of AWS calls
+//! each operation makes, counted by an SDK interceptor.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use agent_runs_shared::api::{Api, Operation};
+use agent_runs_shared::auth::generate_key;
+use agent_runs_shared::aws::AwsServices;
+use agent_runs_shared::config::Config;
+use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
+use agent_runs_shared::lambda::{from_api_response, handle_batch, into_api_request};
+use agent_runs_shared::store::KeyStore;
+use agent_runs_shared::worker::Worker;
+use aws_lambda_events::event::sqs::SqsEvent;
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// Records the name of every AWS operation the clients send.
+#[derive(Debug, Clone, Default)]
+struct CallLog(Arc<Mutex<Vec<String>>>);
+
+impl Intercept for CallLog {
+    fn name(&self) -> &'static str {
+        "CallLog"
+    }
+
+    /// Both services speak AWS JSON: the operation is in `X-Amz-Target`
+    /// (`DynamoDB_20120810.GetItem`, `AmazonSQS.SendMessage`). Retries would
+    /// show up as repeats.
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let target = context.request().headers().get("x-amz-target").unwrap_or_default();
+        let operation = target.rsplit('.').next().unwrap_or_default();
+        self.0.lock().unwrap().push(operation.to_owned());
+        Ok(())
+    }
+}
+
+impl CallLog {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+struct Aws {
+    services: AwsServices,
+    api: Api,
+    worker: Worker,
+    calls: CallLog,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    key: String,
+}
+
+impl Aws {
+    async fn new() -> Aws {
+        let resources: HashMap<String, String> = support::create_aws_resources().into_iter().collect();
+        let config = Config::from_lookup(|name| resources.get(name).cloned()).unwrap();
+        let sdk = support::aws_sdk_config().await;
+        let calls = CallLog::default();
+        let dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(calls.clone()).build();
+        let sqs_config = aws_sdk_sqs::config::Builder::from(&sdk).interceptor(calls.clone()).build();
+        let services = AwsServices::new(config, dynamodb, sqs_config).unwrap();
+        let now = SystemClock.now();
+        let issued = generate_key(
+            KeyId::from_ulid(IdGenerator::default().ulid_at(now)),
+            Owner::parse("dev").unwrap(),
+            None,
+            now,
+        );
+        services.store.put_key(&issued.stored).await.unwrap();
+        let api = services.api();
+        let worker = services.worker();
+        calls.take();
+        Aws {
+            api,
+            worker,
+            calls,
+            sqs: aws_sdk_sqs::Client::new(&sdk),
+            queue_url: resources["AGENT_RUNS_QUEUE_URL"].clone(),
+            key: issued.secret,
+            services,
+        }
+    }
+
+    /// Invokes the function for `operation` with the API Gateway fixture
+    /// changed to this method, path and body.
+    async fn invoke(&self, operation: Operation, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut event: Value = serde_json::from_str(include_str!("fixtures/apigw-v2-create-run.json")).unwrap();
+        let (path, query) = path.split_once('?').unwrap_or((path, ""));
+        event["rawPath"] = path.into();
+        event["rawQueryString"] = query.into();
+        event["requestContext"]["http"]["method"] = method.into();
+        event["requestContext"]["http"]["path"] = path.into();
+        event["headers"]["authorization"] = format!("Bearer {}", self.key).into();
+        event["body"] = body.map_or(Value::Null, |body| body.to_string().into());
+        let request = lambda_http::request::from_str(&event.to_string()).unwrap();
+        let response = from_api_response(self.api.handle_as(Some(operation), into_api_request(request)).await);
+        assert_eq!(response.headers()["x-request-id"], "CIvM5hJ0IAMEbHg=", "API Gateway's request id");
+        assert_eq!(response.headers()["content-type"], "application/json");
+        let status = response.status().as_u16();
+        let body = match response.into_body() {
+            lambda_http::Body::Text(text) => serde_json::from_str(&text).unwrap(),
+            other => panic!("JSON goes back as text: {other:?}"),
+        };
+        (status, body)
+    }
+
+    /// Receives what is waiting in the queue and hands it to the worker
+    /// handler as an SQS event built from the fixture.
+    async fn deliver(&self) -> (SqsEvent, Vec<String>) {
+        let received = self
+            .sqs
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(2)
+            .send()
+            .await
+            .unwrap();
+        let messages = received.messages.unwrap_or_default();
+        assert!(!messages.is_empty(), "a message was queued");
+        let event = sqs_event(messages.iter().map(|message| message.body().unwrap().to_owned()).collect());
+        for message in &messages {
+            self.sqs
+                .delete_message()
+                .queue_url(&self.queue_url)
+                .receipt_handle(message.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+        let failures = self.run_worker(event.clone()).await;
+        (event, failures)
+    }
+
+    async fn run_worker(&self, event: SqsEvent) -> Vec<String> {
+        let (_stop_sender, stop) = watch::channel(false);
+        let response = handle_batch(&self.worker, self.services.queue().as_ref(), event, &stop).await;
+        response.batch_item_failures.into_iter().map(|failure| failure.item_identifier).collect()
+    }
+}
+
+fn sqs_event(bodies: Vec<String>) -> SqsEvent {
+    let fixture: Value = serde_json::from_str(include_str!("fixtures/sqs-event.json")).unwrap();
+    let records: Vec<Value> = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let mut record = fixture["Records"][0].clone();
+            record["messageId"] = format!("message-{i}").into();
+            record["body"] = body.into();
+            record
+        })
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+fn id(run: &Value) -> &str {
+    run["id"].as_str().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_then_worker_then_get_through_the_handlers() {
+    let aws = Aws::new().await;
+    let (status, run) =
+        aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "Summarise"}))).await;
+    assert_eq!(status, 201, "{run}");
+    assert_eq!(run["status"], "queued");
+    let (_, failures) = aws.deliver().await;
+    assert!(failures.is_empty());
+    let (status, done) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&run)), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(done["status"], "succeeded");
+    assert_eq!(done["output"], "Summarise");
+
+    // A function serves only its own operation.
+    let (status, body) = aws.invoke(Operation::Get, "GET", "/v1/agent/runs", None).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_and_a_cancel_through_the_handlers() {
+    let aws = Aws::new().await;
+    let body = json!({"agent": "script", "input": "say start\napprove Rotate the keys\nsay end"});
+    let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(body)).await;
+    aws.deliver().await;
+    let (_, waiting) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&run)), None).await;
+    assert_eq!(waiting["status"], "awaiting_approval");
+    let approval = waiting["pending_approvals"][0]["id"].as_str().unwrap();
+    let path = format!("/v1/agent/runs/{}/approvals/{approval}", id(&run));
+    let (status, decided) = aws.invoke(Operation::Decide, "POST", &path, Some(json!({"decision": "approve"}))).await;
+    assert_eq!(status, 200, "{decided}");
+    assert_eq!(decided["status"], "queued");
+    let (first_delivery, failures) = aws.deliver().await;
+    assert!(failures.is_empty());
+    let (_, done) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&run)), None).await;
+    assert_eq!(done["status"], "succeeded");
+    assert_eq!(done["output"], "start\napproved: Rotate the keys\nend");
+    // A duplicate delivery of a finished run is acknowledged and changes nothing.
+    assert!(aws.run_worker(first_delivery).await.is_empty());
+    let (_, again) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&run)), None).await;
+    assert_eq!(again, done);
+
+    let (_, other) = aws
+        .invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"agent": "script", "input": "approve Never"})))
+        .await;
+    aws.deliver().await;
+    let (status, canceled) =
+        aws.invoke(Operation::Cancel, "POST", &format!("/v1/agent/runs/{}/cancel", id(&other)), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(canceled["status"], "canceled");
+    assert_eq!(canceled["pending_approvals"][0]["status"], "canceled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_messages_are_reported_and_runs_that_are_done_are_acknowledged() {
+    let aws = Aws::new().await;
+    let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "x"}))).await;
+    let (delivered, _) = aws.deliver().await;
+    let mut event = sqs_event(vec!["not json".into(), r#"{"run_id": "run_x", "owner": "dev"}"#.into()]);
+    event.records.extend(delivered.records.into_iter().map(|mut record| {
+        record.message_id = Some("message-duplicate".into());
+        record
+    }));
+    let failures = aws.run_worker(event).await;
+    assert_eq!(failures, vec!["message-0".to_owned(), "message-1".to_owned()]);
+    let (_, done) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&run)), None).await;
+    assert_eq!(done["status"], "succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_operation_keeps_its_aws_call_budget() {
+    let aws = Aws::new().await;
+    let create = Some(json!({"input": "budget"}));
+    let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", create.clone()).await;
+    assert_eq!(aws.calls.take(), ["GetItem", "TransactWriteItems", "SendMessage"], "cold: one key lookup");
+
+    aws.invoke(Operation::Create, "POST", "/v1/agent/runs", create.clone()).await;
+    assert_eq!(aws.calls.take(), ["TransactWriteItems", "SendMessage"], "warm: no key lookup");
+
+    let get = format!("/v1/agent/runs/{}", id(&run));
+    aws.invoke(Operation::Get, "GET", &get, None).await;
+    assert_eq!(aws.calls.take(), ["GetItem"]);
+
+    aws.invoke(Operation::List, "GET", "/v1/agent/runs?limit=20", None).await;
+    assert_eq!(aws.calls.take(), ["Query"]);
+    aws.invoke(Operation::List, "GET", "/v1/agent/runs?status=queued&limit=1", None).await;
+    assert_eq!(aws.calls.take(), ["Query"]);
+
+    // The idempotency record is written in the same transaction as the run.
+    let mut event: Value = serde_json::from_str(include_str!("fixtures/apigw-v2-create-run.json")).unwrap();
+    event["headers"]["authorization"] = format!("Bearer {}", aws.key).into();
+    event["headers"]["idempotency-key"] = "budget-1".into();
+    let request = lambda_http::request::from_str(&event.to_string()).unwrap();
+    let response = aws.api.handle_as(Some(Operation::Create), into_api_request(request)).await;
+    assert_eq!(response.status(), 201);
+    assert_eq!(aws.calls.take(), ["TransactWriteItems", "SendMessage"]);
+    // A replay reads the record and the run; nothing is written or sent.
+    let request = lambda_http::request::from_str(&event.to_string()).unwrap();
+    let response = aws.api.handle_as(Some(Operation::Create), into_api_request(request)).await;
+    assert_eq!(response.headers()["idempotent-replayed"], "true");
+    assert_eq!(aws.calls.take(), ["TransactWriteItems", "GetItem", "GetItem"]);
+
+    let cancel = format!("/v1/agent/runs/{}/cancel", id(&run));
+    aws.invoke(Operation::Cancel, "POST", &cancel, None).await;
+    assert_eq!(aws.calls.take(), ["GetItem", "TransactWriteItems"], "read, then the terminal write with the counter");
+}
