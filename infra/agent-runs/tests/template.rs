@@ -1,0 +1,201 @@
+//! template.yaml is the one source of truth for the AWS resources: the
+//! emulator's table and queues (made by `agent-runs aws-setup` from the
+//! template) must match it, and the template must keep the rules an
+//! operator relies on.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_yaml::Value;
+
+fn template() -> Value {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+fn strings(value: &Value, field: &str) -> BTreeSet<(String, String)> {
+    value
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            let name = entry["AttributeName"].as_str().unwrap().to_owned();
+            (name, entry[field].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_emulator_resources_match_the_template() {
+    let template = template();
+    let resources: BTreeMap<String, String> = support::create_aws_resources().into_iter().collect();
+    let sdk = support::aws_sdk_config().await;
+
+    let table_spec = &template["Resources"]["RunsTable"]["Properties"];
+    let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+    let table =
+        dynamodb.describe_table().table_name(&resources["AGENT_RUNS_TABLE"]).send().await.unwrap().table.unwrap();
+    let key_schema: BTreeSet<(String, String)> =
+        table.key_schema().iter().map(|k| (k.attribute_name().to_owned(), k.key_type().as_str().to_owned())).collect();
+    assert_eq!(key_schema, strings(&table_spec["KeySchema"], "KeyType"));
+    let attributes: BTreeSet<(String, String)> = table
+        .attribute_definitions()
+        .iter()
+        .map(|a| (a.attribute_name().to_owned(), a.attribute_type().as_str().to_owned()))
+        .collect();
+    assert_eq!(attributes, strings(&table_spec["AttributeDefinitions"], "AttributeType"));
+    let indexes: BTreeMap<String, (BTreeSet<(String, String)>, String)> = table
+        .global_secondary_indexes()
+        .iter()
+        .map(|index| {
+            let keys =
+                index.key_schema().iter().map(|k| (k.attribute_name().to_owned(), k.key_type().as_str().to_owned()));
+            let projection = index.projection().unwrap().projection_type().unwrap().as_str().to_owned();
+            (index.index_name().unwrap().to_owned(), (keys.collect(), projection))
+        })
+        .collect();
+    let expected: BTreeMap<String, (BTreeSet<(String, String)>, String)> = table_spec["GlobalSecondaryIndexes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|index| {
+            let projection = index["Projection"]["ProjectionType"].as_str().unwrap().to_owned();
+            (index["IndexName"].as_str().unwrap().to_owned(), (strings(&index["KeySchema"], "KeyType"), projection))
+        })
+        .collect();
+    assert_eq!(indexes, expected);
+    assert_eq!(
+        expected.keys().collect::<Vec<_>>(),
+        [agent_runs_shared::store::STATUS_INDEX, agent_runs_shared::store::DUE_INDEX]
+    );
+    let ttl = dynamodb
+        .describe_time_to_live()
+        .table_name(&resources["AGENT_RUNS_TABLE"])
+        .send()
+        .await
+        .unwrap()
+        .time_to_live_description
+        .unwrap();
+    assert_eq!(ttl.attribute_name(), table_spec["TimeToLiveSpecification"]["AttributeName"].as_str());
+
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let attributes = |url: String| {
+        let sqs = sqs.clone();
+        async move {
+            sqs.get_queue_attributes()
+                .queue_url(url)
+                .attribute_names(QueueAttributeName::All)
+                .send()
+                .await
+                .unwrap()
+                .attributes
+                .unwrap()
+        }
+    };
+    let queue = attributes(resources["AGENT_RUNS_QUEUE_URL"].clone()).await;
+    let dlq = attributes(resources["AGENT_RUNS_DLQ_URL"].clone()).await;
+    let queue_spec = &template["Resources"]["RunQueue"]["Properties"];
+    assert_eq!(
+        queue[&QueueAttributeName::VisibilityTimeout],
+        queue_spec["VisibilityTimeout"].as_u64().unwrap().to_string()
+    );
+    assert_eq!(
+        queue[&QueueAttributeName::MessageRetentionPeriod],
+        queue_spec["MessageRetentionPeriod"].as_u64().unwrap().to_string()
+    );
+    let redrive: serde_json::Value = serde_json::from_str(&queue[&QueueAttributeName::RedrivePolicy]).unwrap();
+    assert_eq!(redrive["deadLetterTargetArn"], dlq[&QueueAttributeName::QueueArn].as_str());
+    assert_eq!(
+        redrive["maxReceiveCount"].to_string().trim_matches('"'),
+        queue_spec["RedrivePolicy"]["maxReceiveCount"].as_u64().unwrap().to_string()
+    );
+}
+
+fn functions(template: &Value) -> Vec<(&str, &Value)> {
+    template["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, resource)| resource["Type"] == "AWS::Serverless::Function")
+        .map(|(name, resource)| (name.as_str().unwrap(), resource))
+        .collect()
+}
+
+#[test]
+fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
+    let template = template();
+    let globals = &template["Globals"]["Function"];
+    assert_eq!(globals["Runtime"], "provided.al2023");
+    assert_eq!(globals["Architectures"][0], "arm64");
+    assert_eq!(globals["Handler"], "bootstrap");
+    assert_eq!(globals["Tracing"], "Active");
+    assert_eq!(globals["LoggingConfig"]["LogFormat"], "JSON");
+    let mut binaries = BTreeSet::new();
+    for (name, function) in functions(&template) {
+        assert_eq!(function["Metadata"]["BuildMethod"], "rust-cargolambda", "{name}");
+        assert_eq!(function["Properties"]["CodeUri"], ".", "{name} builds from the workspace root");
+        let binary = function["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap();
+        let main = format!("{}/../../functions/{binary}/src/main.rs", env!("CARGO_MANIFEST_DIR"));
+        assert!(std::path::Path::new(&main).exists(), "{name}: no functions/{binary}");
+        binaries.insert(binary.to_owned());
+        let logs = format!("{name}Logs");
+        assert!(
+            matches!(
+                template["Resources"][logs.as_str()]["Properties"]["RetentionInDays"],
+                serde_yaml::Value::Tagged(_)
+            ),
+            "{name} has a log group with retention"
+        );
+    }
+    let expected: BTreeSet<String> =
+        ["create", "list", "get", "cancel", "decide", "fallback", "worker", "sweeper"].map(str::to_owned).into();
+    assert_eq!(binaries, expected);
+}
+
+#[test]
+fn every_route_of_the_contract_goes_to_its_own_function() {
+    let template = template();
+    let mut routes = BTreeMap::new();
+    for (name, function) in functions(&template) {
+        for (_, event) in function["Properties"]["Events"].as_mapping().into_iter().flatten() {
+            if event["Type"] == "HttpApi" {
+                let route = format!(
+                    "{} {}",
+                    event["Properties"]["Method"].as_str().unwrap(),
+                    event["Properties"]["Path"].as_str().unwrap()
+                );
+                assert!(routes.insert(route, name.to_owned()).is_none());
+            }
+        }
+    }
+    let expected: BTreeMap<String, String> = [
+        ("POST /v1/agent/runs", "CreateFunction"),
+        ("GET /v1/agent/runs", "ListFunction"),
+        ("GET /v1/agent/runs/{run_id}", "GetFunction"),
+        ("POST /v1/agent/runs/{run_id}/cancel", "CancelFunction"),
+        ("POST /v1/agent/runs/{run_id}/approvals/{approval_id}", "DecideFunction"),
+        ("ANY $default", "FallbackFunction"),
+    ]
+    .into_iter()
+    .map(|(route, function)| (route.to_owned(), function.to_owned()))
+    .collect();
+    assert_eq!(routes, expected);
+}
+
+#[test]
+fn the_queue_outlasts_the_worker_and_failures_go_to_the_dead_letter_queue() {
+    let template = template();
+    let worker = &template["Resources"]["WorkerFunction"]["Properties"];
+    let queue = &template["Resources"]["RunQueue"]["Properties"];
+    let timeout = worker["Timeout"].as_u64().unwrap();
+    assert!(queue["VisibilityTimeout"].as_u64().unwrap() >= 6 * timeout);
+    assert!(queue["RedrivePolicy"]["maxReceiveCount"].as_u64().unwrap() >= 5);
+    let event = &worker["Events"]["RunMessages"]["Properties"];
+    assert_eq!(event["FunctionResponseTypes"][0], "ReportBatchItemFailures");
+    assert!(
+        matches!(event["ScalingConfig"]["MaximumConcurrency"], Value::Tagged(_)),
+        "maximum concurrency is a parameter"
+    );
+}

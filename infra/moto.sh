@@ -1,0 +1,33 @@
+# Helpers for the AWS API emulator (moto server), sourced by test.sh and emulator.sh.
+
+MOTO_VERSION=5.2.5
+
+# Installs the pinned moto server into .venv once.
+install_moto() {
+  if [ ! -x .venv/bin/moto_server ] || ! .venv/bin/pip freeze 2>/dev/null | grep -qxF "moto==$MOTO_VERSION"; then
+    python3 -m venv .venv
+    .venv/bin/pip install --quiet --disable-pip-version-check -r infra/requirements-test.txt
+  fi
+}
+
+free_port() {
+  .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_moto PORT: starts moto on 127.0.0.1:PORT in the background, sets
+# MOTO_PID, and returns once it answers.
+start_moto() {
+  mkdir -p target
+  .venv/bin/moto_server -H 127.0.0.1 -p "$1" > target/moto.log 2>&1 &
+  MOTO_PID=$!
+  .venv/bin/python - "$1" <<'PY'
+import sys, time, urllib.request
+for _ in range(300):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/moto-api/", timeout=1)
+        sys.exit(0)
+    except Exception:
+        time.sleep(0.1)
+sys.exit("moto server did not start; see target/moto.log")
+PY
+}
