@@ -279,4 +279,19 @@ async fn each_operation_keeps_its_aws_call_budget() {
     let cancel = format!("/v1/agent/runs/{}/cancel", id(&run));
     aws.invoke(Operation::Cancel, "POST", &cancel, None).await;
     assert_eq!(aws.calls.take(), ["GetItem", "TransactWriteItems"], "read, then the terminal write with the counter");
+
+    // The worker, per echo run: read and claim, then the terminal write; the
+    // canceled run's message costs one read and is dropped.
+    let (_, failures) = aws.deliver().await;
+    assert!(failures.is_empty());
+    let worker_calls = aws.calls.take();
+    let echo_runs = aws.invoke(Operation::List, "GET", "/v1/agent/runs?status=succeeded", None).await.1["data"]
+        .as_array()
+        .unwrap()
+        .len();
+    aws.calls.take();
+    assert_eq!(echo_runs, 2);
+    assert_eq!(worker_calls.len(), 3 * echo_runs + 1, "{worker_calls:?}");
+    assert_eq!(worker_calls.iter().filter(|call| *call == "TransactWriteItems").count(), echo_runs);
+    assert_eq!(worker_calls.iter().filter(|call| *call == "PutItem").count(), echo_runs);
 }

@@ -146,3 +146,56 @@ impl From<QueueError> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(response: &ApiResponse) -> serde_json::Value {
+        serde_json::from_slice(response.body()).unwrap()
+    }
+
+    #[test]
+    fn every_error_has_its_status_code_and_headers() {
+        let cases: Vec<(ApiError, u16, &str, Option<(&str, &str)>)> = vec![
+            (ApiError::invalid("input", "bad"), 400, "invalid_request", None),
+            (ApiError::Unauthorized, 401, "unauthorized", Some(("www-authenticate", "Bearer"))),
+            (ApiError::run_not_found(), 404, "not_found", None),
+            (ApiError::MethodNotAllowed { allow: "GET" }, 405, "method_not_allowed", Some(("allow", "GET"))),
+            (ApiError::Conflict("no".into()), 409, "conflict", None),
+            (ApiError::RequestTooLarge, 413, "request_too_large", None),
+            (ApiError::UnsupportedMediaType, 415, "unsupported_media_type", None),
+            (
+                ApiError::RateLimited { message: "slow".into(), retry_after_secs: 7 },
+                429,
+                "rate_limited",
+                Some(("retry-after", "7")),
+            ),
+            (ApiError::Internal("x".into()), 500, "internal_error", None),
+            (ApiError::Unavailable("x".into()), 503, "unavailable", Some(("retry-after", "1"))),
+        ];
+        for (error, status, code, header) in cases {
+            let response = error.into_response();
+            assert_eq!(response.status().as_u16(), status);
+            assert_eq!(response.headers()["content-type"], "application/json");
+            assert_eq!(body(&response)["error"]["code"], code);
+            if let Some((name, value)) = header {
+                assert_eq!(response.headers()[name], value);
+            }
+        }
+        let response = ApiError::invalid("limit", "bad").into_response();
+        assert_eq!(body(&response)["error"]["param"], "limit");
+    }
+
+    #[test]
+    fn internal_causes_never_reach_the_client() {
+        let secret = "table agent-runs-runs: ProvisionedThroughputExceededException at 10.0.3.7";
+        for error in [ApiError::Internal(secret.into()), ApiError::Unavailable(secret.into())] {
+            let response = error.into_response();
+            let text = String::from_utf8(response.body().to_vec()).unwrap();
+            assert!(!text.contains("agent-runs-runs") && !text.contains("Exception"), "{text}");
+        }
+        let from_store: ApiError = StoreError::Defect(secret.into()).into();
+        assert_eq!(from_store.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}
