@@ -26,3 +26,6 @@ echo "== moto server on 127.0.0.1:$port"
 
 export AGENT_RUNS_TEST_AWS_ENDPOINT="http://127.0.0.1:$port"
 cargo test --workspace --locked "$@"
+
+# The OpenAPI document against the running server (needs target/debug/agent-runs, built above).
+bash infra/api-conformance.sh

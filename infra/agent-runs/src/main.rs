@@ -32,6 +32,8 @@ enum Command {
     AwsSetup(aws_setup::AwsSetupArgs),
     /// Run the Lambda handlers locally as API Gateway, SQS and the schedule would.
     Gateway(gateway::GatewayArgs),
+    /// Print the OpenAPI document for the built-in agents (docs/openapi.json).
+    Openapi,
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,12 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args, &cli.db).await,
             Command::Keys(command) => keys::run(command, &cli.db).await,
             Command::AwsSetup(args) => aws_setup::run(args).await,
+            Command::Openapi => {
+                let agents = agent_runs_shared::agents::AgentRegistry::builtin("echo")?;
+                let document = agent_runs_shared::api::openapi::document(&agents.names_list(), agents.default_name());
+                println!("{}", serde_json::to_string_pretty(&document)?);
+                Ok(())
+            }
             Command::Gateway(args) => {
                 serve::init_logging();
                 gateway::run(args, serve::shutdown_signal()).await

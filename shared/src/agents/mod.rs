@@ -75,6 +75,10 @@ impl AgentRegistry {
     pub fn names(&self) -> String {
         names(&self.agents)
     }
+
+    pub fn names_list(&self) -> Vec<&str> {
+        self.agents.keys().map(String::as_str).collect()
+    }
 }
 
 fn names(agents: &BTreeMap<String, Arc<dyn Agent>>) -> String {

@@ -11,6 +11,7 @@ mod decide;
 mod error;
 mod get;
 mod list;
+pub mod openapi;
 mod rate_limit;
 mod response;
 mod views;
@@ -67,6 +68,7 @@ pub struct Api {
     policy: ExecutionPolicy,
     limits: ApiLimits,
     rate_limiter: RateLimiter,
+    openapi: Bytes,
 }
 
 /// The operations, found from method and path.
@@ -116,7 +118,9 @@ impl Api {
         limits: ApiLimits,
     ) -> Self {
         let rate_limiter = RateLimiter::new(limits.rate);
-        Api { runs, queue, auth, agents, clock, ids: IdGenerator::default(), policy, limits, rate_limiter }
+        let document = openapi::document(&agents.names_list(), agents.default_name());
+        let openapi = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
+        Api { runs, queue, auth, agents, clock, ids: IdGenerator::default(), policy, limits, rate_limiter, openapi }
     }
 
     /// Answers one request. Never fails: every error becomes its response.
@@ -157,6 +161,15 @@ impl Api {
     }
 
     async fn dispatch(&self, expected: Option<Operation>, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
+        if request.uri().path() == openapi::PATH {
+            // The API's description needs no key.
+            if request.method() != Method::GET {
+                return Err(ApiError::MethodNotAllowed { allow: "GET" });
+            }
+            let mut response = http::Response::new(self.openapi.clone());
+            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            return Ok(response);
+        }
         let principal = self.authenticate(&request).await?;
         self.rate_limiter.check(&principal.owner, self.clock.now())?;
         let route = Route::parse(request.uri().path()).ok_or_else(not_found_path)?;

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# schemathesis (pinned, in .venv-api) against `agent-runs serve`, driven by
+# the OpenAPI document the server serves: every operation, all checks
+# (infra/schemathesis.toml), stateful sequences through the document's
+# links; then again with an invalid key, where every request must get 401
+# in the contract's error format. Called by infra/test.sh after the build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv-api/bin/st ] || ! .venv-api/bin/pip freeze 2>/dev/null | grep -qxF "schemathesis==4.32.5"; then
+  python3 -m venv .venv-api
+  .venv-api/bin/pip install --quiet --disable-pip-version-check -r infra/requirements-api.txt
+fi
+
+work=$(mktemp -d)
+port=$(.venv-api/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+AGENT_RUNS_RATE_LIMIT_PER_SECOND=0 AGENT_RUNS_LOG=warn \
+  target/debug/agent-runs serve --addr "127.0.0.1:$port" --db "$work/runs.db" > "$work/serve.out" 2> "$work/serve.err" &
+server=$!
+trap 'kill "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
+for _ in $(seq 1 100); do grep -q "^Listening on" "$work/serve.out" && break; sleep 0.1; done
+key=$(sed -n 's/^ *export AGENT_RUNS_KEY=//p' "$work/serve.out")
+schema="http://127.0.0.1:$port/v1/openapi.json"
+
+echo "== schemathesis: all phases (coverage, fuzzing, stateful), all checks, valid key"
+.venv-api/bin/st --no-color --config-file infra/schemathesis.toml run "$schema" \
+  -H "Authorization: Bearer $key" --max-examples 100 --seed 1 \
+  --report har --report-har-path "$work/valid.har" > "$work/valid.log" 2>&1 || { cat "$work/valid.log"; exit 1; }
+tail -n 12 "$work/valid.log"
+
+echo "== schemathesis: the same operations with an invalid key"
+.venv-api/bin/st --no-color --config-file infra/schemathesis.toml run "$schema" \
+  -H "Authorization: Bearer ark_0000000000000000000000000000000000000000000" --max-examples 20 --seed 1 \
+  --output-sanitize false --report har --report-har-path "$work/invalid.har" > "$work/invalid.log" 2>&1 || { cat "$work/invalid.log"; exit 1; }
+
+.venv-api/bin/python - "$work/valid.har" "$work/invalid.har" <<'PY'
+import collections, json, sys
+
+def entries(path):
+    return [e for e in json.load(open(path))["log"]["entries"] if not e["request"]["url"].endswith("/v1/openapi.json")]
+
+valid = entries(sys.argv[1])
+statuses = collections.Counter(e["response"]["status"] for e in valid)
+assert valid and not any(status >= 500 for status in statuses), statuses
+print(f"valid key: {len(valid)} requests, statuses {dict(sorted(statuses.items()))}, no 5xx")
+
+invalid = entries(sys.argv[2])
+for entry in invalid:
+    response = entry["response"]
+    headers = {h["name"].lower(): h["value"] for h in response["headers"]}
+    body = json.loads(response["content"]["text"])
+    what = f'{entry["request"]["method"]} {entry["request"]["url"]}'
+    assert response["status"] == 401, what
+    assert headers.get("content-type") == "application/json", what
+    assert headers.get("www-authenticate") == "Bearer", what
+    assert body["error"]["code"] == "unauthorized" and body["error"]["message"], what
+methods = collections.Counter(e["request"]["method"] for e in invalid)
+print(f"invalid key: all {len(invalid)} requests answered 401 unauthorized in the error format ({dict(methods)})")
+PY

@@ -1,0 +1,394 @@
+//! The OpenAPI 3.1 document of the contract, built from the same constants,
+//! enums and agent registry that the operations use, so it cannot drift
+//! from them. `docs/openapi.json` is this document for the built-in agents
+//! (a test keeps the file equal to it), and `GET /v1/openapi.json` serves it
+//! for the running deployment.
+
+use serde_json::{Value, json};
+
+use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
+use super::{ApiError, MAX_BODY_BYTES};
+use crate::domain::{
+    ApprovalStatus, MAX_COMMENT_CHARS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS, RunStatus,
+};
+
+pub const PATH: &str = "/v1/openapi.json";
+
+const ULID: &str = "[0-7][0-9A-HJKMNP-TV-Z]{25}";
+const TIMESTAMP: &str = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$";
+
+/// Every error code, with the status it comes with.
+pub fn error_codes() -> Vec<(u16, &'static str)> {
+    [
+        ApiError::invalid(None, ""),
+        ApiError::Unauthorized,
+        ApiError::NotFound(String::new()),
+        ApiError::MethodNotAllowed { allow: "" },
+        ApiError::Conflict(String::new()),
+        ApiError::RequestTooLarge,
+        ApiError::UnsupportedMediaType,
+        ApiError::RateLimited { message: String::new(), retry_after_secs: 0 },
+        ApiError::Internal(String::new()),
+        ApiError::Unavailable("".into()),
+    ]
+    .iter()
+    .map(|error| (error.status().as_u16(), error.code()))
+    .collect()
+}
+
+fn timestamp(nullable: bool) -> Value {
+    let kind = if nullable { json!(["string", "null"]) } else { json!("string") };
+    json!({"type": kind, "format": "date-time", "pattern": TIMESTAMP, "description": "RFC 3339, UTC, milliseconds."})
+}
+
+fn header(description: &str, schema: Value) -> Value {
+    json!({"description": description, "schema": schema})
+}
+
+fn error_response(description: &str, extra_headers: &[(&str, Value)]) -> Value {
+    let mut headers = json!({"x-request-id": {"$ref": "#/components/headers/RequestId"}});
+    for (name, value) in extra_headers {
+        headers[*name] = value.clone();
+    }
+    json!({
+        "description": description,
+        "headers": headers,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    })
+}
+
+fn run_response(description: &str, status_headers: Value) -> Value {
+    let mut headers = json!({"x-request-id": {"$ref": "#/components/headers/RequestId"}});
+    for (name, value) in status_headers.as_object().into_iter().flatten() {
+        headers[name] = value.clone();
+    }
+    json!({
+        "description": description,
+        "headers": headers,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}}
+    })
+}
+
+/// The responses every operation can give besides its own.
+fn common_errors(responses: &mut Value, with_body: bool) {
+    let retry_after = json!({"$ref": "#/components/headers/RetryAfter"});
+    responses["400"] = json!({"$ref": "#/components/responses/InvalidRequest"});
+    responses["401"] = json!({"$ref": "#/components/responses/Unauthorized"});
+    responses["429"] =
+        error_response("Too many active runs, or too many requests.", &[("Retry-After", retry_after.clone())]);
+    responses["500"] = error_response("A defect; retry later and quote the x-request-id.", &[]);
+    responses["503"] = error_response("A dependency failed; safe to retry.", &[("Retry-After", retry_after)]);
+    if with_body {
+        responses["413"] = error_response(&format!("The body is larger than {} KiB.", MAX_BODY_BYTES / 1024), &[]);
+        responses["415"] = error_response("The body is not sent as application/json.", &[]);
+    }
+}
+
+fn operation(id: &str, summary: &str, parameters: Value, body: Option<Value>, mut responses: Value) -> Value {
+    common_errors(&mut responses, body.is_some());
+    let mut operation =
+        json!({"operationId": id, "summary": summary, "parameters": parameters, "responses": responses});
+    if let Some(body) = body {
+        operation["requestBody"] = body;
+    }
+    operation
+}
+
+/// The document, with `agents` as the values `agent` may take.
+pub fn document(agents: &[&str], default_agent: &str) -> Value {
+    let statuses: Vec<&str> = RunStatus::ALL.iter().map(|status| status.as_str()).collect();
+    let approval_statuses: Vec<&str> = [
+        ApprovalStatus::Pending,
+        ApprovalStatus::Approved,
+        ApprovalStatus::Rejected,
+        ApprovalStatus::Canceled,
+        ApprovalStatus::Expired,
+    ]
+    .iter()
+    .map(|status| status.as_str())
+    .collect();
+    let codes: Vec<&str> = error_codes().into_iter().map(|(_, code)| code).collect();
+    let run_id = json!({"name": "run_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^run_{ULID}$")}});
+    let approval_id = json!({"name": "approval_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^apr_{ULID}$")}});
+    let not_found = json!({"$ref": "#/components/responses/NotFound"});
+    let conflict = error_response("The run or approval is not in a state that allows this.", &[]);
+    let links = json!({
+        "GetRun": {"operationId": "getRun", "parameters": {"run_id": "$response.body#/id"}},
+        "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}}
+    });
+
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Agent Runs API",
+            "version": "1.0.0",
+            "description": "Start runs of a managed agent, poll them, list them newest first, cancel them, and approve or reject the actions they ask for. Every response, errors included, is JSON and carries x-request-id."
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/agent/runs": {
+                "post": operation(
+                    "createRun",
+                    "Create a run",
+                    json!([{
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": false,
+                        "description": "The same owner sending the same key within 24 hours gets the original run back; with a different body, 409.",
+                        "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS, "pattern": "^[\\x20-\\x7E]+$"}
+                    }]),
+                    Some(json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateRun"}}}})),
+                    json!({
+                        "201": {
+                            "description": "The run, queued (or the original run of a replayed Idempotency-Key).",
+                            "headers": {
+                                "x-request-id": {"$ref": "#/components/headers/RequestId"},
+                                "Location": header("/v1/agent/runs/{id}", json!({"type": "string"})),
+                                "Idempotent-Replayed": header("`true` when this answers a replayed Idempotency-Key.", json!({"type": "string", "enum": ["true"]}))
+                            },
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
+                            "links": links
+                        },
+                        "409": error_response("The Idempotency-Key was used with a different request.", &[])
+                    }),
+                ),
+                "get": operation(
+                    "listRuns",
+                    "List runs, newest first",
+                    json!([
+                        {"name": "status", "in": "query", "required": false, "description": "Only runs in this state. Empty is the same as absent.", "schema": {"type": "string", "enum": statuses.iter().copied().chain([""]).collect::<Vec<_>>()}},
+                        {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, {"const": ""}], "default": DEFAULT_LIMIT}},
+                        {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status filter.", "schema": {"type": "string"}}
+                    ]),
+                    None,
+                    json!({
+                        "200": {
+                            "description": "One page of runs.",
+                            "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunList"}}}
+                        }
+                    }),
+                )
+            },
+            "/v1/agent/runs/{run_id}": {
+                "get": operation(
+                    "getRun",
+                    "Get a run",
+                    json!([run_id]),
+                    None,
+                    json!({
+                        "200": {
+                            "description": "The run.",
+                            "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
+                            "links": {
+                                "DecideFirstApproval": {
+                                    "operationId": "decideApproval",
+                                    "parameters": {"run_id": "$response.body#/id", "approval_id": "$response.body#/pending_approvals/0/id"}
+                                }
+                            }
+                        },
+                        "404": not_found
+                    }),
+                )
+            },
+            "/v1/agent/runs/{run_id}/cancel": {
+                "post": operation(
+                    "cancelRun",
+                    "Cancel a run",
+                    json!([run_id]),
+                    Some(json!({"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CancelRun"}}}})),
+                    json!({"200": run_response("The run, canceled.", json!({})), "404": not_found, "409": conflict.clone()}),
+                )
+            },
+            "/v1/agent/runs/{run_id}/approvals/{approval_id}": {
+                "post": operation(
+                    "decideApproval",
+                    "Approve or reject an approval",
+                    json!([run_id, approval_id]),
+                    Some(json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Decision"}}}})),
+                    json!({"200": run_response("The run as it is now.", json!({})), "404": not_found, "409": conflict}),
+                )
+            },
+            PATH: {
+                "get": {
+                    "operationId": "getOpenApi",
+                    "summary": "This document",
+                    "security": [],
+                    "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}}
+                }
+            }
+        },
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "An API key: `ark_` and at least 40 base62 characters."}
+            },
+            "headers": {
+                "RequestId": header("Identifies the request in the service's logs.", json!({"type": "string"})),
+                "RetryAfter": header("Seconds to wait before retrying.", json!({"type": "integer", "minimum": 1}))
+            },
+            "responses": {
+                "InvalidRequest": error_response("The request is malformed or breaks a rule; error.param names the field or parameter.", &[]),
+                "Unauthorized": error_response("No usable API key.", &[("WWW-Authenticate", header("Always `Bearer`.", json!({"type": "string", "enum": ["Bearer"]})))]),
+                "NotFound": error_response("No such run or approval for this API key's owner.", &[])
+            },
+            "schemas": {
+                "Run": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_at", "started_at", "completed_at"],
+                    "properties": {
+                        "id": {"type": "string", "pattern": format!("^run_{ULID}$")},
+                        "status": {"type": "string", "enum": statuses},
+                        "agent": {"type": "string"},
+                        "input": {"type": "string"},
+                        "output": {"type": ["string", "null"], "description": "Set once the run has succeeded."},
+                        "error": {"type": ["string", "null"], "description": "Set once the run has failed."},
+                        "pending_approvals": {"type": "array", "items": {"$ref": "#/components/schemas/Approval"}, "description": "Every approval the run asked for, oldest first, whatever its status."},
+                        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "created_at": timestamp(false),
+                        "started_at": timestamp(true),
+                        "completed_at": timestamp(true)
+                    }
+                },
+                "Approval": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["id", "action", "status", "requested_at", "resolved_at", "comment"],
+                    "properties": {
+                        "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
+                        "action": {"type": "string"},
+                        "status": {"type": "string", "enum": approval_statuses},
+                        "requested_at": timestamp(false),
+                        "resolved_at": timestamp(true),
+                        "comment": {"type": ["string", "null"]}
+                    }
+                },
+                "RunList": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["data", "next_cursor"],
+                    "properties": {
+                        "data": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}},
+                        "next_cursor": {"type": ["string", "null"], "description": "null exactly when no further run matched."}
+                    }
+                },
+                "CreateRun": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["input"],
+                    "properties": {
+                        "input": {"type": "string", "minLength": 1, "maxLength": MAX_INPUT_BYTES, "description": format!("1 to {MAX_INPUT_BYTES} bytes of UTF-8. The agent may reject it (400).")},
+                        "agent": {"type": ["string", "null"], "enum": agents.iter().map(|agent| json!(agent)).chain([Value::Null]).collect::<Vec<_>>(), "description": format!("Default: {default_agent}.")},
+                        "metadata": {
+                            "type": ["object", "null"],
+                            "maxProperties": MAX_METADATA_KEYS,
+                            "propertyNames": {"minLength": 1, "maxLength": MAX_METADATA_KEY_CHARS},
+                            "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS}
+                        }
+                    }
+                },
+                "CancelRun": {"type": "object", "additionalProperties": false, "maxProperties": 0},
+                "Decision": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["decision"],
+                    "properties": {
+                        "decision": {"type": "string", "enum": ["approve", "reject"]},
+                        "comment": {"type": ["string", "null"], "maxLength": MAX_COMMENT_CHARS}
+                    }
+                },
+                "Error": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["code", "message"],
+                            "properties": {
+                                "code": {"type": "string", "enum": codes},
+                                "message": {"type": "string"},
+                                "param": {"type": "string", "description": "The offending field, query parameter or header."}
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::agents::AgentRegistry;
+    use crate::api::views::RunView;
+    use crate::domain::{Approval, ApprovalId, ExecutionPolicy, Owner, Run, RunId, Timestamp};
+
+    fn builtin() -> Value {
+        let agents = AgentRegistry::builtin("echo").unwrap();
+        document(&agents.names_list(), agents.default_name())
+    }
+
+    fn keys(value: &Value) -> BTreeSet<String> {
+        value.as_object().unwrap().keys().cloned().collect()
+    }
+
+    fn required(schema: &Value) -> BTreeSet<String> {
+        schema["required"].as_array().unwrap().iter().map(|key| key.as_str().unwrap().to_owned()).collect()
+    }
+
+    #[test]
+    fn the_committed_document_is_the_generated_one() {
+        let committed: Value = serde_json::from_str(include_str!("../../../docs/openapi.json")).unwrap();
+        assert!(
+            committed == builtin(),
+            "docs/openapi.json is out of date: run `cargo run -p agent-runs -- openapi > docs/openapi.json`"
+        );
+    }
+
+    #[test]
+    fn the_run_and_approval_schemas_have_exactly_the_keys_the_handlers_send() {
+        let id = RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1));
+        let mut run = Run::new(
+            id,
+            Owner::parse("acme").unwrap(),
+            "echo".into(),
+            "x".into(),
+            Default::default(),
+            &ExecutionPolicy::default(),
+        );
+        run.approvals.push(Approval {
+            id: ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_124, 2)),
+            action: "a".into(),
+            status: ApprovalStatus::Pending,
+            requested_at: Timestamp::from_millis(1_795_303_478_124),
+            resolved_at: None,
+            comment: None,
+        });
+        let view = serde_json::to_value(RunView::from(&run)).unwrap();
+        let schemas = &builtin()["components"]["schemas"];
+        assert_eq!(keys(&view), required(&schemas["Run"]));
+        assert_eq!(keys(&view), keys(&schemas["Run"]["properties"]));
+        assert_eq!(keys(&view["pending_approvals"][0]), required(&schemas["Approval"]));
+        let pattern = schemas["Run"]["properties"]["created_at"]["pattern"].as_str().unwrap();
+        assert_eq!(pattern, TIMESTAMP);
+        assert_eq!(view["created_at"].as_str().unwrap().len(), 24);
+    }
+
+    #[test]
+    fn every_error_code_and_status_filter_is_listed() {
+        let document = builtin();
+        let codes = &document["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"];
+        assert_eq!(codes.as_array().unwrap().len(), 10);
+        let statuses = &document["paths"]["/v1/agent/runs"]["get"]["parameters"][0]["schema"]["enum"];
+        assert_eq!(statuses.as_array().unwrap().len(), RunStatus::ALL.len() + 1, "the six states and empty");
+        let agents = &document["components"]["schemas"]["CreateRun"]["properties"]["agent"]["enum"];
+        assert_eq!(agents, &json!(["echo", "script", null]));
+    }
+}
