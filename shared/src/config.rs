@@ -68,6 +68,16 @@ impl Config {
                     defaults.requeue_after.as_millis() as u64,
                 )?),
                 max_attempts: read(&env, "AGENT_RUNS_MAX_ATTEMPTS", defaults.max_attempts)?,
+                approval_timeout: Duration::from_secs(read(
+                    &env,
+                    "AGENT_RUNS_APPROVAL_TIMEOUT_SECS",
+                    defaults.approval_timeout.as_secs(),
+                )?),
+                max_run_time: Duration::from_secs(read(
+                    &env,
+                    "AGENT_RUNS_MAX_RUN_SECS",
+                    defaults.max_run_time.as_secs(),
+                )?),
             },
             table: env("AGENT_RUNS_TABLE").filter(|table| !table.trim().is_empty()),
             queue_url: env("AGENT_RUNS_QUEUE_URL").filter(|url| !url.trim().is_empty()),

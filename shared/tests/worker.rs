@@ -44,11 +44,7 @@ impl Fixture {
             _dir: dir,
             store: Arc::new(store),
             clock: Arc::new(ManualClock(AtomicI64::new(1_795_303_478_123))),
-            policy: ExecutionPolicy {
-                lease: Duration::from_secs(30),
-                requeue_after: Duration::from_secs(60),
-                max_attempts: 3,
-            },
+            policy: ExecutionPolicy::default(),
             agents: AgentRegistry::builtin("echo").unwrap(),
             ids: IdGenerator::default(),
         }

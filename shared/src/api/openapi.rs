@@ -256,14 +256,15 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "Approval": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "action", "status", "requested_at", "resolved_at", "comment"],
+                    "required": ["id", "action", "status", "requested_at", "resolved_at", "comment", "expires_at"],
                     "properties": {
                         "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
                         "action": {"type": "string"},
                         "status": {"type": "string", "enum": approval_statuses},
                         "requested_at": timestamp(false),
                         "resolved_at": timestamp(true),
-                        "comment": {"type": ["string", "null"]}
+                        "comment": {"type": ["string", "null"]},
+                        "expires_at": {"description": "When a pending approval expires: the run then fails.", "anyOf": [timestamp(true)]}
                     }
                 },
                 "RunList": {
@@ -370,6 +371,7 @@ mod tests {
             requested_at: Timestamp::from_millis(1_795_303_478_124),
             resolved_at: None,
             comment: None,
+            expires_at: None,
         });
         let view = serde_json::to_value(RunView::from(&run)).unwrap();
         let schemas = &builtin()["components"]["schemas"];

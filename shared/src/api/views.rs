@@ -29,6 +29,7 @@ pub struct ApprovalView<'a> {
     requested_at: String,
     resolved_at: Option<String>,
     comment: Option<&'a str>,
+    expires_at: Option<String>,
 }
 
 fn rfc3339(at: Option<Timestamp>) -> Option<String> {
@@ -44,6 +45,7 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             requested_at: approval.requested_at.to_rfc3339(),
             resolved_at: rfc3339(approval.resolved_at),
             comment: approval.comment.as_deref(),
+            expires_at: rfc3339(approval.expires_at),
         }
     }
 }

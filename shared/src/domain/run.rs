@@ -98,6 +98,10 @@ pub struct Approval {
     pub requested_at: Timestamp,
     pub resolved_at: Option<Timestamp>,
     pub comment: Option<String>,
+    /// When a pending approval expires; `None` for records from before
+    /// approvals expired.
+    #[serde(default)]
+    pub expires_at: Option<Timestamp>,
 }
 
 /// A worker's claim on a running run. Another worker may take the run over
@@ -117,11 +121,22 @@ pub struct ExecutionPolicy {
     pub requeue_after: Duration,
     /// How many times a worker may claim a run before it is failed.
     pub max_attempts: u32,
+    /// How long an approval waits for a decision before it expires and the
+    /// run fails.
+    pub approval_timeout: Duration,
+    /// How long a run may execute in all (time awaiting approval excluded).
+    pub max_run_time: Duration,
 }
 
 impl Default for ExecutionPolicy {
     fn default() -> Self {
-        Self { lease: Duration::from_secs(30), requeue_after: Duration::from_secs(60), max_attempts: 3 }
+        Self {
+            lease: Duration::from_secs(30),
+            requeue_after: Duration::from_secs(60),
+            max_attempts: 3,
+            approval_timeout: Duration::from_secs(24 * 60 * 60),
+            max_run_time: Duration::from_secs(60 * 60),
+        }
     }
 }
 
@@ -149,6 +164,12 @@ pub struct Run {
     pub lease: Option<Lease>,
     /// The agent's opaque state, saved at heartbeats and when parked.
     pub checkpoint: Option<serde_json::Value>,
+    /// Execution time used before the current claim, in milliseconds.
+    #[serde(default)]
+    pub execution_ms: u64,
+    /// When the current claim started executing.
+    #[serde(default)]
+    pub running_since: Option<Timestamp>,
 }
 
 /// A transition that is not allowed from the run's current state.
@@ -208,6 +229,15 @@ pub enum SweepAction {
     Failed,
 }
 
+pub fn time_limit_message(limit: Duration) -> String {
+    format!("The run exceeded its execution time limit of {} seconds.", limit.as_secs())
+}
+
+fn approval_expired_message(action: &str, timeout: Duration) -> String {
+    let shown: String = action.chars().take(200).collect();
+    format!("Nobody decided the approval \"{shown}\" within {} seconds; it expired.", timeout.as_secs())
+}
+
 pub fn attempts_exhausted_message(max_attempts: u32) -> String {
     format!("The run was stopped after {max_attempts} attempts: the worker executing it stopped responding each time.")
 }
@@ -240,6 +270,21 @@ impl Run {
             attempts: 0,
             lease: None,
             checkpoint: None,
+            execution_ms: 0,
+            running_since: None,
+        }
+    }
+
+    /// Execution time so far, the current claim included.
+    pub fn execution_time(&self, now: Timestamp) -> Duration {
+        let current = self.running_since.map_or(Duration::ZERO, |since| now.since(since));
+        Duration::from_millis(self.execution_ms) + current
+    }
+
+    /// Ends the current stretch of execution, adding it to the total.
+    fn stop_clock(&mut self, now: Timestamp) {
+        if let Some(since) = self.running_since.take() {
+            self.execution_ms += now.since(since).as_millis() as u64;
         }
     }
 
@@ -251,9 +296,11 @@ impl Run {
         self.due_at = None;
         self.lease = None;
         self.checkpoint = None;
+        self.stop_clock(now);
     }
 
     fn requeue(&mut self, now: Timestamp, policy: &ExecutionPolicy) {
+        self.stop_clock(now);
         self.status = RunStatus::Queued;
         self.lease = None;
         self.due_at = Some(now.plus(policy.requeue_after));
@@ -330,14 +377,25 @@ impl Run {
                 return Err(ClaimRefused::Terminal);
             }
         }
+        if let (Some(since), Some(lease)) = (self.running_since.take(), &self.lease) {
+            // A taken-over run: count the dead worker's time up to its last heartbeat.
+            let last_heartbeat = Timestamp::from_millis(lease.expires_at.millis() - policy.lease.as_millis() as i64);
+            self.execution_ms += last_heartbeat.since(since).as_millis() as u64;
+        }
         if self.attempts >= policy.max_attempts {
             self.error = Some(attempts_exhausted_message(policy.max_attempts));
+            self.complete(RunStatus::Failed, now);
+            return Ok(ClaimOutcome::AttemptsExhausted);
+        }
+        if self.execution_time(now) >= policy.max_run_time {
+            self.error = Some(time_limit_message(policy.max_run_time));
             self.complete(RunStatus::Failed, now);
             return Ok(ClaimOutcome::AttemptsExhausted);
         }
         self.attempts += 1;
         self.status = RunStatus::Running;
         self.started_at.get_or_insert(now.max(self.created_at));
+        self.running_since = Some(now);
         self.renew_lease(worker, now, policy);
         Ok(ClaimOutcome::Claimed)
     }
@@ -380,9 +438,11 @@ impl Run {
         requests: Vec<(ApprovalId, String)>,
         checkpoint: serde_json::Value,
         now: Timestamp,
+        policy: &ExecutionPolicy,
     ) -> Result<(), TransitionError> {
         self.ensure_held_by(worker)?;
         let requested_at = now.max(self.created_at);
+        let expires_at = requested_at.plus(policy.approval_timeout);
         self.approvals.extend(requests.into_iter().map(|(id, action)| Approval {
             id,
             action,
@@ -390,10 +450,18 @@ impl Run {
             requested_at,
             resolved_at: None,
             comment: None,
+            expires_at: Some(expires_at),
         }));
+        self.stop_clock(now);
         self.status = RunStatus::AwaitingApproval;
         self.lease = None;
-        self.due_at = None;
+        // The sweeper looks again when the first pending approval expires.
+        self.due_at = self
+            .approvals
+            .iter()
+            .filter(|approval| approval.status == ApprovalStatus::Pending)
+            .filter_map(|approval| approval.expires_at)
+            .min();
         // The stretch of work up to here finished normally.
         self.attempts = 0;
         self.checkpoint = Some(checkpoint);
@@ -431,6 +499,22 @@ impl Run {
         Ok(())
     }
 
+    /// A run whose queue message was dead-lettered: fail it unless it has
+    /// moved on (terminal, awaiting a decision, or held by a live lease).
+    pub fn abandon(&mut self, now: Timestamp) -> bool {
+        let stuck = match self.status {
+            RunStatus::Queued => true,
+            RunStatus::Running => self.lease.as_ref().is_none_or(|lease| lease.expires_at <= now),
+            _ => false,
+        };
+        if stuck {
+            self.error =
+                Some("The run could not be executed: its queue message failed repeatedly and was set aside.".into());
+            self.complete(RunStatus::Failed, now);
+        }
+        stuck
+    }
+
     /// The sweeper's look at a run whose due time has passed.
     pub fn sweep(&mut self, now: Timestamp, policy: &ExecutionPolicy) -> SweepAction {
         let due = self.due_at.is_some_and(|due| due <= now);
@@ -447,14 +531,35 @@ impl Run {
                 self.complete(RunStatus::Failed, now);
                 SweepAction::Failed
             }
+            RunStatus::AwaitingApproval => {
+                let expired = self.approvals.iter_mut().filter(|approval| {
+                    approval.status == ApprovalStatus::Pending && approval.expires_at.is_some_and(|at| at <= now)
+                });
+                let mut first_action = None;
+                for approval in expired {
+                    approval.status = ApprovalStatus::Expired;
+                    approval.resolved_at = Some(now.max(approval.requested_at));
+                    first_action.get_or_insert_with(|| approval.action.clone());
+                }
+                let Some(action) = first_action else {
+                    return SweepAction::Nothing;
+                };
+                for approval in &mut self.approvals {
+                    if approval.status == ApprovalStatus::Pending {
+                        approval.status = ApprovalStatus::Canceled;
+                        approval.resolved_at = Some(now.max(approval.requested_at));
+                    }
+                }
+                self.error = Some(approval_expired_message(&action, policy.approval_timeout));
+                self.complete(RunStatus::Failed, now);
+                SweepAction::Failed
+            }
             RunStatus::Running => {
                 // The lease has expired: a worker that receives the message takes over.
                 self.due_at = Some(now.plus(policy.requeue_after));
                 SweepAction::Enqueue
             }
-            RunStatus::AwaitingApproval | RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled => {
-                SweepAction::Nothing
-            }
+            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled => SweepAction::Nothing,
         }
     }
 }

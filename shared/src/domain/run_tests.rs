@@ -35,7 +35,7 @@ fn running() -> Run {
 fn awaiting(actions: usize) -> Run {
     let mut run = running();
     let requests = (0..actions).map(|n| (approval_id(n as u128 + 1), format!("action {n}"))).collect();
-    run.park("w1", requests, serde_json::json!({"next": 1}), at(20)).unwrap();
+    run.park("w1", requests, serde_json::json!({"next": 1}), at(20), &policy()).unwrap();
     run
 }
 
@@ -129,7 +129,9 @@ fn only_the_lease_holder_may_finish_and_only_while_running() {
         assert_eq!(run.clone().heartbeat("w1", None, at(40), &policy()).is_ok(), holder_may);
         assert_eq!(run.clone().release("w1", None, at(40), &policy()).is_ok(), holder_may);
         assert_eq!(
-            run.clone().park("w1", vec![(approval_id(9), "a".into())], serde_json::Value::Null, at(40)).is_ok(),
+            run.clone()
+                .park("w1", vec![(approval_id(9), "a".into())], serde_json::Value::Null, at(40), &policy())
+                .is_ok(),
             holder_may
         );
         assert_eq!(run.succeed("w2", "x".into(), at(40)), Err(TransitionError::LeaseLost));
@@ -287,7 +289,7 @@ fn sweep_requeues_stale_queued_runs_and_recovers_expired_leases() {
     assert_eq!(run.sweep(expiry, &policy()), SweepAction::Failed);
     assert_eq!(run.status, RunStatus::Failed);
 
-    for mut run in [awaiting(1), succeeded(), failed(), canceled()] {
+    for mut run in [succeeded(), failed(), canceled()] {
         let before = run.clone();
         assert_eq!(run.sweep(Timestamp::MAX, &policy()), SweepAction::Nothing);
         assert_eq!(run, before);
@@ -302,4 +304,82 @@ fn statuses_parse_from_their_wire_names() {
     }
     assert_eq!(RunStatus::parse("Queued"), None);
     assert_eq!(RunStatus::ALL.iter().filter(|s| s.is_terminal()).count(), 3);
+}
+
+#[test]
+fn parked_approvals_carry_their_deadline_and_the_sweeper_expires_them() {
+    let mut run = awaiting(2);
+    let deadline = at(20).plus(policy().approval_timeout);
+    assert!(run.approvals.iter().all(|a| a.expires_at == Some(deadline)));
+    assert_eq!(run.due_at, Some(deadline), "the sweeper looks when the first approval expires");
+    let before = run.clone();
+    assert_eq!(run.sweep(at(21), &policy()), SweepAction::Nothing);
+    assert_eq!(run, before);
+
+    run.decide(approval_id(1), Decision::Approve, None, at(30), &policy()).unwrap();
+    assert_eq!(run.sweep(deadline, &policy()), SweepAction::Failed);
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Approved, "decided approvals keep their decision");
+    assert_eq!(run.approvals[1].status, ApprovalStatus::Expired);
+    assert_eq!(run.approvals[1].resolved_at, Some(deadline));
+    assert!(run.error.as_deref().unwrap().contains("action 1"), "{:?}", run.error);
+    assert_eq!(run.completed_at, Some(deadline));
+    // An expired approval cannot be decided any more.
+    assert_eq!(
+        run.decide(approval_id(2), Decision::Approve, None, deadline, &policy()),
+        Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Expired))
+    );
+}
+
+#[test]
+fn time_awaiting_approval_does_not_count_against_the_execution_limit() {
+    let limit = policy().max_run_time;
+    let mut run = queued();
+    run.claim("w1", at(0), &policy()).unwrap();
+    run.park("w1", vec![(approval_id(1), "a".into())], serde_json::Value::Null, at(1_000), &policy()).unwrap();
+    assert_eq!(run.execution_time(at(999_999_999)), std::time::Duration::from_secs(1), "the clock stops while parked");
+    let days_later = at(1_000).plus(policy().approval_timeout).plus(std::time::Duration::from_secs(1));
+    run.decide(approval_id(1), Decision::Approve, None, at(2_000), &policy()).unwrap();
+    assert_eq!(run.claim("w2", days_later, &policy()), Ok(ClaimOutcome::Claimed));
+    assert_eq!(run.execution_time(days_later.plus(limit / 2)), std::time::Duration::from_secs(1) + limit / 2);
+}
+
+#[test]
+fn a_run_past_its_execution_limit_is_failed_at_its_next_claim() {
+    let mut run = queued();
+    run.claim("w1", at(0), &policy()).unwrap();
+    run.release("w1", None, at(0).plus(policy().max_run_time), &policy()).unwrap();
+    let later = at(0).plus(policy().max_run_time).plus(std::time::Duration::from_secs(1));
+    assert_eq!(run.claim("w2", later, &policy()), Ok(ClaimOutcome::AttemptsExhausted));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.error.as_deref(), Some(time_limit_message(policy().max_run_time).as_str()));
+}
+
+#[test]
+fn a_taken_over_run_counts_the_dead_workers_time_up_to_its_last_heartbeat() {
+    let mut run = running(); // claimed at 10
+    run.heartbeat("w1", None, at(5_010), &policy()).unwrap();
+    let expired = at(5_010).plus(policy().lease);
+    run.claim("w2", expired, &policy()).unwrap();
+    assert_eq!(run.execution_ms, 5_000);
+    assert_eq!(run.running_since, Some(expired));
+}
+
+#[test]
+fn a_dead_lettered_run_is_failed_only_if_it_is_stuck() {
+    let mut run = queued();
+    assert!(run.abandon(at(100)));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.error.as_deref().unwrap().contains("queue message"));
+
+    let mut live = running();
+    assert!(!live.abandon(at(11)), "a live lease means a worker has it");
+    let expiry = live.lease.as_ref().unwrap().expires_at;
+    assert!(live.abandon(expiry));
+
+    for mut run in [awaiting(1), succeeded(), failed(), canceled()] {
+        let before = run.clone();
+        assert!(!run.abandon(at(100)));
+        assert_eq!(run, before);
+    }
 }

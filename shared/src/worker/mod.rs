@@ -100,10 +100,14 @@ impl Worker {
                         .collect();
                     return self
                         .finish(&mut run, |run, now, worker| {
-                            run.park(worker, requests.clone(), checkpoint.clone(), now)
+                            run.park(worker, requests.clone(), checkpoint.clone(), now, &self.policy)
                         })
                         .await;
                 }
+            }
+            if run.execution_time(self.clock.now()) >= self.policy.max_run_time {
+                let error = crate::domain::time_limit_message(self.policy.max_run_time);
+                return self.finish(&mut run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
             }
             if *stop.borrow() {
                 let saved = checkpoint.clone();

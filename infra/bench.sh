@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Benchmarks of the service on this machine, printed as figures and ratios
+# (docs/benchmarks.md records them). Not part of the test suite.
+#   1. create, get and list(limit 20) under concurrent load (wrk) against
+#      `agent-runs serve` (release build), and the same load against a
+#      minimal hyper server answering a fixed JSON body: the ceiling.
+#   2. echo create -> succeeded latency seen by a client polling get.
+#   3. each Lambda function's init and invocation times under a Lambda
+#      Runtime API stand-in, against the AWS API emulator.
+#   4. each function's binary and zip size.
+# Usage: bash infra/bench.sh [seconds per load run, default 10]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+connections=32
+
+if ! command -v wrk > /dev/null; then
+  echo "installing wrk (Debian package)"
+  apt-get update -qq && apt-get install -y -qq wrk > /dev/null
+fi
+cargo build --release --quiet --bins -p agent-runs -p agent-runs-bench \
+  -p agent-runs-create -p agent-runs-list -p agent-runs-get -p agent-runs-cancel \
+  -p agent-runs-decide -p agent-runs-fallback -p agent-runs-worker -p agent-runs-sweeper
+bin=target/release
+work=$(mktemp -d)
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+
+wait_for_line() { for _ in $(seq 1 200); do grep -q "^Listening on" "$1" && return 0; sleep 0.05; done; echo "no server in $1"; exit 1; }
+addr_of() { sed -n 's|^Listening on http://\([^ ]*\).*|\1|p' "$1"; }
+
+# wrk_run NAME URL [extra wrk args]: prints requests/s, p50 and p99 (ms).
+wrk_run() {
+  local name=$1 url=$2; shift 2
+  wrk -t2 -c"$connections" -d"${secs}s" --latency "$@" "$url" > "$work/$name.wrk"
+  local rps p50 p99
+  rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/$name.wrk")
+  p50=$(awk '$1 == "50%" {print $2}' "$work/$name.wrk")
+  p99=$(awk '$1 == "99%" {print $2}' "$work/$name.wrk")
+  local errors
+  errors=$(awk '/Non-2xx or 3xx responses/ {print $NF}' "$work/$name.wrk")
+  printf "%-12s %10.0f req/s   p50 %8s   p99 %8s   %s\n" "$name" "$rps" "$p50" "$p99" "${errors:+non-2xx: $errors}"
+  echo "$rps" > "$work/$name.rps"
+}
+
+echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m); load ${secs}s, ${connections} connections, 2 wrk threads"
+
+"$bin/fixed-json" 127.0.0.1:0 > "$work/fixed.out" & pids+=($!)
+AGENT_RUNS_RATE_LIMIT_PER_SECOND=0 AGENT_RUNS_MAX_ACTIVE_RUNS=100000000 AGENT_RUNS_LOG=warn \
+  "$bin/agent-runs" serve --addr 127.0.0.1:0 --db "$work/runs.db" > "$work/serve.out" 2> "$work/serve.err" & pids+=($!)
+wait_for_line "$work/fixed.out"; wait_for_line "$work/serve.out"
+fixed=$(addr_of "$work/fixed.out"); serve=$(addr_of "$work/serve.out")
+key=$(sed -n 's/^ *export AGENT_RUNS_KEY=//p' "$work/serve.out")
+auth="Authorization: Bearer $key"
+
+# Some runs to read: 100 echo runs.
+for i in $(seq 1 100); do
+  curl -s -X POST "http://$serve/v1/agent/runs" -H "$auth" -H 'Content-Type: application/json' -d "{\"input\": \"run $i\"}" > "$work/last.json"
+done
+run_id=$(sed -n 's/.*"id":"\(run_[^"]*\)".*/\1/p' "$work/last.json")
+cat > "$work/create.lua" <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"input": "bench"}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+
+echo "== 1. throughput and latency under load"
+wrk_run fixed-json "http://$fixed/"
+wrk_run get "http://$serve/v1/agent/runs/$run_id" -H "$auth"
+wrk_run list "http://$serve/v1/agent/runs?limit=20" -H "$auth"
+wrk_run create "http://$serve/v1/agent/runs" -H "$auth" -s "$work/create.lua"
+ceiling=$(cat "$work/fixed-json.rps")
+for op in get list create; do
+  awk -v op="$op" -v rps="$(cat "$work/$op.rps")" -v c="$ceiling" 'BEGIN { printf "%-8s %5.1f%% of the fixed-JSON ceiling\n", op, 100 * rps / c }'
+done
+sleep 2  # let the workers finish the created runs
+
+echo "== 2. echo create -> succeeded, one client polling get"
+"$bin/echo-latency" "$serve" "$key" 500
+
+echo "== 3. Lambda functions: init and invocations (Runtime API stand-in, AWS API emulator)"
+source infra/moto.sh
+install_moto
+port=$(free_port)
+start_moto "$port"; pids+=("$MOTO_PID")
+export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=testing \
+  AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true
+eval "$("$bin/agent-runs" aws-setup --template template.yaml --prefix bench)"
+export AGENT_RUNS_TABLE AGENT_RUNS_QUEUE_URL
+lambda_key=$("$bin/agent-runs" keys create --owner bench 2> /dev/null)
+python3 - "$work" "$lambda_key" <<'PY'
+import copy, json, sys
+work, key = sys.argv[1], sys.argv[2]
+base = json.load(open("infra/agent-runs/tests/fixtures/apigw-v2-create-run.json"))
+base["headers"]["authorization"] = f"Bearer {key}"
+missing = "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9"
+def http(name, method, path, body=None, query=""):
+    event = copy.deepcopy(base)
+    event["rawPath"], event["rawQueryString"] = path, query
+    event["requestContext"]["http"].update(method=method, path=path)
+    event["body"] = body
+    json.dump(event, open(f"{work}/{name}.json", "w"))
+http("create", "POST", "/v1/agent/runs", '{"input": "bench"}')
+http("list", "GET", "/v1/agent/runs", query="limit=20")
+http("get", "GET", f"/v1/agent/runs/{missing}")
+http("cancel", "POST", f"/v1/agent/runs/{missing}/cancel")
+http("decide", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", '{"decision": "approve"}')
+http("fallback", "GET", "/v1/unknown")
+sqs = json.load(open("infra/events/sqs-run.json"))
+sqs["Records"][0]["body"] = json.dumps({"run_id": missing, "owner": "bench"})
+json.dump(sqs, open(f"{work}/worker.json", "w"))
+json.dump(json.load(open("infra/events/schedule.json")), open(f"{work}/sweeper.json", "w"))
+PY
+for fn in create list get cancel decide fallback worker sweeper; do
+  "$bin/lambda-cold-start" "$bin/$fn" "$work/$fn.json" 50
+done
+
+echo "== 4. function sizes (release profile; zip as Lambda takes it)"
+for fn in create list get cancel decide fallback worker sweeper; do
+  python3 - "$bin/$fn" <<'PY'
+import io, os, sys, zipfile
+path = sys.argv[1]
+buffer = io.BytesIO()
+with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+    archive.write(path, "bootstrap")
+print(f"{os.path.basename(path):<8} binary {os.path.getsize(path) / 1e6:5.1f} MB   zip {len(buffer.getvalue()) / 1e6:5.1f} MB")
+PY
+done
