@@ -119,6 +119,7 @@ pub async fn create_queues(
     let dlq_url = client
         .create_queue()
         .queue_name(format!("{prefix}-dlq"))
+        .attributes(QueueAttributeName::VisibilityTimeout, number(&dlq["VisibilityTimeout"], "DLQ VisibilityTimeout")?)
         .attributes(
             QueueAttributeName::MessageRetentionPeriod,
             number(&dlq["MessageRetentionPeriod"], "DLQ retention")?,

@@ -13,7 +13,7 @@ use agent_runs_shared::auth::generate_key;
 use agent_runs_shared::aws::AwsServices;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
-use agent_runs_shared::lambda::{from_api_response, handle_batch, into_api_request};
+use agent_runs_shared::lambda::{from_api_response, handle_batch, handle_dead_letters, into_api_request};
 use agent_runs_shared::store::KeyStore;
 use agent_runs_shared::worker::Worker;
 use aws_lambda_events::event::sqs::SqsEvent;
@@ -294,4 +294,41 @@ async fn each_operation_keeps_its_aws_call_budget() {
     assert_eq!(worker_calls.len(), 3 * echo_runs + 1, "{worker_calls:?}");
     assert_eq!(worker_calls.iter().filter(|call| *call == "TransactWriteItems").count(), echo_runs);
     assert_eq!(worker_calls.iter().filter(|call| *call == "PutItem").count(), echo_runs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_lettered_runs_are_failed_unless_they_moved_on() {
+    let aws = Aws::new().await;
+    let (_, stuck) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "stuck"}))).await;
+    let (_, done) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "done"}))).await;
+    // The first message is lost to the dead-letter queue; the second is worked.
+    let received = aws
+        .sqs
+        .receive_message()
+        .queue_url(&aws.queue_url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap();
+    for message in received.messages.unwrap_or_default() {
+        aws.sqs
+            .delete_message()
+            .queue_url(&aws.queue_url)
+            .receipt_handle(message.receipt_handle().unwrap())
+            .send()
+            .await
+            .unwrap();
+    }
+    let message = |run: &Value| json!({"run_id": id(run), "owner": "dev"}).to_string();
+    aws.run_worker(sqs_event(vec![message(&done)])).await;
+
+    let event = sqs_event(vec![message(&stuck), message(&done), "not json".into()]);
+    let response = handle_dead_letters(&aws.services.store, aws.services.clock.as_ref(), event).await;
+    assert!(response.batch_item_failures.is_empty());
+    let (_, failed) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&stuck)), None).await;
+    assert_eq!(failed["status"], "failed");
+    assert!(failed["error"].as_str().unwrap().contains("queue message"), "{failed}");
+    let (_, succeeded) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&done)), None).await;
+    assert_eq!(succeeded["status"], "succeeded", "a run that moved on is left alone");
 }

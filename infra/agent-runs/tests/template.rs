@@ -150,7 +150,9 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
         );
     }
     let expected: BTreeSet<String> =
-        ["create", "list", "get", "cancel", "decide", "fallback", "worker", "sweeper"].map(str::to_owned).into();
+        ["create", "list", "get", "cancel", "decide", "fallback", "worker", "sweeper", "dead-letter"]
+            .map(str::to_owned)
+            .into();
     assert_eq!(binaries, expected);
 }
 
@@ -192,6 +194,15 @@ fn the_queue_outlasts_the_worker_and_failures_go_to_the_dead_letter_queue() {
     let timeout = worker["Timeout"].as_u64().unwrap();
     assert!(queue["VisibilityTimeout"].as_u64().unwrap() >= 6 * timeout);
     assert!(queue["RedrivePolicy"]["maxReceiveCount"].as_u64().unwrap() >= 5);
+    let dead_letter = &template["Resources"]["DeadLetterFunction"]["Properties"];
+    assert!(
+        template["Resources"]["DeadLetterQueue"]["Properties"]["VisibilityTimeout"].as_u64().unwrap()
+            >= 6 * dead_letter["Timeout"].as_u64().unwrap()
+    );
+    assert_eq!(
+        dead_letter["Events"]["DeadLetters"]["Properties"]["FunctionResponseTypes"][0],
+        "ReportBatchItemFailures"
+    );
     let event = &worker["Events"]["RunMessages"]["Properties"];
     assert_eq!(event["FunctionResponseTypes"][0], "ReportBatchItemFailures");
     assert!(

@@ -2,10 +2,12 @@
 //! to the shared operations, SQS batches to the worker, and the scheduled
 //! sweeper. Each function's `main` calls one `run_*` here.
 
+mod dead_letter;
 mod http;
 mod sweeper;
 mod worker;
 
+pub use dead_letter::{handle_dead_letters, run_dead_letter};
 pub use http::{from_api_response, into_api_request, run_http};
 pub use sweeper::run_sweeper;
 pub use worker::{handle_batch, run_worker};

@@ -203,3 +203,25 @@ impl Worker {
         })
     }
 }
+
+/// A message that reached the dead-letter queue: fail its run unless the
+/// run has moved on. `Ok(true)` when the run was failed here.
+pub async fn abandon_dead_letter(
+    runs: &dyn RunStore,
+    clock: &dyn Clock,
+    message: &RunMessage,
+) -> Result<bool, StoreError> {
+    loop {
+        let Some(mut run) = runs.get(&message.owner, message.run_id).await? else {
+            return Ok(false);
+        };
+        if !run.abandon(clock.now()) {
+            return Ok(false);
+        }
+        match runs.update(&mut run).await {
+            Ok(()) => return Ok(true),
+            Err(StoreError::Conflict) => continue,
+            Err(error) => return Err(error),
+        }
+    }
+}

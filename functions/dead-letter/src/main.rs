@@ -1,0 +1,8 @@
+//! `dead-letter`: fails the runs whose messages reached the dead-letter queue.
+
+use agent_runs_shared::lambda;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda::Error> {
+    lambda::run_dead_letter().await
+}

@@ -1,0 +1,43 @@
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use lambda_runtime::{LambdaEvent, service_fn};
+
+use crate::aws::AwsServices;
+use crate::domain::Clock;
+use crate::error_chain;
+use crate::queue::RunMessage;
+use crate::store::RunStore;
+use crate::worker::abandon_dead_letter;
+
+/// Fails the runs of dead-lettered messages that are still stuck, so no run
+/// is left behind; reports transient failures for another try.
+pub async fn handle_dead_letters(runs: &dyn RunStore, clock: &dyn Clock, event: SqsEvent) -> SqsBatchResponse {
+    let mut response = SqsBatchResponse::default();
+    for record in event.records {
+        let id = record.message_id.clone().unwrap_or_default();
+        let Some(Ok(message)) = record.body.as_deref().map(serde_json::from_str::<RunMessage>) else {
+            // Nothing to fail: the body names no run. Logged, and dropped.
+            tracing::error!(message_id = %id, "unreadable dead-lettered message dropped");
+            continue;
+        };
+        match abandon_dead_letter(runs, clock, &message).await {
+            Ok(true) => tracing::error!(run_id = %message.run_id, "run failed: its message was dead-lettered"),
+            Ok(false) => tracing::info!(run_id = %message.run_id, "dead-lettered message for a run that moved on"),
+            Err(error) => {
+                tracing::warn!(run_id = %message.run_id, error = %error_chain(&error), "will retry");
+                response.add_failure(id);
+            }
+        }
+    }
+    response
+}
+
+pub async fn run_dead_letter() -> Result<(), super::Error> {
+    super::init_logging();
+    let services = AwsServices::from_env().await?;
+    let store = services.store.clone();
+    let (store, clock) = (&store, services.clock.as_ref());
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+        Ok::<_, super::Error>(handle_dead_letters(store, clock, event.payload).await)
+    }))
+    .await
+}
