@@ -74,9 +74,22 @@ impl Worker {
             return Ok(Outcome::Dropped);
         };
         tracing::debug!(run_id = %run.id, worker = %self.id, attempt = run.attempts, "claimed");
+        let result = self.execute(&mut run, stop).await;
+        if result.is_err() {
+            // A failing dependency is not the run's fault: hand it back, if
+            // the store lets us, so the attempt is not used up. Otherwise
+            // the lease expires as after a crash.
+            let _ = self.write(&mut run, |run, now, worker| run.release(worker, None, now, &self.policy)).await;
+        }
+        result
+    }
+
+    /// Steps the agent until the run finishes, parks, is handed back or is
+    /// lost to a cancel or takeover.
+    async fn execute(&self, run: &mut Run, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
         let Some(agent) = self.agents.get(&run.agent).cloned() else {
             let error = format!("The agent `{}` is no longer configured.", run.agent);
-            return self.finish(&mut run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
+            return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
         };
 
         let mut checkpoint = run.checkpoint.clone();
@@ -88,10 +101,10 @@ impl Worker {
             match step {
                 Step::Continue(next) => checkpoint = Some(next),
                 Step::Succeeded(output) => {
-                    return self.finish(&mut run, |run, now, worker| run.succeed(worker, output.clone(), now)).await;
+                    return self.finish(run, |run, now, worker| run.succeed(worker, output.clone(), now)).await;
                 }
                 Step::Failed(error) => {
-                    return self.finish(&mut run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
+                    return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
                 }
                 Step::AwaitApproval { actions, checkpoint } => {
                     let requests: Vec<(ApprovalId, String)> = actions
@@ -99,7 +112,7 @@ impl Worker {
                         .map(|action| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), action))
                         .collect();
                     return self
-                        .finish(&mut run, |run, now, worker| {
+                        .finish(run, |run, now, worker| {
                             run.park(worker, requests.clone(), checkpoint.clone(), now, &self.policy)
                         })
                         .await;
@@ -107,27 +120,26 @@ impl Worker {
             }
             if run.execution_time(self.clock.now()) >= self.policy.max_run_time {
                 let error = crate::domain::time_limit_message(self.policy.max_run_time);
-                return self.finish(&mut run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
+                return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
             }
             if *stop.borrow() {
                 let saved = checkpoint.clone();
                 return self
-                    .finish(&mut run, |run, now, worker| run.release(worker, saved.clone(), now, &self.policy))
+                    .finish(run, |run, now, worker| run.release(worker, saved.clone(), now, &self.policy))
                     .await;
             }
             // Between steps: a cancel or takeover ends the work here.
             if last_heartbeat.elapsed() >= self.heartbeat_every {
                 let saved = checkpoint.clone();
-                let renewed = self
-                    .write(&mut run, |run, now, worker| run.heartbeat(worker, saved.clone(), now, &self.policy))
-                    .await?;
+                let renewed =
+                    self.write(run, |run, now, worker| run.heartbeat(worker, saved.clone(), now, &self.policy)).await?;
                 if !renewed {
                     return Ok(Outcome::LostLease);
                 }
                 last_heartbeat = Instant::now();
             } else {
                 match self.runs.get(&run.owner, run.id).await? {
-                    Some(current) if current.held_by(&self.id) => run = current,
+                    Some(current) if current.held_by(&self.id) => *run = current,
                     _ => return Ok(Outcome::LostLease),
                 }
             }

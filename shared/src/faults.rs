@@ -1,0 +1,202 @@
+//! Fault injection at the ports, for tests of what failures do: wrappers
+//! around a store and a queue that fail chosen calls, before or after the
+//! call reaches the real adapter, as a crash, a timeout or an outage would.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::domain::{Owner, Run, RunId, Timestamp};
+use crate::queue::{QueueError, RunMessage, RunQueue};
+use crate::store::{DueRun, IdempotencyClaim, InsertOutcome, ListPage, ListRequest, RunStore, StoreError};
+
+/// What happens to one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    /// The call fails without reaching the adapter.
+    FailBefore,
+    /// The call reaches the adapter and takes effect, but its caller sees a
+    /// failure (a timeout, or a crash right after it).
+    FailAfter,
+}
+
+/// Decides, call by call, which calls fail.
+pub trait FaultPlan: Send + Sync + 'static {
+    fn next(&self, operation: &'static str) -> Fault;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("injected fault in {0}")]
+pub struct InjectedFault(pub &'static str);
+
+/// No faults.
+pub struct Healthy;
+
+impl FaultPlan for Healthy {
+    fn next(&self, _operation: &'static str) -> Fault {
+        Fault::None
+    }
+}
+
+/// A process that stops dead at its `at`-th call (counting from 0), before
+/// or after that call takes effect: every later call fails too.
+pub struct CrashAt {
+    at: usize,
+    after: bool,
+    calls: AtomicUsize,
+    dead: AtomicBool,
+}
+
+impl CrashAt {
+    pub fn new(at: usize, after: bool) -> Arc<Self> {
+        Arc::new(CrashAt { at, after, calls: AtomicUsize::new(0), dead: AtomicBool::new(false) })
+    }
+
+    pub fn crashed(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+}
+
+impl FaultPlan for CrashAt {
+    fn next(&self, _operation: &'static str) -> Fault {
+        if self.dead.load(Ordering::SeqCst) {
+            return Fault::FailBefore;
+        }
+        if self.calls.fetch_add(1, Ordering::SeqCst) != self.at {
+            return Fault::None;
+        }
+        self.dead.store(true, Ordering::SeqCst);
+        if self.after { Fault::FailAfter } else { Fault::FailBefore }
+    }
+}
+
+/// Fails a share of calls at random (seeded), before they take effect, as
+/// throttling or an outage does; switchable off.
+pub struct RandomFailures {
+    share: Mutex<f64>,
+    rng: Mutex<StdRng>,
+    pub injected: AtomicUsize,
+}
+
+impl RandomFailures {
+    pub fn new(share: f64, seed: u64) -> Arc<Self> {
+        Arc::new(RandomFailures {
+            share: Mutex::new(share),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            injected: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn set_share(&self, share: f64) {
+        *self.share.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = share;
+    }
+}
+
+impl FaultPlan for RandomFailures {
+    fn next(&self, _operation: &'static str) -> Fault {
+        let share = *self.share.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let roll: f64 = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).random();
+        if roll < share {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+            Fault::FailBefore
+        } else {
+            Fault::None
+        }
+    }
+}
+
+fn store_fault(operation: &'static str) -> StoreError {
+    StoreError::Unavailable(Box::new(InjectedFault(operation)))
+}
+
+/// A [`RunStore`] whose calls fail as its plan says.
+pub struct FaultyStore {
+    inner: Arc<dyn RunStore>,
+    plan: Arc<dyn FaultPlan>,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn RunStore>, plan: Arc<dyn FaultPlan>) -> Self {
+        FaultyStore { inner, plan }
+    }
+}
+
+/// Runs `call` as the plan says for `operation`.
+async fn faulty<T, E>(
+    plan: &dyn FaultPlan,
+    operation: &'static str,
+    fault: impl Fn(&'static str) -> E,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    match plan.next(operation) {
+        Fault::None => call.await,
+        Fault::FailBefore => Err(fault(operation)),
+        Fault::FailAfter => {
+            let _ = call.await;
+            Err(fault(operation))
+        }
+    }
+}
+
+#[async_trait]
+impl RunStore for FaultyStore {
+    async fn insert(
+        &self,
+        run: &Run,
+        idempotency: Option<&IdempotencyClaim>,
+        max_active: u32,
+    ) -> Result<InsertOutcome, StoreError> {
+        faulty(self.plan.as_ref(), "insert", store_fault, self.inner.insert(run, idempotency, max_active)).await
+    }
+
+    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError> {
+        faulty(self.plan.as_ref(), "remove", store_fault, self.inner.remove(run, idempotency_key_hash)).await
+    }
+
+    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        faulty(self.plan.as_ref(), "get", store_fault, self.inner.get(owner, run_id)).await
+    }
+
+    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
+        // The caller's copy must not learn the new version of a write it
+        // never saw succeed.
+        let mut attempt = run.clone();
+        let result = faulty(self.plan.as_ref(), "update", store_fault, self.inner.update(&mut attempt)).await;
+        if result.is_ok() {
+            *run = attempt;
+        }
+        result
+    }
+
+    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
+        faulty(self.plan.as_ref(), "list", store_fault, self.inner.list(owner, request)).await
+    }
+
+    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
+        faulty(self.plan.as_ref(), "due", store_fault, self.inner.due(until, after, limit)).await
+    }
+}
+
+/// A [`RunQueue`] whose sends fail as its plan says.
+pub struct FaultyQueue {
+    inner: Arc<dyn RunQueue>,
+    plan: Arc<dyn FaultPlan>,
+}
+
+impl FaultyQueue {
+    pub fn new(inner: Arc<dyn RunQueue>, plan: Arc<dyn FaultPlan>) -> Self {
+        FaultyQueue { inner, plan }
+    }
+}
+
+#[async_trait]
+impl RunQueue for FaultyQueue {
+    async fn enqueue(&self, message: &RunMessage) -> Result<(), QueueError> {
+        let fault = |operation| QueueError::Unavailable(Box::new(InjectedFault(operation)));
+        faulty(self.plan.as_ref(), "enqueue", fault, self.inner.enqueue(message)).await
+    }
+}

@@ -1,0 +1,582 @@
+//! No run is ever lost, stuck or corrupted: seeded, deterministic schedules
+//! of crashes at every store and queue call of the API, the workers and the
+//! sweeper, with at-least-once redelivery, duplicates and a dead-letter
+//! queue; then races between real concurrent tasks, and outages.
+//!
+//! Everything runs on the real SQLite store; time is a manual clock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_runs_shared::agents::AgentRegistry;
+use agent_runs_shared::api::{Api, ApiLimits};
+use agent_runs_shared::auth::{Authenticator, generate_key};
+use agent_runs_shared::domain::{Clock, ExecutionPolicy, IdGenerator, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
+use agent_runs_shared::faults::{CrashAt, FaultPlan, FaultyQueue, FaultyStore, Healthy, RandomFailures};
+use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
+use agent_runs_shared::store::{
+    DueRun, Durability, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore, SqliteStore,
+    StoreError,
+};
+use agent_runs_shared::worker::{Sweeper, Worker, abandon_dead_letter};
+use async_trait::async_trait;
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// Enough schedules that at least 1,000 of them crash a process (some pick a
+/// call their victim never makes).
+const SCHEDULES: u64 = 1_300;
+const VISIBILITY: Duration = Duration::from_secs(30);
+const MAX_RECEIVES: u32 = 5;
+/// Simulated time between passes of the workers, the sweeper and the humans.
+const STEP: Duration = Duration::from_secs(5);
+
+struct ManualClock(AtomicI64);
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.0.load(Ordering::SeqCst))
+    }
+}
+
+impl ManualClock {
+    fn advance(&self, by: Duration) {
+        self.0.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
+    }
+}
+
+/// SQS as the worker sees it: at-least-once, a visibility timeout, and a
+/// dead-letter queue after a number of receives.
+struct SimQueue {
+    clock: Arc<ManualClock>,
+    pending: Mutex<Vec<(u64, RunMessage, Timestamp, u32)>>,
+    next_id: Mutex<u64>,
+    dead: Mutex<Vec<RunMessage>>,
+}
+
+impl SimQueue {
+    fn new(clock: Arc<ManualClock>) -> Arc<SimQueue> {
+        Arc::new(SimQueue { clock, pending: Mutex::default(), next_id: Mutex::default(), dead: Mutex::default() })
+    }
+
+    /// Every visible message, now invisible for the visibility timeout.
+    fn receive(&self) -> Vec<(u64, RunMessage)> {
+        let now = self.clock.now();
+        let mut pending = self.pending.lock().unwrap();
+        let mut dead = self.dead.lock().unwrap();
+        pending.retain(|(_, message, visible_at, receives)| {
+            let to_dead_letters = *visible_at <= now && *receives >= MAX_RECEIVES;
+            if to_dead_letters {
+                dead.push(message.clone());
+            }
+            !to_dead_letters
+        });
+        let mut received = Vec::new();
+        for (id, message, visible_at, receives) in pending.iter_mut() {
+            if *visible_at <= now {
+                *visible_at = now.plus(VISIBILITY);
+                *receives += 1;
+                received.push((*id, message.clone()));
+            }
+        }
+        received
+    }
+
+    fn ack(&self, id: u64) {
+        self.pending.lock().unwrap().retain(|(pending, ..)| *pending != id);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pending.lock().unwrap().is_empty()
+    }
+
+    fn take_dead_letters(&self) -> Vec<RunMessage> {
+        std::mem::take(&mut *self.dead.lock().unwrap())
+    }
+}
+
+#[async_trait]
+impl RunQueue for SimQueue {
+    async fn enqueue(&self, message: &RunMessage) -> Result<(), QueueError> {
+        let mut next_id = self.next_id.lock().unwrap();
+        *next_id += 1;
+        self.pending.lock().unwrap().push((*next_id, message.clone(), self.clock.now(), 0));
+        Ok(())
+    }
+}
+
+/// Counts the writes that end each run: exactly one per run, ever.
+struct Observed {
+    inner: Arc<dyn RunStore>,
+    terminal_writes: Mutex<HashMap<RunId, usize>>,
+}
+
+#[async_trait]
+impl RunStore for Observed {
+    async fn insert(&self, run: &Run, idem: Option<&IdempotencyClaim>, max: u32) -> Result<InsertOutcome, StoreError> {
+        self.inner.insert(run, idem, max).await
+    }
+    async fn remove(&self, run: &Run, key: Option<&str>) -> Result<(), StoreError> {
+        self.inner.remove(run, key).await
+    }
+    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        self.inner.get(owner, run_id).await
+    }
+    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
+        self.inner.update(run).await?;
+        if run.status.is_terminal() {
+            *self.terminal_writes.lock().unwrap().entry(run.id).or_default() += 1;
+        }
+        Ok(())
+    }
+    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
+        self.inner.list(owner, request).await
+    }
+    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
+        self.inner.due(until, after, limit).await
+    }
+}
+
+/// Which process crashes, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Victim {
+    Create(usize),
+    Delivery(usize),
+    Decide(usize),
+    SweeperPass(usize),
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    schedules: u64,
+    runs: usize,
+    crashes: usize,
+    client_retries: usize,
+    deliveries: usize,
+    duplicate_messages: usize,
+    dead_lettered: usize,
+    sweeper_enqueues: usize,
+    latest_finish: Duration,
+}
+
+struct World {
+    _dir: tempfile::TempDir,
+    store: Arc<Observed>,
+    keys: Arc<SqliteStore>,
+    queue: Arc<SimQueue>,
+    clock: Arc<ManualClock>,
+    policy: ExecutionPolicy,
+    agents: AgentRegistry,
+    key: String,
+}
+
+impl World {
+    async fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = Arc::new(SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap());
+        let clock = Arc::new(ManualClock(AtomicI64::new(1_795_303_478_123)));
+        let issued = generate_key(
+            KeyId::from_ulid(IdGenerator::default().ulid_at(clock.now())),
+            Owner::parse("sim").unwrap(),
+            None,
+            clock.now(),
+        );
+        sqlite.put_key(&issued.stored).await.unwrap();
+        World {
+            _dir: dir,
+            store: Arc::new(Observed { inner: sqlite.clone(), terminal_writes: Mutex::default() }),
+            keys: sqlite,
+            queue: SimQueue::new(clock.clone()),
+            clock,
+            policy: ExecutionPolicy::default(),
+            agents: AgentRegistry::builtin("echo").unwrap(),
+            key: issued.secret,
+        }
+    }
+
+    fn store_for(&self, plan: Arc<dyn FaultPlan>) -> Arc<dyn RunStore> {
+        Arc::new(FaultyStore::new(self.store.clone(), plan))
+    }
+
+    fn api(&self, plan: Arc<dyn FaultPlan>) -> Api {
+        Api::new(
+            self.store_for(plan.clone()),
+            Arc::new(FaultyQueue::new(self.queue.clone(), plan)),
+            Authenticator::new(self.keys.clone(), Duration::ZERO),
+            self.agents.clone(),
+            self.clock.clone(),
+            self.policy.clone(),
+            ApiLimits::default(),
+        )
+    }
+
+    fn worker(&self, plan: Arc<dyn FaultPlan>) -> Worker {
+        Worker::new(self.store_for(plan), self.agents.clone(), self.clock.clone(), self.policy.clone())
+    }
+
+    fn sweeper(&self, plan: Arc<dyn FaultPlan>) -> Sweeper {
+        let queue = Arc::new(FaultyQueue::new(self.queue.clone(), plan.clone()));
+        Sweeper::new(self.store_for(plan), queue, self.clock.clone(), self.policy.clone())
+    }
+
+    async fn call(
+        &self,
+        api: &Api,
+        method: &str,
+        path: &str,
+        body: Value,
+        idempotency_key: Option<&str>,
+    ) -> (u16, Value) {
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {}", self.key))
+            .header("content-type", "application/json");
+        if let Some(key) = idempotency_key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = api.handle(request.body(Bytes::from(body.to_string())).unwrap()).await;
+        let status = response.status().as_u16();
+        assert!(status != 500, "never a 500: {}", String::from_utf8_lossy(response.body()));
+        (status, serde_json::from_slice(response.body()).unwrap())
+    }
+
+    async fn run(&self, id: RunId) -> Run {
+        self.store.get(&Owner::parse("sim").unwrap(), id).await.unwrap().expect("an accepted run is never lost")
+    }
+}
+
+/// The kinds of run a schedule mixes, with the output each must end with.
+const KINDS: [(&str, &str, &str); 4] = [
+    ("echo", "hello", "hello"),
+    ("script", "say a\nsay b\nsay c", "a\nb\nc"),
+    ("script", "say before\napprove Ship it\nsay after", "before\napproved: Ship it\nafter"),
+    ("script", "say x\nfail it broke", ""),
+];
+
+/// The one crash of a schedule: the first time its victim runs.
+struct Crash {
+    victim: Victim,
+    at: usize,
+    after: bool,
+    plan: Option<Arc<CrashAt>>,
+}
+
+impl Crash {
+    fn plan(&mut self, this: Victim) -> Arc<dyn FaultPlan> {
+        if this != self.victim || self.plan.is_some() {
+            return Arc::new(Healthy);
+        }
+        let plan = CrashAt::new(self.at, self.after);
+        self.plan = Some(plan.clone());
+        plan
+    }
+
+    fn happened(&self) -> bool {
+        self.plan.as_ref().is_some_and(|plan| plan.crashed())
+    }
+}
+
+async fn run_schedule(seed: u64, tally: &mut Tally) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let world = World::new().await;
+    let runs = rng.random_range(1..=3usize);
+    let kinds: Vec<usize> = (0..runs).map(|_| rng.random_range(0..KINDS.len())).collect();
+    let approving: Vec<usize> = (0..runs).filter(|i| KINDS[kinds[*i]].1.contains("approve")).collect();
+    // A victim that will run, and a call it makes: creates make 2 (insert,
+    // send), workers, deciders and sweeps at least 3.
+    let victim = match rng.random_range(0..4) {
+        0 => Victim::Create(rng.random_range(0..runs)),
+        2 if !approving.is_empty() => Victim::Decide(approving[rng.random_range(0..approving.len())]),
+        3 => Victim::SweeperPass(rng.random_range(0..2)),
+        _ => Victim::Delivery(rng.random_range(0..runs)),
+    };
+    let calls = if matches!(victim, Victim::Create(_)) { 2 } else { 3 };
+    let mut crash = Crash { victim, at: rng.random_range(0..calls), after: rng.random_bool(0.5), plan: None };
+
+    // Clients create their runs; a 503 is retried with the same key by a
+    // client talking to a restarted process.
+    let mut accepted: Vec<(RunId, usize)> = Vec::new();
+    for (i, kind) in kinds.iter().enumerate() {
+        let (agent, input, _) = KINDS[*kind];
+        let body = json!({"agent": agent, "input": input});
+        let key = format!("create-{i}");
+        let plan = crash.plan(Victim::Create(i));
+        let (mut status, mut reply) =
+            world.call(&world.api(plan), "POST", "/v1/agent/runs", body.clone(), Some(&key)).await;
+        if status == 503 {
+            tally.client_retries += 1;
+            (status, reply) =
+                world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/agent/runs", body, Some(&key)).await;
+        }
+        assert_eq!(status, 201, "seed {seed}: {reply}");
+        accepted.push((reply["id"].as_str().unwrap().parse().unwrap(), *kind));
+        if rng.random_bool(0.3) {
+            // A duplicate message, as SQS may deliver.
+            tally.duplicate_messages += 1;
+            let owner = Owner::parse("sim").unwrap();
+            world.queue.enqueue(&RunMessage { run_id: accepted.last().unwrap().0, owner }).await.unwrap();
+        }
+    }
+    tally.runs += accepted.len();
+
+    let (_stop_sender, stop) = watch::channel(false);
+    let mut terminal: BTreeMap<RunId, Run> = BTreeMap::new();
+    let mut deliveries = 0usize;
+    let started = world.clock.now();
+    let limit = Duration::from_secs(300);
+    for pass in 0.. {
+        for (message_id, message) in world.queue.receive() {
+            let plan = crash.plan(Victim::Delivery(deliveries));
+            deliveries += 1;
+            if world.worker(plan).process(&message, &stop).await.is_ok() {
+                world.queue.ack(message_id);
+            }
+        }
+        let plan = crash.plan(Victim::SweeperPass(pass));
+        if let Ok(report) = world.sweeper(plan).sweep().await {
+            tally.sweeper_enqueues += report.enqueued;
+        }
+        for message in world.queue.take_dead_letters() {
+            tally.dead_lettered += 1;
+            abandon_dead_letter(world.store.as_ref(), world.clock.as_ref(), &message).await.unwrap();
+        }
+        // Humans approve whatever waits, retrying a 503 on the next pass.
+        for (i, (id, _)) in accepted.iter().enumerate() {
+            let run = world.run(*id).await;
+            for approval in
+                run.approvals.iter().filter(|a| a.status == agent_runs_shared::domain::ApprovalStatus::Pending)
+            {
+                let plan = crash.plan(Victim::Decide(i));
+                let path = format!("/v1/agent/runs/{id}/approvals/{}", approval.id);
+                let (status, reply) =
+                    world.call(&world.api(plan), "POST", &path, json!({"decision": "approve"}), None).await;
+                assert!(matches!(status, 200 | 503), "seed {seed}: {status} {reply}");
+            }
+        }
+        // A terminal run never changes again.
+        let mut all_terminal = true;
+        for (id, _) in &accepted {
+            let run = world.run(*id).await;
+            match terminal.get(id) {
+                Some(seen) => assert_eq!(&run, seen, "seed {seed}: a terminal run changed"),
+                None if run.status.is_terminal() => {
+                    terminal.insert(*id, run);
+                }
+                None => all_terminal = false,
+            }
+        }
+        if all_terminal && world.queue.is_empty() {
+            break;
+        }
+        assert!(
+            world.clock.now().since(started) < limit,
+            "seed {seed} ({victim:?} at call {}, after: {}): runs still not finished after {limit:?}",
+            crash.at,
+            crash.after
+        );
+        world.clock.advance(STEP);
+    }
+    tally.deliveries += deliveries;
+    tally.crashes += usize::from(crash.happened());
+    tally.latest_finish = tally.latest_finish.max(world.clock.now().since(started));
+
+    let writes = world.store.terminal_writes.lock().unwrap();
+    for (id, kind) in &accepted {
+        let run = &terminal[id];
+        assert_eq!(writes.get(id), Some(&1), "seed {seed}: a run must end exactly once");
+        let (_, _, expected) = KINDS[*kind];
+        match run.status {
+            RunStatus::Succeeded => assert_eq!(run.output.as_deref(), Some(expected), "seed {seed}"),
+            RunStatus::Failed if *kind == 3 => assert_eq!(run.error.as_deref(), Some("it broke")),
+            // Crashes may exhaust a run's attempts; that failure must say so.
+            RunStatus::Failed => {
+                assert!(run.error.as_deref().unwrap().contains("attempts"), "seed {seed}: {:?}", run.error)
+            }
+            other => panic!("seed {seed}: run ended {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn crash_at_every_step_loses_nothing_and_never_changes_a_finished_run() {
+    let mut tally = Tally::default();
+    for seed in 0..SCHEDULES {
+        run_schedule(seed, &mut tally).await;
+        tally.schedules += 1;
+    }
+    let report = format!("crash schedules: {tally:#?}\n");
+    print!("{report}");
+    std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/reliability-crashes.txt"), report).unwrap();
+    assert_eq!(tally.schedules, SCHEDULES);
+    assert!(tally.crashes >= 1_000, "at least 1,000 schedules crash a process: {tally:?}");
+    assert!(tally.client_retries > 0 && tally.sweeper_enqueues > 0 && tally.duplicate_messages > 0);
+}
+
+/// One run, driven to `awaiting_approval` on a fresh world.
+async fn awaiting_run(world: &World) -> (RunId, String) {
+    let api = world.api(Arc::new(Healthy));
+    let (_, run) = world
+        .call(&api, "POST", "/v1/agent/runs", json!({"agent": "script", "input": "approve Go\nsay done"}), None)
+        .await;
+    let id: RunId = run["id"].as_str().unwrap().parse().unwrap();
+    let (_stop, stop) = watch::channel(false);
+    for (message_id, message) in world.queue.receive() {
+        world.worker(Arc::new(Healthy)).process(&message, &stop).await.unwrap();
+        world.queue.ack(message_id);
+    }
+    let approval = world.run(id).await.approvals[0].id.to_string();
+    (id, approval)
+}
+
+const RACES: usize = 50;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn races_have_exactly_one_winner_and_the_loser_gets_409_or_drops_the_message() {
+    let mut outcomes: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
+    for _ in 0..RACES {
+        let world = Arc::new(World::new().await);
+
+        // Cancel against approve, from two clients at once.
+        let (id, approval) = awaiting_run(&world).await;
+        let (one, two) = (world.api(Arc::new(Healthy)), world.api(Arc::new(Healthy)));
+        let (cancel_path, decide_path) =
+            (format!("/v1/agent/runs/{id}/cancel"), format!("/v1/agent/runs/{id}/approvals/{approval}"));
+        let (cancel, approve) = tokio::join!(
+            world.call(&one, "POST", &cancel_path, json!({}), None),
+            world.call(&two, "POST", &decide_path, json!({"decision": "approve"}), None),
+        );
+        // Either order ends canceled. Cancel first: the pending approval is
+        // canceled and the decision refused. Approve first: the decision
+        // stands and the cancel stops the requeued run.
+        let run = world.run(id).await;
+        assert_eq!(run.status, RunStatus::Canceled);
+        assert_eq!(cancel.0, 200);
+        let approval_status = run.approvals[0].status.as_str();
+        match approve.0 {
+            409 => assert_eq!(approval_status, "canceled"),
+            200 => assert_eq!(approval_status, "approved"),
+            other => panic!("unexpected {other}"),
+        }
+        *outcomes.entry("cancel vs approve").or_default().entry(format!("approval {approval_status}")).or_default() +=
+            1;
+
+        // Two deciders with different decisions.
+        let (id, approval) = awaiting_run(&world).await;
+        let path = format!("/v1/agent/runs/{id}/approvals/{approval}");
+        let (a, b) = tokio::join!(
+            world.call(&one, "POST", &path, json!({"decision": "approve"}), None),
+            world.call(&two, "POST", &path, json!({"decision": "reject"}), None),
+        );
+        let mut statuses = [a.0, b.0];
+        statuses.sort();
+        assert_eq!(statuses, [200, 409], "exactly one decision wins");
+        let decided = world.run(id).await.approvals[0].status;
+        let winner = if a.0 == 200 { "approved" } else { "rejected" };
+        assert_eq!(decided.as_str(), winner);
+        *outcomes.entry("approve vs reject").or_default().entry(winner.into()).or_default() += 1;
+
+        // Two workers claiming one run from duplicate messages, and a cancel racing the finish.
+        let api = world.api(Arc::new(Healthy));
+        let (_, run) =
+            world.call(&api, "POST", "/v1/agent/runs", json!({"agent": "script", "input": "say a\nsay b"}), None).await;
+        let id: RunId = run["id"].as_str().unwrap().parse().unwrap();
+        let message = RunMessage { run_id: id, owner: Owner::parse("sim").unwrap() };
+        let (_stop, stop) = watch::channel(false);
+        let (worker_one, worker_two) = (world.worker(Arc::new(Healthy)), world.worker(Arc::new(Healthy)));
+        let cancel_path = format!("/v1/agent/runs/{id}/cancel");
+        let (first, second, cancel) = tokio::join!(
+            async { worker_one.process(&message, &stop).await.unwrap() },
+            async { worker_two.process(&message, &stop).await.unwrap() },
+            world.call(&one, "POST", &cancel_path, json!({}), None),
+        );
+        use agent_runs_shared::worker::Outcome;
+        let run = world.run(id).await;
+        let finished = [first, second].iter().filter(|o| **o == Outcome::Succeeded).count();
+        match run.status {
+            RunStatus::Succeeded => {
+                assert_eq!((finished, cancel.0), (1, 409), "{first:?} {second:?} {cancel:?}");
+                assert_eq!(run.output.as_deref(), Some("a\nb"));
+            }
+            RunStatus::Canceled => {
+                assert_eq!((finished, cancel.0), (0, 200), "{first:?} {second:?} {cancel:?}");
+                assert!(run.output.is_none());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            [first, second].iter().all(|o| matches!(o, Outcome::Succeeded | Outcome::Dropped | Outcome::LostLease))
+        );
+        assert!(world.store.terminal_writes.lock().unwrap().values().all(|writes| *writes == 1));
+        *outcomes.entry("two workers and a cancel").or_default().entry(format!("{:?}", run.status)).or_default() += 1;
+    }
+    let report = format!("races, {RACES} of each: {outcomes:#?}\n");
+    print!("{report}");
+    std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/reliability-races.txt"), report).unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn with_a_share_of_calls_failing_clients_see_only_503_and_nothing_is_lost() {
+    let world = World::new().await;
+    let faults = RandomFailures::new(0.3, 7);
+    let api = world.api(faults.clone());
+    let (_stop, stop) = watch::channel(false);
+    let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut accepted = Vec::new();
+    for i in 0..200 {
+        let key = format!("k{i}");
+        let (status, reply) =
+            world.call(&api, "POST", "/v1/agent/runs", json!({"input": format!("{i}")}), Some(&key)).await;
+        *statuses.entry(status).or_default() += 1;
+        match status {
+            201 => accepted.push(reply["id"].as_str().unwrap().parse::<RunId>().unwrap()),
+            503 => assert_eq!(reply["error"]["code"], "unavailable"),
+            other => panic!("only 201 or 503 while the store fails: {other} {reply}"),
+        }
+        // Workers and the sweeper suffer the same faults.
+        for (message_id, message) in world.queue.receive() {
+            if world.worker(faults.clone()).process(&message, &stop).await.is_ok() {
+                world.queue.ack(message_id);
+            }
+        }
+        let _ = world.sweeper(faults.clone()).sweep().await;
+        world.clock.advance(Duration::from_secs(1));
+    }
+    assert!(statuses.get(&503).copied().unwrap_or(0) > 10 && !accepted.is_empty(), "{statuses:?}");
+
+    // The fault clears: every accepted run finishes.
+    faults.set_share(0.0);
+    for _ in 0..60 {
+        for (message_id, message) in world.queue.receive() {
+            if world.worker(faults.clone()).process(&message, &stop).await.is_ok() {
+                world.queue.ack(message_id);
+            }
+        }
+        world.sweeper(faults.clone()).sweep().await.unwrap();
+        world.clock.advance(STEP);
+    }
+    let mut succeeded = 0;
+    for id in &accepted {
+        let run = world.run(*id).await;
+        match run.status {
+            RunStatus::Succeeded => succeeded += 1,
+            // A worker that keeps failing mid-run uses up the run's attempts.
+            RunStatus::Failed => assert!(run.error.as_deref().unwrap().contains("attempts"), "{:?}", run.error),
+            other => panic!("not finished: {other:?}"),
+        }
+    }
+    assert!(succeeded * 10 >= accepted.len() * 9, "most runs survive the outage: {succeeded} of {}", accepted.len());
+    let report = format!(
+        "outage at 30%: {} requests {statuses:?}, {} faults injected, {} accepted runs, {succeeded} succeeded\n",
+        statuses.values().sum::<usize>(),
+        faults.injected.load(Ordering::SeqCst),
+        accepted.len()
+    );
+    print!("{report}");
+    std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/reliability-outage.txt"), report).unwrap();
+}
