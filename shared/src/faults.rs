@@ -200,3 +200,91 @@ impl RunQueue for FaultyQueue {
         faulty(self.plan.as_ref(), "enqueue", fault, self.inner.enqueue(message)).await
     }
 }
+
+/// The error an [`AwsErrorInterceptor`] answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AwsError {
+    /// `400 ThrottlingException`, which the SDK retries with backoff.
+    Throttling,
+    /// `500 InternalServerError`.
+    ServerError,
+}
+
+#[derive(Debug, Clone)]
+struct Operation(String);
+
+impl aws_smithy_types::config_bag::Storable for Operation {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
+}
+
+/// An SDK interceptor for DynamoDB clients that answers the calls its plan
+/// picks with a throttling or server error in place of the service's
+/// response, so the SDK's retries and the service's error mapping are
+/// exercised. The call itself still reached the service.
+#[derive(Clone)]
+pub struct AwsErrorInterceptor {
+    plan: Arc<dyn FaultPlan>,
+    error: AwsError,
+}
+
+impl std::fmt::Debug for AwsErrorInterceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AwsErrorInterceptor").field("error", &self.error).finish()
+    }
+}
+
+impl AwsErrorInterceptor {
+    pub fn new(plan: Arc<dyn FaultPlan>, error: AwsError) -> Self {
+        AwsErrorInterceptor { plan, error }
+    }
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for AwsErrorInterceptor {
+    fn name(&self) -> &'static str {
+        "AwsErrorInterceptor"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let target = context.request().headers().get("x-amz-target").unwrap_or_default();
+        let operation = target.rsplit('.').next().unwrap_or_default().to_owned();
+        cfg.interceptor_state().store_put(Operation(operation));
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<
+            '_,
+        >,
+        _runtime_components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let operation: &'static str = match cfg.load::<Operation>().map(|operation| operation.0.as_str()) {
+            Some("GetItem") => "GetItem",
+            Some("PutItem") => "PutItem",
+            Some("Query") => "Query",
+            Some("TransactWriteItems") => "TransactWriteItems",
+            _ => "other",
+        };
+        if self.plan.next(operation) == Fault::None {
+            return Ok(());
+        }
+        let (status, kind) = match self.error {
+            AwsError::Throttling => (400, "ThrottlingException"),
+            AwsError::ServerError => (500, "InternalServerError"),
+        };
+        let body = format!(r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{kind}","message":"injected by a test"}}"#);
+        let mut response = aws_smithy_runtime_api::http::Response::new(
+            aws_smithy_runtime_api::http::StatusCode::try_from(status)?,
+            aws_smithy_types::body::SdkBody::from(body),
+        );
+        response.headers_mut().insert("content-type", "application/x-amz-json-1.0");
+        *context.response_mut() = response;
+        Ok(())
+    }
+}

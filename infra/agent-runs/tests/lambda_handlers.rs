@@ -13,6 +13,7 @@ use agent_runs_shared::auth::generate_key;
 use agent_runs_shared::aws::AwsServices;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
+use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, FaultPlan, Healthy, RandomFailures};
 use agent_runs_shared::lambda::{from_api_response, handle_batch, handle_dead_letters, into_api_request};
 use agent_runs_shared::store::KeyStore;
 use agent_runs_shared::worker::Worker;
@@ -68,11 +69,19 @@ struct Aws {
 
 impl Aws {
     async fn new() -> Aws {
+        Self::with_faults(Arc::new(Healthy)).await
+    }
+
+    /// DynamoDB calls picked by `plan` are answered with a throttling error.
+    async fn with_faults(plan: Arc<dyn FaultPlan>) -> Aws {
         let resources: HashMap<String, String> = support::create_aws_resources().into_iter().collect();
         let config = Config::from_lookup(|name| resources.get(name).cloned()).unwrap();
         let sdk = support::aws_sdk_config().await;
         let calls = CallLog::default();
-        let dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(calls.clone()).build();
+        let dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .interceptor(calls.clone())
+            .interceptor(AwsErrorInterceptor::new(plan, AwsError::Throttling))
+            .build();
         let sqs_config = aws_sdk_sqs::config::Builder::from(&sdk).interceptor(calls.clone()).build();
         let services = AwsServices::new(config, dynamodb, sqs_config).unwrap();
         let now = SystemClock.now();
@@ -331,4 +340,41 @@ async fn dead_lettered_runs_are_failed_unless_they_moved_on() {
     assert!(failed["error"].as_str().unwrap().contains("queue message"), "{failed}");
     let (_, succeeded) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&done)), None).await;
     assert_eq!(succeeded["status"], "succeeded", "a run that moved on is left alone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_throttling_is_retried_then_answered_503_and_nothing_is_lost() {
+    let throttling = RandomFailures::new(0.0, 1);
+    let aws = Aws::with_faults(throttling.clone()).await;
+    let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "kept"}))).await;
+    let path = format!("/v1/agent/runs/{}", id(&run));
+    aws.calls.take();
+
+    throttling.set_share(1.0);
+    for (operation, method, path, body) in [
+        (Operation::Get, "GET", path.clone(), None),
+        (Operation::List, "GET", "/v1/agent/runs".to_owned(), None),
+        (Operation::Create, "POST", "/v1/agent/runs".to_owned(), Some(json!({"input": "refused"}))),
+        (Operation::Cancel, "POST", format!("{path}/cancel"), None),
+    ] {
+        let (status, body) = aws.invoke(operation, method, &path, body).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["code"], "unavailable");
+        assert!(!body.to_string().contains("Throttling"), "no internals: {body}");
+    }
+    let calls = aws.calls.take();
+    assert!(calls.iter().filter(|call| *call == "GetItem").count() >= 2 * 3, "the SDK retried: {calls:?}");
+    assert!(throttling.injected.load(std::sync::atomic::Ordering::SeqCst) >= 12);
+
+    throttling.set_share(0.0);
+    let (status, after) = aws.invoke(Operation::Get, "GET", &path, None).await;
+    assert_eq!((status, after["status"].as_str()), (200, Some("queued")), "the run accepted before is still there");
+    // The throttled create's write had reached the table before its answer
+    // was replaced: like a timeout, a 503 from create leaves the outcome
+    // unknown. The run is kept and queued (the sweeper sends it), and a
+    // client retrying with an Idempotency-Key gets it back rather than a second one.
+    let (_, listed) = aws.invoke(Operation::List, "GET", "/v1/agent/runs", None).await;
+    let statuses: Vec<&str> =
+        listed["data"].as_array().unwrap().iter().map(|run| run["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["queued", "queued"]);
 }

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::Server;
+use support::{Server, Target};
 
 const FAST: &[(&str, &str)] =
     &[("AGENT_RUNS_WORKERS", "2"), ("AGENT_RUNS_LEASE_MS", "1500"), ("AGENT_RUNS_SWEEP_MS", "100")];
@@ -78,4 +78,74 @@ fn sigterm_hands_running_runs_back_so_a_restart_resumes_them_at_once() {
     let server = server.terminate_and_restart();
     let done = server.wait_for(&key, &run, Duration::from_secs(15), |run| run["status"] == "succeeded");
     assert_eq!(done["output"], "one\ntwo");
+}
+
+/// The kinds of run a client mixes in, with the output each ends with.
+const MIXED: [(&str, &str, &str, &str); 4] = [
+    ("echo", "hello", "succeeded", "hello"),
+    ("script", "say a\nsleep 300\nsay b", "succeeded", "a\nb"),
+    ("script", "say x\napprove Go on\nsay y", "succeeded", "x\napproved: Go on\ny"),
+    ("script", "say z\nfail boom", "failed", "boom"),
+];
+
+#[test]
+fn kill_9_during_a_load_of_mixed_runs_then_every_accepted_run_completes() {
+    let server = Server::start_with(FAST);
+    let key = server.dev_key.clone().unwrap();
+    let base = server.base.clone();
+    let client_key = key.clone();
+    // A client creating runs as fast as it can until the server dies.
+    let client = std::thread::spawn(move || {
+        let http = reqwest::blocking::Client::new();
+        let mut accepted = Vec::new();
+        for i in 0.. {
+            let (agent, input, ..) = MIXED[i % MIXED.len()];
+            let sent = http
+                .post(format!("{base}/v1/agent/runs"))
+                .bearer_auth(&client_key)
+                .json(&json!({"agent": agent, "input": input}))
+                .send();
+            match sent {
+                Ok(response) if response.status() == 201 => {
+                    let run: Value = response.json().unwrap();
+                    accepted.push((id(&run), i % MIXED.len()));
+                }
+                Ok(response) => panic!("unexpected {}", response.status()),
+                Err(_) => return accepted,
+            }
+        }
+        unreachable!()
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let server = server.crash_and_restart();
+    let accepted = client.join().unwrap();
+    assert!(accepted.len() >= 20, "the load was real: {} runs", accepted.len());
+
+    for (run_id, kind) in &accepted {
+        let (_, _, status, expected) = MIXED[*kind];
+        let run = server.wait_for(&key, run_id, Duration::from_secs(60), |run| {
+            run["status"] == status || run["status"] == "awaiting_approval"
+        });
+        let run = if run["status"] == "awaiting_approval" {
+            let approval = run["pending_approvals"][0]["id"].as_str().unwrap();
+            let path = format!("/v1/agent/runs/{run_id}/approvals/{approval}");
+            server.post(&key, &path, json!({"decision": "approve"})).expect_status(200);
+            server.wait_for(&key, run_id, Duration::from_secs(60), |run| run["status"] == status)
+        } else {
+            run
+        };
+        let field = if status == "failed" { "error" } else { "output" };
+        assert_eq!(run[field], expected, "{run}");
+    }
+}
+
+#[test]
+fn on_the_aws_path_a_worker_killed_mid_run_is_taken_over_after_its_lease() {
+    let server = Server::start_on(Target::Lambda, &[("AGENT_RUNS_LEASE_MS", "1500"), ("AGENT_RUNS_SWEEP_MS", "250")]);
+    let key = server.dev_key.clone().unwrap();
+    let run = id(&server.create_script(&key, "say a\nsleep 1000\nsay b"));
+    server.wait_for_status(&key, &run, "running");
+    let server = server.crash_and_restart();
+    let done = server.wait_for(&key, &run, Duration::from_secs(30), |run| run["status"] == "succeeded");
+    assert_eq!(done["output"], "a\nb");
 }
