@@ -26,6 +26,8 @@ echo "== moto server on 127.0.0.1:$port"
 
 export AGENT_RUNS_TEST_AWS_ENDPOINT="http://127.0.0.1:$port"
 cargo test --workspace --locked "$@"
+echo "== reliability counts"
+cat target/tmp/reliability-*.txt 2> /dev/null || true
 
 # The OpenAPI document against the running server (needs target/debug/agent-runs, built above).
 bash infra/api-conformance.sh
