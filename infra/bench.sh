@@ -8,9 +8,12 @@
 #   3. each Lambda function's init and invocation times under a Lambda
 #      Runtime API stand-in, against the AWS API emulator.
 #   4. each function's binary and zip size.
-# Usage: bash infra/bench.sh [seconds per load run, default 10]
+# Usage: bash infra/bench.sh [--no-build] [seconds per load run, default 10]
+#   --no-build reuses the release binaries already in target/release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build=1
+if [ "${1:-}" = "--no-build" ]; then build=0; shift; fi
 secs=${1:-10}
 connections=32
 
@@ -18,9 +21,10 @@ if ! command -v wrk > /dev/null; then
   echo "installing wrk (Debian package)"
   apt-get update -qq && apt-get install -y -qq wrk > /dev/null
 fi
-cargo build --release --quiet --bins -p agent-runs -p agent-runs-bench \
-  -p agent-runs-create -p agent-runs-list -p agent-runs-get -p agent-runs-cancel \
-  -p agent-runs-decide -p agent-runs-fallback -p agent-runs-worker -p agent-runs-sweeper
+functions="create list get cancel decide fallback worker sweeper dead-letter"
+if [ "$build" = 1 ]; then
+  cargo build --release --quiet --bins -p agent-runs -p agent-runs-bench $(printf -- '-p agent-runs-%s ' $functions)
+fi
 bin=target/release
 work=$(mktemp -d)
 pids=()
@@ -111,13 +115,14 @@ sqs = json.load(open("infra/events/sqs-run.json"))
 sqs["Records"][0]["body"] = json.dumps({"run_id": missing, "owner": "bench"})
 json.dump(sqs, open(f"{work}/worker.json", "w"))
 json.dump(json.load(open("infra/events/schedule.json")), open(f"{work}/sweeper.json", "w"))
+json.dump(sqs, open(f"{work}/dead-letter.json", "w"))
 PY
-for fn in create list get cancel decide fallback worker sweeper; do
+for fn in $functions; do
   "$bin/lambda-cold-start" "$bin/$fn" "$work/$fn.json" 50
 done
 
 echo "== 4. function sizes (release profile; zip as Lambda takes it)"
-for fn in create list get cancel decide fallback worker sweeper; do
+for fn in $functions; do
   python3 - "$bin/$fn" <<'PY'
 import io, os, sys, zipfile
 path = sys.argv[1]

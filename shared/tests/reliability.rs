@@ -6,14 +6,16 @@
 //! Everything runs on the real SQLite store; time is a manual clock.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_runs_shared::agents::AgentRegistry;
 use agent_runs_shared::api::{Api, ApiLimits};
 use agent_runs_shared::auth::{Authenticator, generate_key};
-use agent_runs_shared::domain::{Clock, ExecutionPolicy, IdGenerator, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
+use agent_runs_shared::domain::{
+    Clock, ExecutionPolicy, IdGenerator, KeyId, ManualClock, Owner, Run, RunId, RunStatus, Timestamp,
+};
 use agent_runs_shared::faults::{CrashAt, FaultPlan, FaultyQueue, FaultyStore, Healthy, RandomFailures};
 use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
 use agent_runs_shared::store::{
@@ -35,20 +37,6 @@ const VISIBILITY: Duration = Duration::from_secs(30);
 const MAX_RECEIVES: u32 = 5;
 /// Simulated time between passes of the workers, the sweeper and the humans.
 const STEP: Duration = Duration::from_secs(5);
-
-struct ManualClock(AtomicI64);
-
-impl Clock for ManualClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_millis(self.0.load(Ordering::SeqCst))
-    }
-}
-
-impl ManualClock {
-    fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
-    }
-}
 
 /// SQS as the worker sees it: at-least-once, a visibility timeout, and a
 /// dead-letter queue after a number of receives.
@@ -179,7 +167,7 @@ impl World {
     async fn new() -> World {
         let dir = tempfile::tempdir().unwrap();
         let sqlite = Arc::new(SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap());
-        let clock = Arc::new(ManualClock(AtomicI64::new(1_795_303_478_123)));
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_795_303_478_123)));
         let issued = generate_key(
             KeyId::from_ulid(IdGenerator::default().ulid_at(clock.now())),
             Owner::parse("sim").unwrap(),

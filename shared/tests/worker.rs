@@ -3,29 +3,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use agent_runs_shared::agents::AgentRegistry;
-use agent_runs_shared::domain::{Clock, ExecutionPolicy, IdGenerator, Owner, Run, RunId, RunStatus, Timestamp};
+use agent_runs_shared::domain::{
+    Clock, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp,
+};
 use agent_runs_shared::queue::{InProcessQueue, RunMessage, RunQueue};
 use agent_runs_shared::store::{Durability, RunStore, SqliteStore};
 use agent_runs_shared::worker::{Outcome, Sweeper, Worker};
 use tokio::sync::watch;
-
-struct ManualClock(AtomicI64);
-
-impl Clock for ManualClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_millis(self.0.load(Ordering::SeqCst))
-    }
-}
-
-impl ManualClock {
-    fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
-    }
-}
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -43,7 +30,7 @@ impl Fixture {
         Fixture {
             _dir: dir,
             store: Arc::new(store),
-            clock: Arc::new(ManualClock(AtomicI64::new(1_795_303_478_123))),
+            clock: Arc::new(ManualClock::new(Timestamp::from_millis(1_795_303_478_123))),
             policy: ExecutionPolicy::default(),
             agents: AgentRegistry::builtin("echo").unwrap(),
             ids: IdGenerator::default(),

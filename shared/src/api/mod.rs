@@ -173,27 +173,19 @@ impl Api {
         let principal = self.authenticate(&request).await?;
         self.rate_limiter.check(&principal.owner, self.clock.now())?;
         let route = Route::parse(request.uri().path()).ok_or_else(not_found_path)?;
-        let method = request.method();
-        let allowed = match (&route, method) {
-            (Route::Runs, &Method::GET | &Method::POST) | (Route::Run(_), &Method::GET) => true,
-            (Route::Cancel(_) | Route::Decide(..), &Method::POST) => true,
-            _ => false,
-        };
-        if !allowed {
-            return Err(ApiError::MethodNotAllowed { allow: route.allow() });
-        }
-        if request.extensions().get::<BodyTooLarge>().is_some() || request.body().len() > MAX_BODY_BYTES {
-            return Err(ApiError::RequestTooLarge);
-        }
-        let operation = match (&route, method) {
+        let operation = match (&route, request.method()) {
             (Route::Runs, &Method::POST) => Operation::Create,
-            (Route::Runs, _) => Operation::List,
-            (Route::Run(_), _) => Operation::Get,
-            (Route::Cancel(_), _) => Operation::Cancel,
-            (Route::Decide(..), _) => Operation::Decide,
+            (Route::Runs, &Method::GET) => Operation::List,
+            (Route::Run(_), &Method::GET) => Operation::Get,
+            (Route::Cancel(_), &Method::POST) => Operation::Cancel,
+            (Route::Decide(..), &Method::POST) => Operation::Decide,
+            _ => return Err(ApiError::MethodNotAllowed { allow: route.allow() }),
         };
         if expected.is_some_and(|expected| expected != operation) {
             return Err(not_found_path());
+        }
+        if request.extensions().get::<BodyTooLarge>().is_some() || request.body().len() > MAX_BODY_BYTES {
+            return Err(ApiError::RequestTooLarge);
         }
         let owner = &principal.owner;
         match route {

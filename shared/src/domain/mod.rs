@@ -14,4 +14,4 @@ pub use cursor::{Cursor, CursorError};
 pub use fields::*;
 pub use ids::{ApprovalId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId};
 pub use run::*;
-pub use time::{Clock, SystemClock, Timestamp};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};

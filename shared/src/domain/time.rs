@@ -61,6 +61,26 @@ impl Clock for SystemClock {
     }
 }
 
+/// A clock that moves only when told to: tests control time with it.
+#[derive(Debug)]
+pub struct ManualClock(std::sync::atomic::AtomicI64);
+
+impl ManualClock {
+    pub fn new(start: Timestamp) -> Self {
+        Self(std::sync::atomic::AtomicI64::new(start.0))
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(by.as_millis().min(i64::MAX as u128) as i64, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
