@@ -40,7 +40,10 @@ impl RateLimiter {
             return Ok(());
         }
         let mut buckets = self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let bucket = buckets.entry(owner.clone()).or_insert(Bucket { tokens: self.limit.burst, refilled_at: now });
+        if !buckets.contains_key(owner) {
+            buckets.insert(owner.clone(), Bucket { tokens: self.limit.burst, refilled_at: now });
+        }
+        let bucket = buckets.get_mut(owner).expect("inserted above");
         let elapsed = now.since(bucket.refilled_at).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * self.limit.per_second).min(self.limit.burst);
         bucket.refilled_at = now.max(bucket.refilled_at);

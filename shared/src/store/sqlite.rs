@@ -158,15 +158,17 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        // A read on a free connection takes microseconds (WAL readers never
+        // wait for the writer): do it in place, which is cheaper than the
+        // hand-off to the blocking pool. Only when every reader is busy,
+        // wait for one there rather than block the async runtime.
+        if let Some(reader) = self.inner.readers.iter().find_map(|reader| reader.try_lock().ok()) {
+            return work(&reader);
+        }
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            // Take a free reader if there is one; otherwise wait for the first.
-            let guard = inner
-                .readers
-                .iter()
-                .find_map(|reader| reader.try_lock().ok())
-                .unwrap_or_else(|| inner.readers[0].lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
-            work(&guard)
+            let reader = inner.readers[0].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            work(&reader)
         })
         .await
         .map_err(|error| StoreError::Defect(format!("store task failed: {error}")))?
@@ -432,8 +434,8 @@ impl KeyStore for SqliteStore {
         let hash = hash.to_vec();
         self.read(move |connection| {
             connection
-                .query_row(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?1"), params![hash], key_from_row)
-                .optional()
+                .prepare_cached(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?1"))
+                .and_then(|mut statement| statement.query_row(params![hash], key_from_row).optional())
                 .map_err(unavailable)?
                 .map(decode_key)
                 .transpose()

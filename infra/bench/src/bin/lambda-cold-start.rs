@@ -38,7 +38,8 @@ async fn handle(state: Arc<Mutex<State>>, request: http::Request<Incoming>) -> h
     if path == "/2018-06-01/runtime/invocation/next" {
         let event = {
             let mut state = state.lock().unwrap();
-            state.init.get_or_insert_with(|| state.started.elapsed());
+            let since_start = state.started.elapsed();
+            state.init.get_or_insert(since_start);
             if state.sent == state.invocations {
                 state.done.notify_one();
                 None
