@@ -64,7 +64,8 @@ impl AwsServices {
         Arc::new(self.store.clone())
     }
 
-    fn run_queue(&self) -> Arc<dyn RunQueue> {
+    /// The queue to send to; a function configured without one fails its sends.
+    pub fn queue(&self) -> Arc<dyn RunQueue> {
         match &self.queue {
             Some(queue) => Arc::new(queue.clone()),
             None => Arc::new(crate::queue::NoQueue),
@@ -75,7 +76,7 @@ impl AwsServices {
         let keys: Arc<dyn KeyStore> = Arc::new(self.store.clone());
         Api::new(
             self.runs(),
-            self.run_queue(),
+            self.queue(),
             Authenticator::new(keys, self.config.key_cache.unwrap_or(REMOTE_STORE_CACHE_TTL)),
             self.agents.clone(),
             self.clock.clone(),
@@ -89,11 +90,7 @@ impl AwsServices {
     }
 
     pub fn sweeper(&self) -> Sweeper {
-        Sweeper::new(self.runs(), self.run_queue(), self.clock.clone(), self.config.policy.clone())
-    }
-
-    pub fn queue(&self) -> Arc<dyn RunQueue> {
-        self.run_queue()
+        Sweeper::new(self.runs(), self.queue(), self.clock.clone(), self.config.policy.clone())
     }
 
     /// Opens the connections a cold function will need, so its first

@@ -159,10 +159,6 @@ impl DynamoStore {
             self.client.get_item().table_name(&self.table).key("pk", s("KEY#warm-up")).key("sk", s("KEY")).send().await;
     }
 
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
     pub fn table(&self) -> &str {
         &self.table
     }

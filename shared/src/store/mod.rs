@@ -114,6 +114,30 @@ pub trait RunStore: Send + Sync + 'static {
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError>;
 }
 
+/// Reads the run, lets `change` alter it, and writes it back when `change`
+/// says it changed anything, starting over from a fresh read when another
+/// write came first. `Ok(false)` when the run is gone or nothing changed.
+pub async fn change_run(
+    runs: &dyn RunStore,
+    owner: &Owner,
+    run_id: RunId,
+    mut change: impl FnMut(&mut Run) -> bool,
+) -> Result<bool, StoreError> {
+    loop {
+        let Some(mut run) = runs.get(owner, run_id).await? else {
+            return Ok(false);
+        };
+        if !change(&mut run) {
+            return Ok(false);
+        }
+        match runs.update(&mut run).await {
+            Ok(()) => return Ok(true),
+            Err(StoreError::Conflict) => continue,
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// An API key as stored: never the key itself, only its SHA-256 hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredKey {

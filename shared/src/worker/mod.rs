@@ -17,7 +17,7 @@ use crate::domain::{
     ApprovalId, ClaimOutcome, ClaimRefused, Clock, ExecutionPolicy, IdGenerator, Run, TransitionError,
 };
 use crate::queue::RunMessage;
-use crate::store::{RunStore, StoreError};
+use crate::store::{RunStore, StoreError, change_run};
 
 pub use pool::WorkerPool;
 pub use sweeper::Sweeper;
@@ -61,10 +61,6 @@ impl Worker {
         let id = format!("wrk_{}", ids.ulid_at(clock.now()));
         let heartbeat_every = policy.lease / 3;
         Worker { runs, agents, clock, policy, ids, heartbeat_every, id }
-    }
-
-    pub fn id(&self) -> &str {
-        &self.id
     }
 
     /// Handles one message to the end. `stop` asks the worker to hand the
@@ -223,17 +219,5 @@ pub async fn abandon_dead_letter(
     clock: &dyn Clock,
     message: &RunMessage,
 ) -> Result<bool, StoreError> {
-    loop {
-        let Some(mut run) = runs.get(&message.owner, message.run_id).await? else {
-            return Ok(false);
-        };
-        if !run.abandon(clock.now()) {
-            return Ok(false);
-        }
-        match runs.update(&mut run).await {
-            Ok(()) => return Ok(true),
-            Err(StoreError::Conflict) => continue,
-            Err(error) => return Err(error),
-        }
-    }
+    change_run(runs, &message.owner, message.run_id, |run| run.abandon(clock.now())).await
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::domain::{Clock, ExecutionPolicy, RunStatus, SweepAction, Timestamp};
 use crate::queue::{RunMessage, RunQueue};
-use crate::store::{DueRun, RunStore, StoreError};
+use crate::store::{DueRun, RunStore, StoreError, change_run};
 
 const PAGE: u32 = 100;
 
@@ -75,20 +75,13 @@ impl Sweeper {
     }
 
     async fn sweep_one(&self, due: &DueRun) -> Result<SweepAction, SweepError> {
-        loop {
-            let Some(mut run) = self.runs.get(&due.key.owner, due.key.run_id).await? else {
-                return Ok(SweepAction::Nothing);
-            };
-            let action = run.sweep(self.clock.now(), &self.policy);
-            if action == SweepAction::Nothing {
-                return Ok(action);
-            }
-            match self.runs.update(&mut run).await {
-                Ok(()) => return Ok(action),
-                Err(StoreError::Conflict) => continue,
-                Err(error) => return Err(error.into()),
-            }
-        }
+        let mut action = SweepAction::Nothing;
+        let written = change_run(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| {
+            action = run.sweep(self.clock.now(), &self.policy);
+            action != SweepAction::Nothing
+        })
+        .await?;
+        Ok(if written { action } else { SweepAction::Nothing })
     }
 
     /// After a restart of a process whose queue lived in memory: enqueue
