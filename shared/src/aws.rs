@@ -7,6 +7,7 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::agents::AgentRegistry;
+use crate::agents::llm::LlmRuntime;
 use crate::api::Api;
 use crate::auth::{Authenticator, REMOTE_STORE_CACHE_TTL};
 use crate::config::Config;
@@ -21,8 +22,6 @@ pub enum SetupError {
     Missing(&'static str),
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    #[error("{0}")]
-    Agents(String),
 }
 
 /// The shared SDK configuration: region, credentials and endpoint (an
@@ -37,14 +36,18 @@ pub struct AwsServices {
     /// Absent where a function sends nothing (get, list, cancel).
     pub queue: Option<SqsQueue>,
     pub clock: Arc<dyn Clock>,
-    pub agents: AgentRegistry,
+    /// For defined agents on Bedrock; built lazily from the default
+    /// configuration when absent.
+    pub bedrock: Option<aws_sdk_bedrockruntime::Client>,
 }
 
 impl AwsServices {
     pub async fn from_env() -> Result<Self, SetupError> {
         let config = Config::from_env()?;
         let sdk = sdk_config().await;
-        Self::new(config, (&sdk).into(), (&sdk).into())
+        let mut services = Self::new(config, (&sdk).into(), (&sdk).into())?;
+        services.bedrock = Some(aws_sdk_bedrockruntime::Client::new(&sdk));
+        Ok(services)
     }
 
     /// Builds the clients from their configurations (tests add interceptors).
@@ -56,8 +59,22 @@ impl AwsServices {
         let table = config.table.clone().ok_or(SetupError::Missing("AGENT_RUNS_TABLE"))?;
         let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(dynamodb), table);
         let queue = config.queue_url.clone().map(|url| SqsQueue::new(aws_sdk_sqs::Client::from_conf(sqs), url));
-        let agents = AgentRegistry::builtin(&config.default_agent).map_err(SetupError::Agents)?;
-        Ok(AwsServices { config, store, queue, clock: Arc::new(SystemClock), agents })
+        Ok(AwsServices { config, store, queue, clock: Arc::new(SystemClock), bedrock: None })
+    }
+
+    /// Built-in agents and those defined in the table. Definitions are
+    /// cached like API keys: a change is seen within the cache time.
+    pub fn agents(&self) -> AgentRegistry {
+        let mut runtime = LlmRuntime::from_process_env(self.config.max_checkpoint_bytes);
+        if let Some(client) = &self.bedrock {
+            runtime = runtime.with_bedrock(client.clone());
+        }
+        AgentRegistry::with_defined(
+            &self.config.default_agent,
+            Arc::new(self.store.clone()),
+            Arc::new(runtime),
+            self.config.agent_cache.unwrap_or(REMOTE_STORE_CACHE_TTL),
+        )
     }
 
     fn runs(&self) -> Arc<dyn RunStore> {
@@ -78,7 +95,7 @@ impl AwsServices {
             self.runs(),
             self.queue(),
             Authenticator::new(keys, self.config.key_cache.unwrap_or(REMOTE_STORE_CACHE_TTL)),
-            self.agents.clone(),
+            self.agents(),
             self.clock.clone(),
             self.config.policy.clone(),
             self.config.limits.clone(),
@@ -86,7 +103,7 @@ impl AwsServices {
     }
 
     pub fn worker(&self) -> Worker {
-        Worker::new(self.runs(), self.agents.clone(), self.clock.clone(), self.config.policy.clone())
+        Worker::new(self.runs(), self.agents(), self.clock.clone(), self.config.policy.clone())
     }
 
     pub fn sweeper(&self) -> Sweeper {

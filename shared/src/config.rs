@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::api::{ApiLimits, RateLimit};
 use crate::domain::ExecutionPolicy;
+use crate::store::MAX_CHECKPOINT_BYTES;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{name}: {problem}")]
@@ -28,6 +29,12 @@ pub struct Config {
     /// `AGENT_RUNS_KEY_CACHE_SECS`: how long a verified API key is trusted
     /// without a lookup (at most 60); each way of running has its default.
     pub key_cache: Option<Duration>,
+    /// `AGENT_RUNS_AGENT_CACHE_SECS`: how long a defined agent is used
+    /// without reading its definition again (at most 300).
+    pub agent_cache: Option<Duration>,
+    /// `AGENT_RUNS_MAX_CHECKPOINT_BYTES`: the largest transcript a defined
+    /// agent's run may keep; the run fails beyond it.
+    pub max_checkpoint_bytes: usize,
 }
 
 fn read<T: std::str::FromStr>(
@@ -86,7 +93,22 @@ impl Config {
                 .map(|_| read(&env, "AGENT_RUNS_KEY_CACHE_SECS", 0u64))
                 .transpose()?
                 .map(|secs| Duration::from_secs(secs.min(60))),
+            agent_cache: env("AGENT_RUNS_AGENT_CACHE_SECS")
+                .map(|_| read(&env, "AGENT_RUNS_AGENT_CACHE_SECS", 0u64))
+                .transpose()?
+                .map(|secs| Duration::from_secs(secs.min(300))),
+            max_checkpoint_bytes: read(
+                &env,
+                "AGENT_RUNS_MAX_CHECKPOINT_BYTES",
+                crate::agents::llm::DEFAULT_MAX_CHECKPOINT_BYTES,
+            )?,
         };
+        if !(1_024..=MAX_CHECKPOINT_BYTES).contains(&config.max_checkpoint_bytes) {
+            return Err(ConfigError {
+                name: "AGENT_RUNS_MAX_CHECKPOINT_BYTES",
+                problem: format!("must be 1024 to {MAX_CHECKPOINT_BYTES} (what one DynamoDB item holds)"),
+            });
+        }
         if config.policy.lease < Duration::from_millis(300) {
             return Err(ConfigError { name: "AGENT_RUNS_LEASE_MS", problem: "must be at least 300".into() });
         }

@@ -6,7 +6,7 @@ use agent_runs_shared::auth::generate_key;
 use agent_runs_shared::aws::sdk_config;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
-use agent_runs_shared::store::{Durability, DynamoStore, KeyStore, SqliteStore};
+use agent_runs_shared::store::{AgentStore, Durability, DynamoStore, KeyStore, SqliteStore};
 use clap::Subcommand;
 
 #[derive(Subcommand)]
@@ -36,9 +36,13 @@ pub async fn issue(keys: &dyn KeyStore, owner: Owner, name: Option<String>) -> R
     Ok((issued.secret, id))
 }
 
-/// The key store in use: DynamoDB when `AGENT_RUNS_TABLE` is set, else
-/// the SQLite database.
-async fn key_store(db: &Path) -> Result<Box<dyn KeyStore>, Error> {
+/// What the admin commands manage: keys and agent definitions.
+pub trait AdminStore: KeyStore + AgentStore {}
+impl<T: KeyStore + AgentStore> AdminStore for T {}
+
+/// The store in use: DynamoDB when `AGENT_RUNS_TABLE` is set, else the
+/// SQLite database.
+pub async fn admin_store(db: &Path) -> Result<Box<dyn AdminStore>, Error> {
     let config = Config::from_env()?;
     match config.table {
         Some(table) => {
@@ -50,7 +54,7 @@ async fn key_store(db: &Path) -> Result<Box<dyn KeyStore>, Error> {
 }
 
 pub async fn run(command: KeysCommand, db: &Path) -> Result<(), Error> {
-    let store = key_store(db).await?;
+    let store = admin_store(db).await?;
     let store = store.as_ref();
     match command {
         KeysCommand::Create { owner, name } => {

@@ -1,5 +1,6 @@
 //! `agent-runs`: the embedded server and the admin commands.
 
+mod agents;
 mod aws_setup;
 mod gateway;
 mod http_server;
@@ -28,6 +29,9 @@ enum Command {
     /// Issue, list and revoke API keys (in DynamoDB when AGENT_RUNS_TABLE is set).
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Define, list, show and delete LLM agents (in DynamoDB when AGENT_RUNS_TABLE is set).
+    #[command(subcommand)]
+    Agents(agents::AgentsCommand),
     /// Create the DynamoDB table and SQS queues as template.yaml defines them.
     AwsSetup(aws_setup::AwsSetupArgs),
     /// Run the Lambda handlers locally as API Gateway, SQS and the schedule would.
@@ -49,6 +53,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve::run(args, &cli.db).await,
             Command::Keys(command) => keys::run(command, &cli.db).await,
+            Command::Agents(command) => agents::run(command, &cli.db).await,
             Command::AwsSetup(args) => aws_setup::run(args).await,
             Command::Openapi => {
                 let agents = agent_runs_shared::agents::AgentRegistry::builtin("echo")?;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_runs_shared::agents::AgentRegistry;
+use agent_runs_shared::agents::llm::LlmRuntime;
 use agent_runs_shared::api::Api;
 use agent_runs_shared::auth::Authenticator;
 use agent_runs_shared::config::Config;
@@ -81,7 +82,13 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let runs: Arc<dyn RunStore> = Arc::new(store.clone());
     let keys: Arc<dyn KeyStore> = Arc::new(store.clone());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let agents = AgentRegistry::builtin(&config.default_agent)?;
+    // Definitions are local: by default, a change applies to the next run.
+    let agents = AgentRegistry::with_defined(
+        &config.default_agent,
+        Arc::new(store.clone()),
+        Arc::new(LlmRuntime::from_process_env(config.max_checkpoint_bytes)),
+        config.agent_cache.unwrap_or(Duration::ZERO),
+    );
     let (queue, receiver) = InProcessQueue::new();
     let queue: Arc<dyn RunQueue> = Arc::new(queue);
 

@@ -3,31 +3,40 @@
 //! between.
 
 mod echo;
+pub mod llm;
 mod script;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::domain::Approval;
+use crate::domain::{Approval, RunId, Usage};
+use crate::store::{AgentStore, StoreError};
 
 pub use echo::EchoAgent;
 pub use script::ScriptAgent;
 
 /// What an agent needs to take its next step.
 pub struct StepInput<'a> {
+    pub run_id: RunId,
     pub input: &'a str,
     /// What the previous step returned; `None` on the first step.
     pub checkpoint: Option<&'a serde_json::Value>,
     /// Every approval of the run so far, oldest first, with their decisions.
     pub approvals: &'a [Approval],
+    /// The run's token usage so far; an agent adds what its model reports.
+    pub usage: &'a mut Option<Usage>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// More to do; the value is the agent's state to resume from.
     Continue(serde_json::Value),
+    /// More to do, and what was done must not be done again: the worker
+    /// saves this state before the next step.
+    Checkpoint(serde_json::Value),
     /// Wait for a human decision on each action; resume from the checkpoint.
     AwaitApproval {
         actions: Vec<String>,
@@ -45,11 +54,22 @@ pub trait Agent: Send + Sync + 'static {
     async fn step(&self, input: StepInput<'_>) -> Step;
 }
 
-/// The agents a deployment offers, by name, and the one used by default.
+/// The agents a deployment offers, by name, and the one used by default:
+/// the built-in ones and, when a store of definitions is attached, the
+/// operator's.
 #[derive(Clone)]
 pub struct AgentRegistry {
-    agents: BTreeMap<String, Arc<dyn Agent>>,
+    builtin: BTreeMap<String, Arc<dyn Agent>>,
     default: String,
+    defined: Option<Arc<DefinedAgents>>,
+}
+
+/// Agents built from stored definitions, kept for a while once built.
+struct DefinedAgents {
+    store: Arc<dyn AgentStore>,
+    runtime: Arc<llm::LlmRuntime>,
+    cache_for: Duration,
+    cache: Mutex<HashMap<String, (Instant, Arc<dyn Agent>)>>,
 }
 
 impl AgentRegistry {
@@ -61,23 +81,68 @@ impl AgentRegistry {
         if !agents.contains_key(default) {
             return Err(format!("the default agent `{default}` is not one of: {}", names(&agents)));
         }
-        Ok(Self { agents, default: default.to_owned() })
+        Ok(Self { builtin: agents, default: default.to_owned(), defined: None })
+    }
+
+    /// The built-in agents and those defined in `store`; `default` may name
+    /// either. A definition changed in the store is used within `cache_for`.
+    pub fn with_defined(
+        default: &str,
+        store: Arc<dyn AgentStore>,
+        runtime: Arc<llm::LlmRuntime>,
+        cache_for: Duration,
+    ) -> Self {
+        let mut registry = Self::builtin("echo").unwrap_or_else(|_| unreachable!("echo is built in"));
+        registry.default = default.to_owned();
+        registry.defined = Some(Arc::new(DefinedAgents { store, runtime, cache_for, cache: Mutex::default() }));
+        registry
     }
 
     pub fn default_name(&self) -> &str {
         &self.default
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn Agent>> {
-        self.agents.get(name)
+    /// The agent of that name; `None` when there is none.
+    pub async fn resolve(&self, name: &str) -> Result<Option<Arc<dyn Agent>>, StoreError> {
+        if let Some(agent) = self.builtin.get(name) {
+            return Ok(Some(agent.clone()));
+        }
+        match &self.defined {
+            Some(defined) => defined.resolve(name).await,
+            None => Ok(None),
+        }
     }
 
+    /// The built-in agents' names.
     pub fn names(&self) -> String {
-        names(&self.agents)
+        names(&self.builtin)
     }
 
     pub fn names_list(&self) -> Vec<&str> {
-        self.agents.keys().map(String::as_str).collect()
+        self.builtin.keys().map(String::as_str).collect()
+    }
+}
+
+impl DefinedAgents {
+    async fn resolve(&self, name: &str) -> Result<Option<Arc<dyn Agent>>, StoreError> {
+        let cached = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).cloned();
+        if let Some((built, agent)) = cached
+            && built.elapsed() < self.cache_for
+        {
+            return Ok(Some(agent));
+        }
+        let Some(definition) = self.store.get_agent(name).await? else {
+            return Ok(None);
+        };
+        let agent: Arc<dyn Agent> = Arc::new(
+            self.runtime
+                .agent(definition)
+                .await
+                .map_err(|error| StoreError::Defect(format!("stored agent `{name}` is invalid: {error}")))?,
+        );
+        let mut cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache.insert(name.to_owned(), (Instant::now(), agent.clone()));
+        Ok(Some(agent))
     }
 }
 

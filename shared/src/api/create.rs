@@ -41,7 +41,7 @@ fn parse_metadata(value: Option<Value>) -> Result<Metadata, ApiError> {
     Metadata::parse(entries).map_err(|error| ApiError::invalid("metadata", error.0))
 }
 
-fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun, ApiError> {
+async fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun, ApiError> {
     reject_unknown_fields(&object, FIELDS)?;
     let input = match object.remove("input") {
         None | Some(Value::Null) => return Err(ApiError::invalid("input", "`input` is required.")),
@@ -49,14 +49,21 @@ fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun, ApiEr
         Some(_) => return Err(ApiError::invalid("input", "`input` must be a string.")),
     };
     let agent = optional_string(&mut object, "agent")?.unwrap_or_else(|| api.agents.default_name().to_owned());
-    let implementation = api.agents.get(&agent).ok_or_else(|| {
+    let metadata = parse_metadata(object.remove("metadata"))?;
+    // Last, as it may read the store: the agent and what it thinks of the input.
+    let implementation = api.agents.resolve(&agent).await?.ok_or_else(|| {
         let shown: String = agent.chars().take(64).collect();
-        ApiError::invalid("agent", format!("Unknown agent `{shown}`. Available agents: {}.", api.agents.names()))
+        ApiError::invalid(
+            "agent",
+            format!(
+                "Unknown agent `{shown}`. Available agents: {}, and those defined with `agent-runs agents put`.",
+                api.agents.names()
+            ),
+        )
     })?;
     implementation
         .validate_input(input.as_str())
         .map_err(|message| ApiError::invalid("input", format!("The `{agent}` agent rejected the input: {message}")))?;
-    let metadata = parse_metadata(object.remove("metadata"))?;
     Ok(NewRun { input, agent, metadata })
 }
 
@@ -98,7 +105,7 @@ fn created(run: &Run, replayed: bool) -> ApiResponse {
 
 pub(super) async fn handle(api: &Api, owner: &Owner, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
-    let new_run = parse_body(api, object)?;
+    let new_run = parse_body(api, object).await?;
     let key = idempotency_key(request)?;
 
     let now = api.clock.now();

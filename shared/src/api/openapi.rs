@@ -118,6 +118,19 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
         "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}}
     });
 
+    let usage = json!({
+        "description": "Tokens the agent's model used so far; null unless its provider reports them.",
+        "anyOf": [{"type": "null"}, {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["input_tokens", "output_tokens", "total_tokens"],
+            "properties": {
+                "input_tokens": {"type": "integer", "minimum": 0},
+                "output_tokens": {"type": "integer", "minimum": 0},
+                "total_tokens": {"type": "integer", "minimum": 0}
+            }
+        }]
+    });
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -238,7 +251,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "Run": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_at", "started_at", "completed_at"],
+                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_at", "started_at", "completed_at", "usage"],
                     "properties": {
                         "id": {"type": "string", "pattern": format!("^run_{ULID}$")},
                         "status": {"type": "string", "enum": statuses},
@@ -250,7 +263,8 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
                         "created_at": timestamp(false),
                         "started_at": timestamp(true),
-                        "completed_at": timestamp(true)
+                        "completed_at": timestamp(true),
+                        "usage": usage
                     }
                 },
                 "Approval": {
@@ -282,7 +296,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     "required": ["input"],
                     "properties": {
                         "input": {"type": "string", "minLength": 1, "maxLength": MAX_INPUT_BYTES, "description": format!("1 to {MAX_INPUT_BYTES} bytes of UTF-8. The agent may reject it (400).")},
-                        "agent": {"type": ["string", "null"], "enum": agents.iter().map(|agent| json!(agent)).chain([Value::Null]).collect::<Vec<_>>(), "description": format!("Default: {default_agent}.")},
+                        "agent": {"type": ["string", "null"], "minLength": 1, "examples": agents, "description": format!("A built-in agent ({}) or one the operator defined with `agent-runs agents put`; an unknown name is 400. Default: {default_agent}.", agents.join(", "))},
                         "metadata": {
                             "type": ["object", "null"],
                             "maxProperties": MAX_METADATA_KEYS,
@@ -390,7 +404,7 @@ mod tests {
         assert_eq!(codes.as_array().unwrap().len(), 10);
         let statuses = &document["paths"]["/v1/agent/runs"]["get"]["parameters"][0]["schema"]["enum"];
         assert_eq!(statuses.as_array().unwrap().len(), RunStatus::ALL.len() + 1, "the six states and empty");
-        let agents = &document["components"]["schemas"]["CreateRun"]["properties"]["agent"]["enum"];
-        assert_eq!(agents, &json!(["echo", "script", null]));
+        let agents = &document["components"]["schemas"]["CreateRun"]["properties"]["agent"]["examples"];
+        assert_eq!(agents, &json!(["echo", "script"]));
     }
 }

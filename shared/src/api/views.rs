@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::domain::{Approval, Run, Timestamp};
+use crate::domain::{Approval, Run, Timestamp, Usage};
 
 #[derive(Serialize)]
 pub struct RunView<'a> {
@@ -19,6 +19,8 @@ pub struct RunView<'a> {
     created_at: String,
     started_at: Option<String>,
     completed_at: Option<String>,
+    /// Present always; `null` unless the agent's model reported token usage.
+    usage: Option<Usage>,
 }
 
 #[derive(Serialize)]
@@ -64,6 +66,7 @@ impl<'a> From<&'a Run> for RunView<'a> {
             created_at: run.created_at.to_rfc3339(),
             started_at: rfc3339(run.started_at),
             completed_at: rfc3339(run.completed_at),
+            usage: run.usage,
         }
     }
 }

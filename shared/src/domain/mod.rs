@@ -1,6 +1,7 @@
 //! The pure core: runs, approvals, ids, field rules and the state machine.
 //! Knows nothing of HTTP, AWS or SQLite.
 
+mod agent;
 mod cursor;
 mod fields;
 mod ids;
@@ -10,6 +11,7 @@ mod time;
 #[cfg(test)]
 mod run_tests;
 
+pub use agent::*;
 pub use cursor::{Cursor, CursorError};
 pub use fields::*;
 pub use ids::{ApprovalId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId};

@@ -170,6 +170,24 @@ pub struct Run {
     /// When the current claim started executing.
     #[serde(default)]
     pub running_since: Option<Timestamp>,
+    /// Tokens the agent's model calls used, when the provider reports them.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.total_tokens += other.total_tokens;
+    }
 }
 
 /// A transition that is not allowed from the run's current state.
@@ -272,6 +290,7 @@ impl Run {
             checkpoint: None,
             execution_ms: 0,
             running_since: None,
+            usage: None,
         }
     }
 

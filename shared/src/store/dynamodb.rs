@@ -5,12 +5,19 @@
 //! | run | `OWNER#<owner>` | `RUN#<run_id>` |
 //! | active-run counter | `OWNER#<owner>` | `ACTIVE` |
 //! | idempotency record | `OWNER#<owner>` | `IDEM#<sha256 of the key>` |
+//! | a run's large checkpoint | `OWNER#<owner>` | `CKPT#<run_id>` |
 //! | API key | `KEY#<sha256 hex of the key>` | `KEY` |
+//! | agent definition | `AGENT#<name>` | `AGENT` |
 //!
 //! Runs also carry `gsi1pk = OWNER#<owner>#STATUS#<status>`, `gsi1sk =
 //! RUN#<run_id>` (the status filter) and, while not terminal, `gsi2pk =
 //! DUE#<shard>`, `gsi2sk = <due time>#<run_id>` (the sweeper's sparse timer
 //! index). Every write of a run is conditional on the version it read.
+//!
+//! A checkpoint over [`INLINE_CHECKPOINT_BYTES`] of JSON (an LLM agent's
+//! transcript) is kept in its own item, written in the same transaction as
+//! the run, so the run item stays small for every read and list and far
+//! from DynamoDB's 400 KB item limit.
 
 use std::collections::HashMap;
 
@@ -23,16 +30,23 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Up
 use serde::{Deserialize, Serialize};
 
 use super::{
-    DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore,
-    StoreError, StoredKey,
+    AgentStore, DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run,
+    RunKey, RunStore, StoreError, StoredKey,
 };
-use crate::domain::{KeyId, Owner, RunId, Timestamp};
+use crate::domain::{AgentDefinition, KeyId, Owner, RunId, Timestamp};
 
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
 /// Partitions of the due index, so the sweeper's reads and the writes of
 /// busy periods spread over several keys.
 pub const DUE_SHARDS: u32 = 4;
+
+/// Larger checkpoints live in their own item.
+pub const INLINE_CHECKPOINT_BYTES: usize = 32 * 1024;
+/// The largest checkpoint that fits in an item of its own.
+pub const MAX_CHECKPOINT_BYTES: usize = 350_000;
+/// On a run item: the version whose checkpoint is in the `CKPT#` item.
+const CHECKPOINT_APART: &str = "checkpoint_apart";
 
 const TERMINAL: [&str; 3] = ["succeeded", "failed", "canceled"];
 
@@ -76,6 +90,38 @@ fn defect(what: impl std::fmt::Display) -> StoreError {
     StoreError::Defect(what.to_string())
 }
 
+fn checkpoint_sk(run_id: RunId) -> String {
+    format!("CKPT#{run_id}")
+}
+
+/// The run's item and, when its checkpoint is too large to keep inline, the
+/// checkpoint's own item.
+fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
+    let apart = match &run.checkpoint {
+        Some(checkpoint) => {
+            let json = serde_json::to_string(checkpoint).map_err(defect)?;
+            if json.len() > MAX_CHECKPOINT_BYTES {
+                return Err(defect(format!("a checkpoint of {} bytes is over the limit", json.len())));
+            }
+            (json.len() > INLINE_CHECKPOINT_BYTES).then_some(json)
+        }
+        None => None,
+    };
+    let mut item = run_item(run)?;
+    let Some(json) = apart else {
+        return Ok((item, None));
+    };
+    item.remove("checkpoint");
+    item.insert(CHECKPOINT_APART.into(), n(run.version));
+    let checkpoint = Item::from([
+        ("pk".into(), s(owner_pk(&run.owner))),
+        ("sk".into(), s(checkpoint_sk(run.id))),
+        ("version".into(), n(run.version)),
+        ("checkpoint".into(), s(json)),
+    ]);
+    Ok((item, Some(checkpoint)))
+}
+
 fn run_item(run: &Run) -> Result<Item, StoreError> {
     let mut item: Item = serde_dynamo::to_item(run).map_err(|error| defect(format!("cannot encode run: {error}")))?;
     item.insert("pk".into(), s(owner_pk(&run.owner)));
@@ -90,7 +136,7 @@ fn run_item(run: &Run) -> Result<Item, StoreError> {
 }
 
 fn decode_run(mut item: Item) -> Result<Run, StoreError> {
-    for key in ["pk", "sk", "gsi1pk", "gsi1sk", "gsi2pk", "gsi2sk"] {
+    for key in ["pk", "sk", "gsi1pk", "gsi1sk", "gsi2pk", "gsi2sk", CHECKPOINT_APART] {
         item.remove(key);
     }
     serde_dynamo::from_item(item).map_err(|error| defect(format!("cannot decode stored run: {error}")))
@@ -157,6 +203,44 @@ impl DynamoStore {
     pub async fn warm_up(&self) {
         let _ =
             self.client.get_item().table_name(&self.table).key("pk", s("KEY#warm-up")).key("sk", s("KEY")).send().await;
+    }
+
+    async fn get_item(&self, pk: String, sk: String) -> Result<Option<Item>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(pk))
+            .key("sk", s(sk))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(output.item)
+    }
+
+    /// Every item with this sort key: an admin operation over a handful of
+    /// items, where a filtered scan is fine.
+    async fn scan_kind(&self, sort_key: &str) -> Result<Vec<Item>, StoreError> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let output = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .filter_expression("sk = :kind")
+                .expression_attribute_values(":kind", s(sort_key))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            items.extend(output.items.unwrap_or_default());
+            start = output.last_evaluated_key;
+            if start.is_none() {
+                return Ok(items);
+            }
+        }
     }
 
     pub fn table(&self) -> &str {
@@ -305,68 +389,93 @@ impl RunStore for DynamoStore {
     }
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", s(owner_pk(owner)))
-            .key("sk", s(run_sk(run_id)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        output.item.map(decode_run).transpose()
+        // A checkpoint kept apart is read second; should a write land between
+        // the two reads, the versions differ and both are read again.
+        for _ in 0..8 {
+            let Some(item) = self.get_item(owner_pk(owner), run_sk(run_id)).await? else {
+                return Ok(None);
+            };
+            let apart = item.get(CHECKPOINT_APART).and_then(|value| value.as_n().ok()).cloned();
+            let mut run = decode_run(item)?;
+            let Some(version) = apart else {
+                return Ok(Some(run));
+            };
+            let checkpoint = self.get_item(owner_pk(owner), checkpoint_sk(run_id)).await?;
+            let Some(checkpoint) =
+                checkpoint.filter(|item| item.get("version").and_then(|v| v.as_n().ok()) == Some(&version))
+            else {
+                continue;
+            };
+            let json = text(&checkpoint, "checkpoint")?;
+            run.checkpoint = Some(serde_json::from_str(json).map_err(|_| defect("malformed stored checkpoint"))?);
+            return Ok(Some(run));
+        }
+        Err(unavailable(std::io::Error::other("the run kept changing while its checkpoint was read")))
     }
 
     async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
         let mut next = run.clone();
         next.version += 1;
+        let (run_item, checkpoint_item) = run_items(&next)?;
         let condition = "version = :expected AND NOT (#status IN (:t0, :t1, :t2))";
         let values =
             [(":expected", n(run.version)), (":t0", s(TERMINAL[0])), (":t1", s(TERMINAL[1])), (":t2", s(TERMINAL[2]))];
-        let ends_run = next.status.is_terminal();
-        let result = if ends_run {
-            let put = values
-                .into_iter()
-                .fold(Put::builder(), |put, (name, value)| put.expression_attribute_values(name, value))
-                .table_name(&self.table)
-                .set_item(Some(run_item(&next)?))
-                .condition_expression(condition)
-                .expression_attribute_names("#status", "status")
-                .build()
-                .map_err(defect)?;
-            let items = vec![
-                TransactWriteItem::builder().put(put).build(),
-                TransactWriteItem::builder().update(self.active_counter(&run.owner, -1, None)?).build(),
-            ];
-            match self.client.transact_write_items().set_transact_items(Some(items)).send().await {
-                Ok(_) => Ok(()),
-                Err(error) if canceled_conditions(&error).is_some_and(|failed| failed.first() == Some(&true)) => {
-                    Err(StoreError::Conflict)
-                }
-                Err(error) => Err(unavailable(error)),
-            }
-        } else {
+        if checkpoint_item.is_none() && !next.status.is_terminal() {
             let put = values
                 .into_iter()
                 .fold(self.client.put_item(), |put, (name, value)| put.expression_attribute_values(name, value))
                 .table_name(&self.table)
-                .set_item(Some(run_item(&next)?))
+                .set_item(Some(run_item))
                 .condition_expression(condition)
                 .expression_attribute_names("#status", "status");
-            match put.send().await {
-                Ok(_) => Ok(()),
+            return match put.send().await {
+                Ok(_) => {
+                    run.version = next.version;
+                    Ok(())
+                }
                 Err(error)
                     if matches!(error.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) =>
                 {
                     Err(StoreError::Conflict)
                 }
                 Err(error) => Err(unavailable(error)),
+            };
+        }
+        let put_run = values
+            .into_iter()
+            .fold(Put::builder(), |put, (name, value)| put.expression_attribute_values(name, value))
+            .table_name(&self.table)
+            .set_item(Some(run_item))
+            .condition_expression(condition)
+            .expression_attribute_names("#status", "status")
+            .build()
+            .map_err(defect)?;
+        let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
+        if let Some(checkpoint) = checkpoint_item {
+            let put = Put::builder().table_name(&self.table).set_item(Some(checkpoint)).build().map_err(defect)?;
+            items.push(TransactWriteItem::builder().put(put).build());
+        }
+        if next.status.is_terminal() {
+            items.push(TransactWriteItem::builder().update(self.active_counter(&run.owner, -1, None)?).build());
+            // The run's checkpoint item, if it ever had one, is no longer needed.
+            let delete = Delete::builder()
+                .table_name(&self.table)
+                .key("pk", s(owner_pk(&run.owner)))
+                .key("sk", s(checkpoint_sk(run.id)))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().delete(delete).build());
+        }
+        match self.client.transact_write_items().set_transact_items(Some(items)).send().await {
+            Ok(_) => {
+                run.version = next.version;
+                Ok(())
             }
-        };
-        result?;
-        run.version = next.version;
-        Ok(())
+            Err(error) if canceled_conditions(&error).is_some_and(|failed| failed.first() == Some(&true)) => {
+                Err(StoreError::Conflict)
+            }
+            Err(error) => Err(unavailable(error)),
+        }
     }
 
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
@@ -478,27 +587,9 @@ impl KeyStore for DynamoStore {
     }
 
     async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError> {
-        // An admin operation over a handful of items: a filtered scan is fine.
         let mut keys = Vec::new();
-        let mut start = None;
-        loop {
-            let output = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .filter_expression("sk = :key")
-                .expression_attribute_values(":key", s("KEY"))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(unavailable)?;
-            for item in output.items.unwrap_or_default() {
-                keys.push(decode_key(item)?);
-            }
-            start = output.last_evaluated_key;
-            if start.is_none() {
-                break;
-            }
+        for item in self.scan_kind("KEY").await? {
+            keys.push(decode_key(item)?);
         }
         keys.sort_by_key(|key| key.id);
         Ok(keys)
@@ -522,5 +613,59 @@ impl KeyStore for DynamoStore {
             .await
             .map_err(unavailable)?;
         Ok(true)
+    }
+}
+
+fn agent_pk(name: &str) -> String {
+    format!("AGENT#{name}")
+}
+
+fn decode_agent(item: &Item) -> Result<AgentDefinition, StoreError> {
+    serde_json::from_str(text(item, "definition")?)
+        .map_err(|error| defect(format!("cannot decode stored agent: {error}")))
+}
+
+#[async_trait]
+impl AgentStore for DynamoStore {
+    async fn put_agent(&self, agent: &AgentDefinition, at: Timestamp) -> Result<(), StoreError> {
+        let definition = serde_json::to_string(agent).map_err(defect)?;
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(agent_pk(&agent.name)))
+            .item("sk", s("AGENT"))
+            .item("definition", s(definition))
+            .item("updated_at", n(at.millis()))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn get_agent(&self, name: &str) -> Result<Option<AgentDefinition>, StoreError> {
+        self.get_item(agent_pk(name), "AGENT".into()).await?.as_ref().map(decode_agent).transpose()
+    }
+
+    async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError> {
+        let mut agents = Vec::new();
+        for item in self.scan_kind("AGENT").await? {
+            agents.push(decode_agent(&item)?);
+        }
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(agents)
+    }
+
+    async fn delete_agent(&self, name: &str) -> Result<bool, StoreError> {
+        let output = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .key("pk", s(agent_pk(name)))
+            .key("sk", s("AGENT"))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllOld)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(output.attributes.is_some_and(|old| !old.is_empty()))
     }
 }

@@ -5,10 +5,10 @@ mod sqlite;
 
 use async_trait::async_trait;
 
-use crate::domain::{KeyId, Owner, RunId, RunStatus, Timestamp};
+use crate::domain::{AgentDefinition, KeyId, Owner, RunId, RunStatus, Timestamp};
 
 pub use crate::domain::Run;
-pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore, STATUS_INDEX};
+pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, STATUS_INDEX};
 pub use sqlite::{Durability, SqliteStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -156,4 +156,16 @@ pub trait KeyStore: Send + Sync + 'static {
     async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError>;
     /// Marks the key revoked; `Ok(false)` when no such key exists.
     async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError>;
+}
+
+/// Operator-defined agents, by name.
+#[async_trait]
+pub trait AgentStore: Send + Sync + 'static {
+    /// Creates or replaces the definition of that name.
+    async fn put_agent(&self, agent: &AgentDefinition, at: Timestamp) -> Result<(), StoreError>;
+    async fn get_agent(&self, name: &str) -> Result<Option<AgentDefinition>, StoreError>;
+    /// Every definition, by name.
+    async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError>;
+    /// `Ok(false)` when no such agent exists.
+    async fn delete_agent(&self, name: &str) -> Result<bool, StoreError>;
 }

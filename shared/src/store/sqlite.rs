@@ -15,12 +15,12 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use super::{
-    DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore,
-    StoreError, StoredKey,
+    AgentStore, DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run,
+    RunKey, RunStore, StoreError, StoredKey,
 };
-use crate::domain::{KeyId, Owner, RunId, Timestamp};
+use crate::domain::{AgentDefinition, KeyId, Owner, RunId, Timestamp};
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 const READERS: usize = 4;
 
 const SCHEMA: &str = "
@@ -52,6 +52,15 @@ CREATE TABLE api_keys (
     created_at INTEGER NOT NULL,
     revoked_at INTEGER
 );
+";
+
+/// Version 2: operator-defined agents.
+const SCHEMA_2: &str = "
+CREATE TABLE agents (
+    name       TEXT    PRIMARY KEY,
+    definition TEXT    NOT NULL,
+    updated_at INTEGER NOT NULL
+) WITHOUT ROWID;
 ";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -97,8 +106,9 @@ fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
     match version {
         0 => {
             transaction.execute_batch(SCHEMA).map_err(unavailable)?;
-            transaction.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(unavailable)?;
+            transaction.execute_batch(SCHEMA_2).map_err(unavailable)?;
         }
+        1 => transaction.execute_batch(SCHEMA_2).map_err(unavailable)?,
         SCHEMA_VERSION => {}
         other => {
             return Err(StoreError::Defect(format!(
@@ -106,6 +116,7 @@ fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
             )));
         }
     }
+    transaction.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(unavailable)?;
     transaction.commit().map_err(unavailable)
 }
 
@@ -475,6 +486,65 @@ impl KeyStore for SqliteStore {
                     Ok(true)
                 }
             }
+        })
+        .await
+    }
+}
+
+fn decode_agent(text: String) -> Result<AgentDefinition, StoreError> {
+    serde_json::from_str(&text).map_err(|error| StoreError::Defect(format!("cannot decode stored agent: {error}")))
+}
+
+#[async_trait]
+impl AgentStore for SqliteStore {
+    async fn put_agent(&self, agent: &AgentDefinition, at: Timestamp) -> Result<(), StoreError> {
+        let name = agent.name.clone();
+        let definition = serde_json::to_string(agent).map_err(|error| StoreError::Defect(error.to_string()))?;
+        self.write(move |connection| {
+            connection
+                .execute(
+                    "INSERT INTO agents (name, definition, updated_at) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (name) DO UPDATE SET definition = excluded.definition, updated_at = excluded.updated_at",
+                    params![name, definition, at.millis()],
+                )
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_agent(&self, name: &str) -> Result<Option<AgentDefinition>, StoreError> {
+        let name = name.to_owned();
+        self.read(move |connection| {
+            connection
+                .prepare_cached("SELECT definition FROM agents WHERE name = ?1")
+                .and_then(|mut statement| statement.query_row(params![name], |row| row.get(0)).optional())
+                .map_err(unavailable)?
+                .map(decode_agent)
+                .transpose()
+        })
+        .await
+    }
+
+    async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError> {
+        self.read(|connection| {
+            let mut statement =
+                connection.prepare("SELECT definition FROM agents ORDER BY name").map_err(unavailable)?;
+            let rows = statement
+                .query_map([], |row| row.get(0))
+                .and_then(|rows| rows.collect::<Result<Vec<String>, _>>())
+                .map_err(unavailable)?;
+            rows.into_iter().map(decode_agent).collect()
+        })
+        .await
+    }
+
+    async fn delete_agent(&self, name: &str) -> Result<bool, StoreError> {
+        let name = name.to_owned();
+        self.write(move |connection| {
+            let deleted =
+                connection.execute("DELETE FROM agents WHERE name = ?1", params![name]).map_err(unavailable)?;
+            Ok(deleted > 0)
         })
         .await
     }

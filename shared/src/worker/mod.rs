@@ -83,26 +83,71 @@ impl Worker {
     /// Steps the agent until the run finishes, parks, is handed back or is
     /// lost to a cancel or takeover.
     async fn execute(&self, run: &mut Run, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
-        let Some(agent) = self.agents.get(&run.agent).cloned() else {
+        let Some(agent) = self.agents.resolve(&run.agent).await? else {
             let error = format!("The agent `{}` is no longer configured.", run.agent);
             return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
         };
 
         let mut checkpoint = run.checkpoint.clone();
+        let mut usage = run.usage;
         let mut last_heartbeat = Instant::now();
         loop {
-            let step = agent
-                .step(StepInput { input: &run.input, checkpoint: checkpoint.as_ref(), approvals: &run.approvals })
-                .await;
+            let (input, approvals) = (run.input.clone(), run.approvals.clone());
+            let stepping = agent.step(StepInput {
+                run_id: run.id,
+                input: &input,
+                checkpoint: checkpoint.as_ref(),
+                approvals: &approvals,
+                usage: &mut usage,
+            });
+            // A step may wait long on a model or a tool: keep the lease
+            // meanwhile, and give up the step on a cancel or a stop.
+            let step = {
+                tokio::pin!(stepping);
+                let mut stop = stop.clone();
+                let stopped = async move {
+                    if stop.wait_for(|stop| *stop).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::pin!(stopped);
+                loop {
+                    tokio::select! {
+                        step = &mut stepping => break Some(step),
+                        () = &mut stopped => break None,
+                        () = tokio::time::sleep(self.heartbeat_every) => {
+                            let renewed = self
+                                .write(run, |run, now, worker| run.heartbeat(worker, None, now, &self.policy))
+                                .await?;
+                            if !renewed {
+                                return Ok(Outcome::LostLease);
+                            }
+                            last_heartbeat = Instant::now();
+                        }
+                    }
+                }
+            };
+            run.usage = usage;
+            let mut save_now = false;
             match step {
-                Step::Continue(next) => checkpoint = Some(next),
-                Step::Succeeded(output) => {
+                None => {
+                    let saved = checkpoint.clone();
+                    return self
+                        .finish(run, |run, now, worker| run.release(worker, saved.clone(), now, &self.policy))
+                        .await;
+                }
+                Some(Step::Continue(next)) => checkpoint = Some(next),
+                Some(Step::Checkpoint(next)) => {
+                    checkpoint = Some(next);
+                    save_now = true;
+                }
+                Some(Step::Succeeded(output)) => {
                     return self.finish(run, |run, now, worker| run.succeed(worker, output.clone(), now)).await;
                 }
-                Step::Failed(error) => {
+                Some(Step::Failed(error)) => {
                     return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
                 }
-                Step::AwaitApproval { actions, checkpoint } => {
+                Some(Step::AwaitApproval { actions, checkpoint }) => {
                     let requests: Vec<(ApprovalId, String)> = actions
                         .into_iter()
                         .map(|action| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), action))
@@ -125,7 +170,7 @@ impl Worker {
                     .await;
             }
             // Between steps: a cancel or takeover ends the work here.
-            if last_heartbeat.elapsed() >= self.heartbeat_every {
+            if save_now || last_heartbeat.elapsed() >= self.heartbeat_every {
                 let saved = checkpoint.clone();
                 let renewed =
                     self.write(run, |run, now, worker| run.heartbeat(worker, saved.clone(), now, &self.policy)).await?;
@@ -135,7 +180,7 @@ impl Worker {
                 last_heartbeat = Instant::now();
             } else {
                 match self.runs.get(&run.owner, run.id).await? {
-                    Some(current) if current.held_by(&self.id) => *run = current,
+                    Some(current) if current.held_by(&self.id) => *run = Run { usage, ..current },
                     _ => return Ok(Outcome::LostLease),
                 }
             }
@@ -175,8 +220,10 @@ impl Worker {
         run: &mut Run,
         change: impl Fn(&mut Run, crate::domain::Timestamp, &str) -> Result<(), TransitionError>,
     ) -> Result<bool, WorkerError> {
+        // Only the worker holding the run counts its tokens.
+        let usage = run.usage;
         loop {
-            let mut next = run.clone();
+            let mut next = Run { usage, ..run.clone() };
             if change(&mut next, self.clock.now(), &self.id).is_err() {
                 return Ok(false);
             }

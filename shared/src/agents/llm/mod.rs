@@ -1,0 +1,301 @@
+//! An agent defined by the operator: a language model that calls HTTP
+//! tools. One step is one model call or one tool call; the transcript is
+//! the checkpoint, so a run resumes anywhere, on any worker, after any
+//! number of invocations or approvals.
+
+mod bedrock;
+mod model;
+mod openai;
+mod tools;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::OnceCell;
+
+use super::{Agent, Step, StepInput};
+use crate::domain::{AgentDefinition, ApprovalStatus, ProviderKind};
+
+pub use bedrock::{BedrockModel, to_document, to_value};
+pub use model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, RetryPolicy, ToolCall, ToolSpec};
+pub use openai::OpenAiModel;
+pub use tools::{EnvLookup, Tool, ToolOutcome};
+
+/// The default largest checkpoint (the transcript as JSON).
+pub const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 256 * 1024;
+/// An approval's `action` shows at most this many characters of arguments.
+const MAX_ACTION_ARGUMENT_CHARS: usize = 200;
+
+/// What every defined agent of a process shares: HTTP and Bedrock clients,
+/// the environment for secrets, and limits.
+pub struct LlmRuntime {
+    /// Built on first use: loading the system's root certificates takes
+    /// milliseconds that a cold start of a function without defined agents
+    /// should not pay.
+    http: std::sync::OnceLock<reqwest::Client>,
+    bedrock: OnceCell<aws_sdk_bedrockruntime::Client>,
+    env: EnvLookup,
+    pub retry: RetryPolicy,
+    pub max_checkpoint_bytes: usize,
+}
+
+impl LlmRuntime {
+    pub fn new(env: EnvLookup, max_checkpoint_bytes: usize) -> Self {
+        Self {
+            http: std::sync::OnceLock::new(),
+            bedrock: OnceCell::new(),
+            env,
+            retry: RetryPolicy::default(),
+            max_checkpoint_bytes,
+        }
+    }
+
+    fn http(&self) -> reqwest::Client {
+        self.http
+            .get_or_init(|| {
+                // reqwest's TLS uses the same rustls provider as the AWS SDK.
+                let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+                reqwest::Client::builder()
+                    .user_agent(concat!("agent-runs/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .unwrap_or_else(|error| {
+                        tracing::error!(%error, "cannot build the HTTP client with TLS; using plain defaults");
+                        reqwest::Client::new()
+                    })
+            })
+            .clone()
+    }
+
+    /// Reads secrets from the process environment.
+    pub fn from_process_env(max_checkpoint_bytes: usize) -> Self {
+        Self::new(Arc::new(|name| std::env::var(name).ok()), max_checkpoint_bytes)
+    }
+
+    /// Uses this Bedrock client (built from the process's AWS configuration,
+    /// or a test's) instead of loading the default configuration on first use.
+    pub fn with_bedrock(self, client: aws_sdk_bedrockruntime::Client) -> Self {
+        Self { bedrock: OnceCell::new_with(Some(client)), ..self }
+    }
+
+    async fn bedrock(&self) -> aws_sdk_bedrockruntime::Client {
+        self.bedrock
+            .get_or_init(|| async {
+                let config = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+                aws_sdk_bedrockruntime::Client::new(&config)
+            })
+            .await
+            .clone()
+    }
+
+    /// The agent a definition describes.
+    pub async fn agent(self: &Arc<Self>, definition: AgentDefinition) -> Result<LlmAgent, String> {
+        let model: Arc<dyn ChatModel> = match definition.provider {
+            ProviderKind::Openai => {
+                let api_key = definition.api_key_env.as_deref().and_then(|name| (self.env)(name));
+                Arc::new(OpenAiModel::new(self.http(), definition.base_url.as_deref(), api_key))
+            }
+            ProviderKind::Bedrock => Arc::new(BedrockModel::new(self.bedrock().await)),
+        };
+        let tools = definition.tools.iter().cloned().map(Tool::new).collect::<Result<Vec<_>, _>>()?;
+        let specs = tools
+            .iter()
+            .map(|tool| ToolSpec {
+                name: tool.definition.name.clone(),
+                description: tool.definition.description.clone(),
+                parameters: tool.definition.parameters.clone(),
+            })
+            .collect();
+        Ok(LlmAgent { definition, model, tools, specs, runtime: self.clone() })
+    }
+}
+
+pub struct LlmAgent {
+    definition: AgentDefinition,
+    model: Arc<dyn ChatModel>,
+    tools: Vec<Tool>,
+    specs: Vec<ToolSpec>,
+    runtime: Arc<LlmRuntime>,
+}
+
+/// A tool call the model asked for and that has not been answered yet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct PendingCall {
+    call: ToolCall,
+    /// The index in the run's approvals of the one that decides this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    approval: Option<usize>,
+}
+
+/// The checkpoint: the conversation so far and the calls still to make.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+struct Transcript {
+    messages: Vec<Message>,
+    model_calls: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pending: Vec<PendingCall>,
+}
+
+fn shorten(text: &str, max_chars: usize) -> String {
+    if text.chars().count() <= max_chars {
+        return text.to_owned();
+    }
+    let mut short: String = text.chars().take(max_chars).collect();
+    short.push('…');
+    short
+}
+
+impl LlmAgent {
+    fn tool(&self, name: &str) -> Option<&Tool> {
+        self.tools.iter().find(|tool| tool.definition.name == name)
+    }
+
+    fn needs_approval(&self, call: &ToolCall) -> bool {
+        self.tool(&call.name).is_some_and(|tool| tool.definition.requires_approval)
+    }
+
+    /// The checkpoint for the worker to save, unless it grew too large.
+    fn save(&self, transcript: &Transcript) -> Result<serde_json::Value, Step> {
+        let value = serde_json::to_value(transcript)
+            .map_err(|_| Step::Failed("The run's transcript could not be saved.".into()))?;
+        let size = value.to_string().len();
+        if size > self.runtime.max_checkpoint_bytes {
+            return Err(Step::Failed(format!(
+                "The run's transcript grew to {size} bytes, over this deployment's limit of {} bytes.",
+                self.runtime.max_checkpoint_bytes
+            )));
+        }
+        Ok(value)
+    }
+
+    fn checkpoint(&self, transcript: &Transcript) -> Step {
+        self.save(transcript).map_or_else(|failed| failed, Step::Checkpoint)
+    }
+
+    /// In plain words, what approving the call will do.
+    fn action(call: &ToolCall) -> String {
+        let arguments = serde_json::from_str::<serde_json::Value>(&call.arguments)
+            .map(|value| value.to_string())
+            .unwrap_or_else(|_| call.arguments.clone());
+        format!("Call the tool `{}` with {}", call.name, shorten(&arguments, MAX_ACTION_ARGUMENT_CHARS))
+    }
+
+    /// Answers the first pending call: runs it, or tells the model a human
+    /// rejected it.
+    async fn answer_pending(
+        &self,
+        run_id: &str,
+        mut transcript: Transcript,
+        approvals: &[crate::domain::Approval],
+    ) -> Step {
+        let pending = transcript.pending.remove(0);
+        let call = &pending.call;
+        let outcome = match pending.approval.map(|index| approvals.get(index)) {
+            None => self.run_tool(run_id, call).await,
+            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => self.run_tool(run_id, call).await,
+            Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => {
+                let comment =
+                    approval.comment.as_deref().map(|comment| format!(" Their comment: {comment}")).unwrap_or_default();
+                ToolOutcome::error(format!("A human reviewer rejected this call; it was not made.{comment}"))
+            }
+            _ => return Step::Failed("The approval this run waited for is missing or undecided.".into()),
+        };
+        transcript.messages.push(Message::Tool {
+            call_id: call.id.clone(),
+            content: outcome.content,
+            is_error: outcome.is_error,
+        });
+        // Saved before anything else happens, so the call is not made twice.
+        self.checkpoint(&transcript)
+    }
+
+    async fn run_tool(&self, run_id: &str, call: &ToolCall) -> ToolOutcome {
+        let Some(tool) = self.tool(&call.name) else {
+            return ToolOutcome::error(format!("There is no tool named `{}`.", shorten(&call.name, 64)));
+        };
+        match tool.check_arguments(&call.arguments) {
+            Ok(arguments) => {
+                let idempotency_key = format!("{run_id}/{}", call.id);
+                tool.call(&self.runtime.http(), &arguments, &idempotency_key, &self.runtime.env).await
+            }
+            Err(problem) => ToolOutcome::error(problem),
+        }
+    }
+
+    /// Asks the model what to do next.
+    async fn ask_model(&self, mut transcript: Transcript, usage: &mut Option<crate::domain::Usage>) -> Step {
+        if transcript.model_calls >= self.definition.max_steps {
+            return Step::Failed(format!(
+                "The agent reached its limit of {} model calls without a final answer.",
+                self.definition.max_steps
+            ));
+        }
+        let request = ChatRequest {
+            model: &self.definition.model,
+            system: &self.definition.system_prompt,
+            messages: &transcript.messages,
+            tools: &self.specs,
+            max_tokens: self.definition.max_tokens,
+        };
+        let reply = match model::complete_with_retries(self.model.as_ref(), &request, &self.runtime.retry).await {
+            Ok(reply) => reply,
+            Err(error) => return Step::Failed(error.to_string()),
+        };
+        transcript.model_calls += 1;
+        if let Some(reported) = reply.usage {
+            *usage.get_or_insert_default() += reported;
+        }
+        if reply.tool_calls.is_empty() {
+            return Step::Succeeded(reply.text.unwrap_or_default());
+        }
+        transcript.messages.push(Message::Assistant { text: reply.text, tool_calls: reply.tool_calls.clone() });
+        for call in reply.tool_calls {
+            // Calls that cannot be made are answered at once, never put to a human.
+            let problem = match self.tool(&call.name) {
+                None => Some(format!("There is no tool named `{}`.", shorten(&call.name, 64))),
+                Some(tool) => tool.check_arguments(&call.arguments).err(),
+            };
+            match problem {
+                Some(content) => transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true }),
+                None => transcript.pending.push(PendingCall { call, approval: None }),
+            }
+        }
+        self.checkpoint(&transcript)
+    }
+}
+
+#[async_trait]
+impl Agent for LlmAgent {
+    fn validate_input(&self, _input: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn step(&self, step: StepInput<'_>) -> Step {
+        let mut transcript = match step.checkpoint.map(|value| serde_json::from_value::<Transcript>(value.clone())) {
+            None => {
+                Transcript { messages: vec![Message::User { text: step.input.to_owned() }], ..Transcript::default() }
+            }
+            Some(Ok(transcript)) => transcript,
+            Some(Err(_)) => return Step::Failed("The agent could not resume from its checkpoint.".into()),
+        };
+        if transcript.pending.is_empty() {
+            return self.ask_model(transcript, step.usage).await;
+        }
+        // Every gated call of the model's turn is put to a human at once.
+        let first_approval = step.approvals.len();
+        let mut actions = Vec::new();
+        for pending in &mut transcript.pending {
+            if pending.approval.is_none() && self.needs_approval(&pending.call) {
+                pending.approval = Some(first_approval + actions.len());
+                actions.push(Self::action(&pending.call));
+            }
+        }
+        if !actions.is_empty() {
+            return match self.save(&transcript) {
+                Ok(checkpoint) => Step::AwaitApproval { actions, checkpoint },
+                Err(failed) => failed,
+            };
+        }
+        self.answer_pending(&step.run_id.to_string(), transcript, step.approvals).await
+    }
+}

@@ -1,0 +1,131 @@
+//! Tools: HTTP endpoints declared in an agent definition. What a call
+//! returns, success or not, goes back to the model as text.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::domain::ToolDefinition;
+
+/// A definition's tool with its compiled argument schema.
+pub struct Tool {
+    pub definition: ToolDefinition,
+    schema: jsonschema::Validator,
+}
+
+/// What a tool call produced, for the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutcome {
+    pub content: String,
+    pub is_error: bool,
+}
+
+impl ToolOutcome {
+    pub fn error(content: impl Into<String>) -> Self {
+        Self { content: content.into(), is_error: true }
+    }
+}
+
+/// Reads an environment variable (the process's, or a test's).
+pub type EnvLookup = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+const MAX_SCHEMA_ERRORS: usize = 3;
+
+impl Tool {
+    pub fn new(definition: ToolDefinition) -> Result<Self, String> {
+        let schema = jsonschema::validator_for(&definition.parameters).map_err(|error| error.to_string())?;
+        Ok(Self { definition, schema })
+    }
+
+    /// The arguments as an object that matches the schema, or what is wrong
+    /// with them in words the model can act on.
+    pub fn check_arguments(&self, arguments: &str) -> Result<Value, String> {
+        let text = if arguments.trim().is_empty() { "{}" } else { arguments };
+        let value: Value = serde_json::from_str(text)
+            .map_err(|error| format!("The arguments are not valid JSON ({error}); send a JSON object."))?;
+        let problems: Vec<String> = self
+            .schema
+            .iter_errors(&value)
+            .take(MAX_SCHEMA_ERRORS)
+            .map(|error| {
+                let at = error.instance_path().to_string();
+                if at.is_empty() { error.to_string() } else { format!("at {at}: {error}") }
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(value)
+        } else {
+            Err(format!("The arguments do not match the tool's schema: {}.", problems.join("; ")))
+        }
+    }
+
+    /// Calls the endpoint once. `idempotency_key` is the same for every
+    /// attempt at this call, so an endpoint can drop a repeat.
+    pub async fn call(
+        &self,
+        http: &reqwest::Client,
+        arguments: &Value,
+        idempotency_key: &str,
+        env: &EnvLookup,
+    ) -> ToolOutcome {
+        let tool = &self.definition;
+        let method = reqwest::Method::from_bytes(tool.method.as_str().as_bytes()).unwrap_or(reqwest::Method::POST);
+        let mut request = http
+            .request(method, &tool.url)
+            .timeout(Duration::from_millis(tool.timeout_ms))
+            .header("Idempotency-Key", idempotency_key);
+        if tool.method.has_body() {
+            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(arguments.to_string());
+        } else if let Value::Object(fields) = arguments {
+            let pairs: Vec<(&str, String)> = fields
+                .iter()
+                .map(|(key, value)| match value {
+                    Value::String(text) => (key.as_str(), text.clone()),
+                    other => (key.as_str(), other.to_string()),
+                })
+                .collect();
+            request = request.query(&pairs);
+        }
+        for (header, variable) in &tool.headers_from_env {
+            let Some(value) = env(variable) else {
+                tracing::error!(tool = %tool.name, %variable, "a tool header's environment variable is not set");
+                return ToolOutcome::error("The tool is not configured on this deployment; it could not be called.");
+            };
+            request = request.header(header.as_str(), value);
+        }
+        let mut response = match request.send().await {
+            Ok(response) => response,
+            Err(error) if error.is_timeout() => {
+                return ToolOutcome::error(format!("The tool did not answer within {} ms.", tool.timeout_ms));
+            }
+            Err(error) => {
+                tracing::warn!(tool = %tool.name, error = %crate::error_chain(&error.without_url()), "tool call failed");
+                return ToolOutcome::error("The tool could not be reached.");
+            }
+        };
+        let mut body = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) if body.len() + chunk.len() > tool.max_response_bytes => {
+                    return ToolOutcome::error(format!(
+                        "The tool's response was longer than {} bytes; it was dropped.",
+                        tool.max_response_bytes
+                    ));
+                }
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(error) if error.is_timeout() => {
+                    return ToolOutcome::error(format!("The tool did not answer within {} ms.", tool.timeout_ms));
+                }
+                Err(_) => return ToolOutcome::error("The tool's response was cut off."),
+            }
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let status = response.status();
+        if status.is_success() {
+            ToolOutcome { content: text, is_error: false }
+        } else {
+            ToolOutcome::error(format!("The tool answered HTTP {}: {text}", status.as_u16()))
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Agent definitions: operator-managed agents backed by a language model
+//! that calls HTTP tools. A definition is data; `AgentDefinition::parse`
+//! checks everything that can be checked before the first run.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const MAX_AGENT_NAME_CHARS: usize = 64;
+pub const MAX_AGENT_STEPS: u32 = 100;
+pub const MAX_TOOL_TIMEOUT_MS: u64 = 120_000;
+pub const MAX_TOOL_RESPONSE_BYTES: usize = 1_048_576;
+/// Names the built-in agents take; a definition may not shadow them.
+pub const BUILTIN_AGENT_NAMES: [&str; 2] = ["echo", "script"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// Amazon Bedrock's Converse API, with the process's AWS credentials.
+    Bedrock,
+    /// Any endpoint that speaks OpenAI's chat-completions protocol.
+    Openai,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum ToolMethod {
+    Get,
+    Post,
+    Put,
+    Patch,
+    Delete,
+}
+
+impl ToolMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolMethod::Get => "GET",
+            ToolMethod::Post => "POST",
+            ToolMethod::Put => "PUT",
+            ToolMethod::Patch => "PATCH",
+            ToolMethod::Delete => "DELETE",
+        }
+    }
+
+    /// Whether the arguments travel as a JSON body (else as the query string).
+    pub fn has_body(self) -> bool {
+        matches!(self, ToolMethod::Post | ToolMethod::Put | ToolMethod::Patch)
+    }
+}
+
+fn default_max_steps() -> u32 {
+    10
+}
+
+fn default_timeout_ms() -> u64 {
+    10_000
+}
+
+fn default_max_response_bytes() -> usize {
+    65_536
+}
+
+fn default_parameters() -> serde_json::Value {
+    serde_json::json!({"type": "object"})
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolDefinition {
+    /// What the model calls it: 1 to 64 of `a-z A-Z 0-9 _ -`.
+    pub name: String,
+    pub description: String,
+    /// The JSON Schema the arguments must match; an object schema.
+    #[serde(default = "default_parameters")]
+    pub parameters: serde_json::Value,
+    pub method: ToolMethod,
+    /// `http://` or `https://`.
+    pub url: String,
+    /// Header name to the name of the environment variable holding its value,
+    /// so secrets stay out of the definition and the store.
+    #[serde(default)]
+    pub headers_from_env: BTreeMap<String, String>,
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: usize,
+    /// A call waits for a human to approve it.
+    #[serde(default)]
+    pub requires_approval: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDefinition {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub provider: ProviderKind,
+    /// The provider's model id (a Bedrock model or inference profile id).
+    pub model: String,
+    /// OpenAI-compatible providers: the API's base URL, up to `/v1`.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// OpenAI-compatible providers: the environment variable with the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    pub system_prompt: String,
+    /// Model calls a run may make before it fails.
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+    /// The most tokens one model reply may have; the provider's default when absent.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub tools: Vec<ToolDefinition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DefinitionError(pub String);
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().count() <= MAX_AGENT_NAME_CHARS
+        && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-')
+}
+
+fn valid_url(url: &str) -> bool {
+    (url.starts_with("http://") || url.starts_with("https://"))
+        && url.len() <= 2_048
+        && !url.contains(char::is_whitespace)
+}
+
+/// Environment variables a definition may read: never the AWS credentials
+/// or the service's own settings.
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
+        && !name.starts_with("AWS_")
+        && !name.starts_with("AGENT_RUNS_")
+}
+
+impl AgentDefinition {
+    /// Checks a definition as an operator wrote it.
+    pub fn parse(self) -> Result<Self, DefinitionError> {
+        let fail = |message: String| Err(DefinitionError(message));
+        if !valid_name(&self.name) {
+            return fail(format!(
+                "`name` must be 1 to {MAX_AGENT_NAME_CHARS} letters, digits, `_` or `-`; got {:?}.",
+                self.name
+            ));
+        }
+        if BUILTIN_AGENT_NAMES.contains(&self.name.as_str()) {
+            return fail(format!("`{}` is a built-in agent; choose another name.", self.name));
+        }
+        if self.model.trim().is_empty() {
+            return fail("`model` must name the provider's model.".into());
+        }
+        if self.system_prompt.trim().is_empty() {
+            return fail("`system_prompt` must not be empty.".into());
+        }
+        if !(1..=MAX_AGENT_STEPS).contains(&self.max_steps) {
+            return fail(format!("`max_steps` must be 1 to {MAX_AGENT_STEPS}."));
+        }
+        if self.provider == ProviderKind::Bedrock && (self.base_url.is_some() || self.api_key_env.is_some()) {
+            return fail(
+                "`base_url` and `api_key_env` are for OpenAI-compatible providers; Bedrock uses the AWS endpoint and credentials."
+                    .into(),
+            );
+        }
+        if let Some(url) = &self.base_url
+            && !valid_url(url)
+        {
+            return fail("`base_url` must be an http:// or https:// URL.".into());
+        }
+        if let Some(env) = &self.api_key_env
+            && !valid_env_name(env)
+        {
+            return fail(format!("`api_key_env` {env:?} is not an allowed environment variable name."));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for tool in &self.tools {
+            let label = format!("tool `{}`", tool.name);
+            if !valid_name(&tool.name) {
+                return fail(format!(
+                    "A tool's `name` must be 1 to 64 letters, digits, `_` or `-`; got {:?}.",
+                    tool.name
+                ));
+            }
+            if !seen.insert(tool.name.as_str()) {
+                return fail(format!("Two tools are named `{}`.", tool.name));
+            }
+            if tool.description.trim().is_empty() {
+                return fail(format!("{label}: `description` must not be empty; the model reads it."));
+            }
+            if !valid_url(&tool.url) {
+                return fail(format!("{label}: `url` must be an http:// or https:// URL."));
+            }
+            if tool.parameters.get("type").and_then(|kind| kind.as_str()) != Some("object") {
+                return fail(format!("{label}: `parameters` must be a JSON Schema with \"type\": \"object\"."));
+            }
+            if let Err(error) = jsonschema::validator_for(&tool.parameters) {
+                return fail(format!("{label}: `parameters` is not a valid JSON Schema: {error}"));
+            }
+            if !(1..=MAX_TOOL_TIMEOUT_MS).contains(&tool.timeout_ms) {
+                return fail(format!("{label}: `timeout_ms` must be 1 to {MAX_TOOL_TIMEOUT_MS}."));
+            }
+            if !(1..=MAX_TOOL_RESPONSE_BYTES).contains(&tool.max_response_bytes) {
+                return fail(format!("{label}: `max_response_bytes` must be 1 to {MAX_TOOL_RESPONSE_BYTES}."));
+            }
+            for (header, env) in &tool.headers_from_env {
+                if http_header_name_invalid(header) {
+                    return fail(format!("{label}: {header:?} is not a valid header name."));
+                }
+                if !valid_env_name(env) {
+                    return fail(format!("{label}: {env:?} is not an allowed environment variable name."));
+                }
+            }
+        }
+        Ok(self)
+    }
+}
+
+fn http_header_name_invalid(name: &str) -> bool {
+    name.is_empty() || !name.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn definition() -> serde_json::Value {
+        serde_json::json!({
+            "name": "triage",
+            "provider": "openai",
+            "model": "gpt-test",
+            "system_prompt": "You triage.",
+            "max_steps": 10,
+            "api_key_env": null,
+            "tools": [{
+                "name": "lookup",
+                "description": "Looks a ticket up.",
+                "method": "GET",
+                "url": "http://127.0.0.1:1/lookup",
+                "headers_from_env": {},
+                "parameters": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+            }]
+        })
+    }
+
+    fn parse(value: serde_json::Value) -> Result<AgentDefinition, String> {
+        serde_json::from_value::<AgentDefinition>(value).map_err(|error| error.to_string())?.parse().map_err(|e| e.0)
+    }
+
+    #[test]
+    fn accepts_a_full_definition_with_defaults() {
+        let agent = parse(definition()).unwrap();
+        assert_eq!(agent.max_steps, 10);
+        assert_eq!(agent.tools[0].timeout_ms, 10_000);
+        assert!(!agent.tools[0].requires_approval);
+    }
+
+    #[test]
+    fn refuses_what_cannot_work() {
+        let cases: [(&str, serde_json::Value, &str); 8] = [
+            ("/name", serde_json::json!("echo"), "built-in"),
+            ("/name", serde_json::json!("has space"), "`name`"),
+            ("/max_steps", serde_json::json!(0), "max_steps"),
+            ("/api_key_env", serde_json::json!("AWS_SECRET_ACCESS_KEY"), "not an allowed"),
+            ("/tools/0/url", serde_json::json!("file:///etc/passwd"), "`url`"),
+            ("/tools/0/parameters", serde_json::json!({"type": "string"}), "\"type\": \"object\""),
+            (
+                "/tools/0/parameters",
+                serde_json::json!({"type": "object", "minProperties": "x"}),
+                "not a valid JSON Schema",
+            ),
+            ("/tools/0/headers_from_env", serde_json::json!({"Authorization": "AGENT_RUNS_TABLE"}), "not an allowed"),
+        ];
+        for (pointer, value, expected) in cases {
+            let mut document = definition();
+            *document.pointer_mut(pointer).unwrap_or_else(|| panic!("{pointer}")) = value;
+            let error = parse(document).unwrap_err();
+            assert!(error.contains(expected), "{pointer}: {error}");
+        }
+        let mut document = definition();
+        document["surprise"] = serde_json::json!(1);
+        assert!(parse(document).unwrap_err().contains("surprise"));
+    }
+}

@@ -1,0 +1,436 @@
+//! Defined LLM agents end to end through the worker and the real SQLite
+//! store: against a local stand-in of an OpenAI-compatible provider and its
+//! tools, and against Bedrock through the SDK's mock client.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_runs_shared::agents::AgentRegistry;
+use agent_runs_shared::agents::llm::{LlmRuntime, RetryPolicy};
+use agent_runs_shared::domain::{
+    AgentDefinition, ApprovalStatus, Clock, Decision, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId,
+    RunStatus, Timestamp, Usage,
+};
+use agent_runs_shared::queue::RunMessage;
+use agent_runs_shared::store::{AgentStore, Durability, RunStore, SqliteStore};
+use agent_runs_shared::worker::{Outcome, Worker};
+use serde_json::{Value, json};
+use support::stand_in::{StandIn, Turn, text, tool_call};
+use tokio::sync::watch;
+
+const API_KEY: &str = "sk-test-secret-4f9a";
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: SqliteStore,
+    clock: Arc<ManualClock>,
+    policy: ExecutionPolicy,
+    agents: AgentRegistry,
+    ids: IdGenerator,
+    stand_in: StandIn,
+}
+
+fn definition(stand_in: &StandIn, base_url: &str) -> Value {
+    json!({
+        "name": "ops",
+        "provider": "openai",
+        "model": "stand-in-1",
+        "base_url": base_url,
+        "api_key_env": "STAND_IN_KEY",
+        "system_prompt": "You run operations.",
+        "max_steps": 4,
+        "tools": [
+            {
+                "name": "lookup",
+                "description": "Looks a ticket up.",
+                "method": "GET",
+                "url": format!("{}/tools/lookup", stand_in.url),
+                "parameters": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"], "additionalProperties": false}
+            },
+            {
+                "name": "delete_branch",
+                "description": "Deletes a git branch.",
+                "method": "POST",
+                "url": format!("{}/tools/delete", stand_in.url),
+                "headers_from_env": {"Authorization": "DELETE_TOKEN"},
+                "requires_approval": true,
+                "parameters": {"type": "object", "properties": {"branch": {"type": "string"}}, "required": ["branch"]}
+            },
+            {
+                "name": "big",
+                "description": "Answers with a lot of text.",
+                "method": "GET",
+                "url": format!("{}/tools/big", stand_in.url),
+                "max_response_bytes": 20000
+            }
+        ]
+    })
+}
+
+fn running() -> watch::Receiver<bool> {
+    let (sender, receiver) = watch::channel(false);
+    std::mem::forget(sender);
+    receiver
+}
+
+impl Fixture {
+    async fn new() -> Fixture {
+        Self::with(|_| {}, 256 * 1024).await
+    }
+
+    /// `change` edits the definition's JSON before it is stored.
+    async fn with(change: impl FnOnce(&mut Value), max_checkpoint_bytes: usize) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap();
+        let stand_in = StandIn::start().await;
+        let mut document = definition(&stand_in, &format!("{}/v1", stand_in.url));
+        change(&mut document);
+        let agent: AgentDefinition = serde_json::from_value(document).unwrap();
+        store.put_agent(&agent.parse().unwrap(), Timestamp::from_millis(0)).await.unwrap();
+        let env: HashMap<&str, &str> =
+            HashMap::from([("STAND_IN_KEY", API_KEY), ("DELETE_TOKEN", "Bearer tool-token")]);
+        let mut runtime =
+            LlmRuntime::new(Arc::new(move |name| env.get(name).map(|value| value.to_string())), max_checkpoint_bytes);
+        runtime.retry =
+            RetryPolicy { attempts: 4, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
+        let agents = AgentRegistry::with_defined("echo", Arc::new(store.clone()), Arc::new(runtime), Duration::ZERO);
+        Fixture {
+            _dir: dir,
+            store,
+            clock: Arc::new(ManualClock::new(Timestamp::from_millis(1_795_303_478_123))),
+            policy: ExecutionPolicy::default(),
+            agents,
+            ids: IdGenerator::default(),
+            stand_in,
+        }
+    }
+
+    fn worker(&self) -> Worker {
+        Worker::new(Arc::new(self.store.clone()), self.agents.clone(), self.clock.clone(), self.policy.clone())
+    }
+
+    async fn create(&self, input: &str) -> RunMessage {
+        let id = RunId::from_ulid(self.ids.ulid_at(self.clock.now()));
+        let owner = Owner::parse("acme").unwrap();
+        let run = Run::new(id, owner.clone(), "ops".into(), input.into(), BTreeMap::new(), &self.policy);
+        self.store.insert(&run, None, 1_000).await.unwrap();
+        RunMessage { run_id: id, owner }
+    }
+
+    async fn run(&self, message: &RunMessage) -> Run {
+        self.store.get(&message.owner, message.run_id).await.unwrap().unwrap()
+    }
+
+    async fn process(&self, message: &RunMessage) -> Outcome {
+        self.worker().process(message, &running()).await.unwrap()
+    }
+
+    async fn decide(&self, message: &RunMessage, decision: Decision, comment: Option<&str>) {
+        let mut run = self.run(message).await;
+        let approval = run.approvals.last().unwrap().id;
+        run.decide(approval, decision, comment.map(str::to_owned), self.clock.now(), &self.policy).unwrap();
+        self.store.update(&mut run).await.unwrap();
+        assert_eq!(run.status, RunStatus::Queued);
+    }
+}
+
+/// The messages of the n-th model request.
+fn messages(fixture: &Fixture, n: usize) -> Vec<Value> {
+    fixture.stand_in.model_requests()[n]["messages"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_harmless_tool_call_then_an_answer() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_1", "lookup", r#"{"id":"OPS-7"}"#), text("OPS-7 is open.")]);
+    let message = fixture.create("Is OPS-7 open?").await;
+
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.output.as_deref(), Some("OPS-7 is open."));
+    assert_eq!(run.usage, Some(Usage { input_tokens: 20, output_tokens: 10, total_tokens: 30 }));
+    assert!(run.approvals.is_empty());
+
+    let calls = fixture.stand_in.tool_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].method, "GET");
+    assert_eq!(calls[0].target, "/tools/lookup?id=OPS-7");
+    assert_eq!(calls[0].idempotency_key, Some(format!("{}/call_1", message.run_id)));
+
+    let first = &fixture.stand_in.model_requests()[0];
+    assert_eq!(first["model"], "stand-in-1");
+    assert_eq!(first["messages"][0], json!({"role": "system", "content": "You run operations."}));
+    assert_eq!(first["messages"][1], json!({"role": "user", "content": "Is OPS-7 open?"}));
+    assert_eq!(first["tools"].as_array().unwrap().len(), 3);
+    assert_eq!(first["tools"][0]["function"]["name"], "lookup");
+    let second = messages(&fixture, 1);
+    assert_eq!(second[2]["tool_calls"][0]["id"], "call_1");
+    assert_eq!(second[3]["role"], "tool");
+    assert_eq!(second[3]["tool_call_id"], "call_1");
+    assert_eq!(serde_json::from_str::<Value>(second[3]["content"].as_str().unwrap()).unwrap()["ok"], true);
+    // The API key went to the provider, and nowhere into the run.
+    assert!(
+        fixture.stand_in.model_authorization().iter().all(|auth| auth.as_deref() == Some("Bearer sk-test-secret-4f9a"))
+    );
+    assert!(!serde_json::to_string(&run).unwrap().contains(API_KEY));
+}
+
+#[tokio::test]
+async fn an_approved_call_waits_then_runs_exactly_once() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_9", "delete_branch", r#"{"branch": "old"}"#), text("Deleted old.")]);
+    let message = fixture.create("Delete the branch old").await;
+
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
+    assert_eq!(run.approvals.len(), 1);
+    assert_eq!(run.approvals[0].action, r#"Call the tool `delete_branch` with {"branch":"old"}"#);
+    assert!(fixture.stand_in.tool_calls().is_empty(), "nothing runs before the decision");
+    // A duplicate message while it waits does nothing.
+    assert_eq!(fixture.process(&message).await, Outcome::Dropped);
+
+    fixture.decide(&message, Decision::Approve, None).await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.process(&message).await, Outcome::Dropped);
+
+    let run = fixture.run(&message).await;
+    assert_eq!(run.output.as_deref(), Some("Deleted old."));
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Approved);
+    let calls = fixture.stand_in.tool_calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].method, "POST");
+    assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "old"}));
+    assert_eq!(calls[0].authorization.as_deref(), Some("Bearer tool-token"));
+    assert_eq!(fixture.stand_in.model_requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_rejected_call_is_not_made_and_the_model_is_told_why() {
+    let fixture = Fixture::new().await;
+    fixture
+        .stand_in
+        .script(vec![tool_call("call_1", "delete_branch", r#"{"branch":"main"}"#), text("Understood, main stays.")]);
+    let message = fixture.create("Clean up").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    fixture.decide(&message, Decision::Reject, Some("never delete main")).await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+
+    assert!(fixture.stand_in.tool_calls().is_empty());
+    let answer = &messages(&fixture, 1)[3];
+    assert_eq!(answer["role"], "tool");
+    let content = answer["content"].as_str().unwrap();
+    assert!(content.contains("rejected") && content.contains("never delete main"), "{content}");
+    assert_eq!(fixture.run(&message).await.output.as_deref(), Some("Understood, main stays."));
+}
+
+#[tokio::test]
+async fn the_step_limit_fails_the_run_clearly() {
+    let fixture = Fixture::new().await;
+    let turns: Vec<Turn> = (0..6).map(|n| tool_call(&format!("call_{n}"), "lookup", r#"{"id":"1"}"#)).collect();
+    fixture.stand_in.script(turns);
+    let message = fixture.create("Loop forever").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Failed);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.error.as_deref(), Some("The agent reached its limit of 4 model calls without a final answer."));
+    assert_eq!(fixture.stand_in.model_requests().len(), 4);
+    assert_eq!(fixture.stand_in.tool_calls().len(), 4);
+}
+
+#[tokio::test]
+async fn malformed_arguments_go_back_to_the_model_and_no_tool_is_called() {
+    let fixture = Fixture::with(|document| document["max_steps"] = json!(5), 256 * 1024).await;
+    fixture.stand_in.script(vec![
+        tool_call("call_1", "lookup", "{not json"),
+        tool_call("call_2", "lookup", r#"{"id": 7}"#),
+        tool_call("call_3", "delete_branch", r#"{}"#),
+        tool_call("call_4", "no_such_tool", r#"{}"#),
+        text("I give up."),
+    ]);
+    let message = fixture.create("Look up ticket 7").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.run(&message).await.output.as_deref(), Some("I give up."));
+    assert!(fixture.stand_in.tool_calls().is_empty());
+    assert!(fixture.run(&message).await.approvals.is_empty(), "an invalid gated call is never put to a human");
+    let feedback: Vec<String> =
+        (1..4).map(|n| messages(&fixture, n).last().unwrap()["content"].as_str().unwrap().to_owned()).collect();
+    assert!(feedback[0].contains("not valid JSON"), "{}", feedback[0]);
+    assert!(feedback[1].contains("schema") && feedback[1].contains("/id"), "{}", feedback[1]);
+    assert!(feedback[2].contains("schema") && feedback[2].contains("branch"), "{}", feedback[2]);
+}
+
+#[tokio::test]
+async fn a_throttled_provider_is_retried_with_backoff() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![Turn::Fail(429, Some(1)), Turn::Fail(503, None), text("Done.")]);
+    let message = fixture.create("Hello").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.run(&message).await.output.as_deref(), Some("Done."));
+    assert_eq!(fixture.stand_in.model_requests().len(), 3);
+}
+
+#[tokio::test]
+async fn a_provider_that_is_down_fails_the_run_without_leaking() {
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let fixture =
+        Fixture::with(|document| document["base_url"] = json!(format!("http://{closed}/v1")), 256 * 1024).await;
+    let message = fixture.create("Hello").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Failed);
+    let error = fixture.run(&message).await.error.unwrap();
+    assert!(error.contains("unavailable after 4 attempts"), "{error}");
+    assert!(!error.contains(&closed.port().to_string()) && !error.contains("127.0.0.1"), "{error}");
+}
+
+#[tokio::test]
+async fn a_refused_request_fails_at_once_without_the_key() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![Turn::Fail(401, None), text("never reached")]);
+    let message = fixture.create("Hello").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Failed);
+    let error = fixture.run(&message).await.error.unwrap();
+    assert!(error.contains("HTTP 401"), "{error}");
+    assert!(!error.contains(API_KEY));
+    assert_eq!(fixture.stand_in.model_requests().len(), 1, "a 401 is not retried");
+}
+
+#[tokio::test]
+async fn a_transcript_over_the_limit_fails_the_run() {
+    let fixture = Fixture::with(|_| {}, 8 * 1024).await;
+    fixture.stand_in.script(vec![tool_call("call_1", "big", "{}"), text("never reached")]);
+    let message = fixture.create("Fetch a lot").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Failed);
+    let error = fixture.run(&message).await.error.unwrap();
+    assert!(error.contains("over this deployment's limit of 8192 bytes"), "{error}");
+}
+
+#[tokio::test]
+async fn a_deleted_agent_fails_its_queued_runs() {
+    let fixture = Fixture::new().await;
+    let message = fixture.create("Hello").await;
+    assert!(fixture.store.delete_agent("ops").await.unwrap());
+    assert_eq!(fixture.process(&message).await, Outcome::Failed);
+    assert_eq!(fixture.run(&message).await.error.as_deref(), Some("The agent `ops` is no longer configured."));
+    assert!(fixture.agents.resolve("ops").await.unwrap().is_none());
+}
+
+mod bedrock {
+    use aws_sdk_bedrockruntime::Client;
+    use aws_sdk_bedrockruntime::operation::converse::{ConverseError, ConverseOutput};
+    use aws_sdk_bedrockruntime::types::error::ThrottlingException;
+    use aws_sdk_bedrockruntime::types::{
+        ContentBlock, ConversationRole, ConverseOutput as Output, Message, StopReason, TokenUsage, ToolUseBlock,
+    };
+    use aws_smithy_mocks::{RuleMode, mock, mock_client};
+
+    use super::*;
+
+    fn answer(content: ContentBlock, stop: StopReason) -> ConverseOutput {
+        let message = Message::builder().role(ConversationRole::Assistant).content(content).build().unwrap();
+        ConverseOutput::builder()
+            .output(Output::Message(message))
+            .stop_reason(stop)
+            .usage(TokenUsage::builder().input_tokens(100).output_tokens(20).total_tokens(120).build().unwrap())
+            .build()
+            .unwrap()
+    }
+
+    fn tool_use() -> ConverseOutput {
+        let input = agent_runs_shared::agents::llm::to_document(&json!({"branch": "old"}));
+        let block =
+            ToolUseBlock::builder().tool_use_id("tooluse_1").name("delete_branch").input(input).build().unwrap();
+        answer(ContentBlock::ToolUse(block), StopReason::ToolUse)
+    }
+
+    async fn fixture(client: Client) -> Fixture {
+        let mut fixture = Fixture::with(
+            |document| {
+                let object = document.as_object_mut().unwrap();
+                object.insert("provider".into(), json!("bedrock"));
+                object.insert("model".into(), json!("anthropic.claude-test"));
+                object.remove("base_url");
+                object.remove("api_key_env");
+            },
+            256 * 1024,
+        )
+        .await;
+        let mut runtime = LlmRuntime::new(Arc::new(|name| (name == "DELETE_TOKEN").then(|| "t".into())), 256 * 1024)
+            .with_bedrock(client);
+        runtime.retry =
+            RetryPolicy { attempts: 3, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(20) };
+        fixture.agents =
+            AgentRegistry::with_defined("echo", Arc::new(fixture.store.clone()), Arc::new(runtime), Duration::ZERO);
+        fixture
+    }
+
+    #[tokio::test]
+    async fn an_approved_tool_call_through_converse() {
+        let asks_for_tool = mock!(Client::converse)
+            .match_requests(|request| {
+                request.model_id() == Some("anthropic.claude-test")
+                    && request.messages().len() == 1
+                    && request.tool_config().is_some_and(|tools| tools.tools().len() == 3)
+            })
+            .then_output(tool_use);
+        // The second call carries the tool's result in a user turn.
+        let answers = mock!(Client::converse)
+            .match_requests(|request| {
+                let messages = request.messages();
+                messages.len() == 3
+                    && messages[2].role() == &ConversationRole::User
+                    && matches!(&messages[2].content()[0], ContentBlock::ToolResult(result) if result.tool_use_id() == "tooluse_1")
+            })
+            .then_output(|| answer(ContentBlock::Text("Deleted old.".into()), StopReason::EndTurn));
+        let client = mock_client!(aws_sdk_bedrockruntime, RuleMode::MatchAny, [&asks_for_tool, &answers]);
+        let fixture = fixture(client).await;
+        let message = fixture.create("Delete old").await;
+
+        assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+        assert_eq!(
+            fixture.run(&message).await.approvals[0].action,
+            r#"Call the tool `delete_branch` with {"branch":"old"}"#
+        );
+        fixture.decide(&message, Decision::Approve, None).await;
+        assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+
+        let run = fixture.run(&message).await;
+        assert_eq!(run.output.as_deref(), Some("Deleted old."));
+        assert_eq!(run.usage, Some(Usage { input_tokens: 200, output_tokens: 40, total_tokens: 240 }));
+        assert_eq!((asks_for_tool.num_calls(), answers.num_calls()), (1, 1));
+        assert_eq!(fixture.stand_in.tool_calls().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn throttling_is_retried_and_a_validation_error_is_not() {
+        let throttled_then_answers = mock!(Client::converse)
+            .sequence()
+            .error(|| ConverseError::ThrottlingException(ThrottlingException::builder().message("slow down").build()))
+            .output(|| answer(ContentBlock::Text("Fine.".into()), StopReason::EndTurn))
+            .build();
+        let client = mock_client!(aws_sdk_bedrockruntime, RuleMode::Sequential, [&throttled_then_answers]);
+        let fixture = fixture(client).await;
+        let message = fixture.create("Hello").await;
+        assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+        assert_eq!(fixture.run(&message).await.output.as_deref(), Some("Fine."));
+        assert_eq!(throttled_then_answers.num_calls(), 2);
+
+        let refused = mock!(Client::converse).then_error(|| {
+            ConverseError::ValidationException(
+                aws_sdk_bedrockruntime::types::error::ValidationException::builder()
+                    .message("arn:aws:bedrock:secret-internal-detail")
+                    .build(),
+            )
+        });
+        let client = mock_client!(aws_sdk_bedrockruntime, RuleMode::Sequential, [&refused]);
+        let fixture = super::bedrock::fixture(client).await;
+        let message = fixture.create("Hello").await;
+        assert_eq!(fixture.process(&message).await, Outcome::Failed);
+        let error = fixture.run(&message).await.error.unwrap();
+        assert!(error.contains("Bedrock refused the request (ValidationException)"), "{error}");
+        assert!(!error.contains("secret-internal-detail"), "{error}");
+        assert_eq!(refused.num_calls(), 1);
+    }
+}
