@@ -36,9 +36,9 @@ pub struct AwsServices {
     /// Absent where a function sends nothing (get, list, cancel).
     pub queue: Option<SqsQueue>,
     pub clock: Arc<dyn Clock>,
-    /// For defined agents on Bedrock; built lazily from the default
-    /// configuration when absent.
-    pub bedrock: Option<aws_sdk_bedrockruntime::Client>,
+    /// The shared AWS configuration, for the Bedrock client of defined
+    /// agents (built on first use: most functions never need it).
+    sdk: Option<SdkConfig>,
 }
 
 impl AwsServices {
@@ -46,7 +46,7 @@ impl AwsServices {
         let config = Config::from_env()?;
         let sdk = sdk_config().await;
         let mut services = Self::new(config, (&sdk).into(), (&sdk).into())?;
-        services.bedrock = Some(aws_sdk_bedrockruntime::Client::new(&sdk));
+        services.sdk = Some(sdk);
         Ok(services)
     }
 
@@ -59,15 +59,15 @@ impl AwsServices {
         let table = config.table.clone().ok_or(SetupError::Missing("AGENT_RUNS_TABLE"))?;
         let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(dynamodb), table);
         let queue = config.queue_url.clone().map(|url| SqsQueue::new(aws_sdk_sqs::Client::from_conf(sqs), url));
-        Ok(AwsServices { config, store, queue, clock: Arc::new(SystemClock), bedrock: None })
+        Ok(AwsServices { config, store, queue, clock: Arc::new(SystemClock), sdk: None })
     }
 
     /// Built-in agents and those defined in the table. Definitions are
     /// cached like API keys: a change is seen within the cache time.
     pub fn agents(&self) -> AgentRegistry {
         let mut runtime = LlmRuntime::from_process_env(self.config.max_checkpoint_bytes);
-        if let Some(client) = &self.bedrock {
-            runtime = runtime.with_bedrock(client.clone());
+        if let Some(sdk) = &self.sdk {
+            runtime = runtime.with_sdk_config(sdk.clone());
         }
         AgentRegistry::with_defined(
             &self.config.default_agent,
@@ -110,18 +110,21 @@ impl AwsServices {
         Sweeper::new(self.runs(), self.queue(), self.clock.clone(), self.config.policy.clone())
     }
 
-    /// Opens the connections a cold function will need, so its first
-    /// request does not pay for DNS and TLS set-up. Failures are ignored:
-    /// the request path reports them properly.
-    pub async fn warm_up(&self) {
-        let started = std::time::Instant::now();
-        let dynamodb = self.store.warm_up();
-        let sqs = async {
-            if let Some(queue) = &self.queue {
-                queue.warm_up().await;
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(dynamodb, sqs) }).await;
-        tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "connections warmed");
+    /// Opens the connections a cold function will need, in the background,
+    /// so its first request is less likely to pay for DNS and TLS set-up
+    /// while init does not wait on the network. Failures are ignored: the
+    /// request path reports them properly.
+    pub fn warm_up(&self) {
+        let (store, queue) = (self.store.clone(), self.queue.clone());
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let sqs = async {
+                if let Some(queue) = &queue {
+                    queue.warm_up().await;
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(store.warm_up(), sqs) }).await;
+            tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "connections warmed");
+        });
     }
 }

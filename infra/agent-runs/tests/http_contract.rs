@@ -1,6 +1,8 @@
 //! The wire contract (shared/CONTRACT.md), rule by rule, against the real
 //! `agent-runs serve` binary over HTTP.
 
+#[path = "../../../shared/tests/support/stand_in.rs"]
+mod stand_in;
 mod support;
 
 use std::collections::HashSet;
@@ -672,6 +674,67 @@ fn requests_over_the_rate_limit_answer_429_with_retry_after(target: Target) {
     assert!(reply.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
 }
 
+// ---------------------------------------------------------------- defined agents
+
+fn a_defined_agent_is_managed_with_the_cli_and_waits_for_approval(target: Target) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime.block_on(stand_in::StandIn::start());
+    model.script(vec![
+        stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
+        stand_in::text("Deleted old."),
+    ]);
+    let server = Server::start_on(target, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0")]);
+    let key = server.dev_key.clone().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("janitor.toml");
+    let toml = format!(
+        r#"name = "janitor"
+provider = "openai"
+model = "stand-in-1"
+base_url = "{url}/v1"
+system_prompt = "You keep the repository tidy."
+
+[[tools]]
+name = "delete_branch"
+description = "Deletes a branch."
+method = "POST"
+url = "{url}/tools/delete"
+requires_approval = true
+parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} }}, required = ["branch"] }}
+"#,
+        url = model.url
+    );
+    std::fs::write(&file, toml).unwrap();
+    server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
+    assert!(
+        server
+            .admin(&["agents", "list"])
+            .lines()
+            .any(|line| line.starts_with("janitor") && line.contains("delete_branch (approval)"))
+    );
+    let shown: Value = serde_json::from_str(&server.admin(&["agents", "get", "janitor"])).unwrap();
+    assert_eq!(shown["tools"][0]["requires_approval"], true);
+
+    let run = server.create(&key, json!({"agent": "janitor", "input": "Delete the branch old"}));
+    assert_eq!(run["agent"], "janitor");
+    assert!(run.get("usage").is_none(), "no usage before the model reported any");
+    let waiting = server.wait_for_status(&key, run["id"].as_str().unwrap(), "awaiting_approval");
+    let approval = &waiting["pending_approvals"][0];
+    assert_eq!(approval["action"], r#"Call the tool `delete_branch` with {"branch":"old"}"#);
+    assert!(model.tool_calls().is_empty());
+    let path = format!("{}/approvals/{}", run_path(&run), approval["id"].as_str().unwrap());
+    server.post(&key, &path, json!({"decision": "approve"})).expect_status(200);
+    let done = server.wait_for_status(&key, run["id"].as_str().unwrap(), "succeeded");
+    assert_eq!(done["output"], "Deleted old.");
+    assert_eq!(done["usage"], json!({"input_tokens": 20, "output_tokens": 10, "total_tokens": 30}));
+    assert_eq!(model.tool_calls().len(), 1);
+
+    server.admin(&["agents", "delete", "janitor"]);
+    let reply = server.post(&key, RUNS, json!({"agent": "janitor", "input": "again"}));
+    reply.expect_error(400, "invalid_request");
+    assert_eq!(reply.body["error"]["param"], "agent");
+}
+
 /// Every rule above, against every way of serving.
 macro_rules! on_every_target {
     ($($name:ident),* $(,)?) => {
@@ -705,4 +768,5 @@ on_every_target!(
     the_script_agent_says_sleeps_and_fails,
     too_many_active_runs_answer_429_with_retry_after,
     requests_over_the_rate_limit_answer_429_with_retry_after,
+    a_defined_agent_is_managed_with_the_cli_and_waits_for_approval,
 );

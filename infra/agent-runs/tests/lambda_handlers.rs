@@ -3,6 +3,8 @@
 //! SQS → worker → get, approvals and cancels, and the budget of AWS calls
 //! each operation makes, counted by an SDK interceptor.
 
+#[path = "../../../shared/tests/support/stand_in.rs"]
+mod stand_in;
 mod support;
 
 use std::collections::HashMap;
@@ -12,10 +14,11 @@ use agent_runs_shared::api::{Api, Operation};
 use agent_runs_shared::auth::generate_key;
 use agent_runs_shared::aws::AwsServices;
 use agent_runs_shared::config::Config;
+use agent_runs_shared::domain::AgentDefinition;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
 use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, FaultPlan, Healthy, RandomFailures};
 use agent_runs_shared::lambda::{from_api_response, handle_batch, handle_dead_letters, into_api_request};
-use agent_runs_shared::store::KeyStore;
+use agent_runs_shared::store::{AgentStore, KeyStore};
 use agent_runs_shared::worker::Worker;
 use aws_lambda_events::event::sqs::SqsEvent;
 use aws_smithy_runtime_api::box_error::BoxError;
@@ -132,6 +135,13 @@ impl Aws {
     /// Receives what is waiting in the queue and hands it to the worker
     /// handler as an SQS event built from the fixture.
     async fn deliver(&self) -> (SqsEvent, Vec<String>) {
+        let event = sqs_event(self.receive().await);
+        let failures = self.run_worker(event.clone()).await;
+        (event, failures)
+    }
+
+    /// The bodies of the messages waiting in the queue, taken off it.
+    async fn receive(&self) -> Vec<String> {
         let received = self
             .sqs
             .receive_message()
@@ -143,7 +153,6 @@ impl Aws {
             .unwrap();
         let messages = received.messages.unwrap_or_default();
         assert!(!messages.is_empty(), "a message was queued");
-        let event = sqs_event(messages.iter().map(|message| message.body().unwrap().to_owned()).collect());
         for message in &messages {
             self.sqs
                 .delete_message()
@@ -153,8 +162,7 @@ impl Aws {
                 .await
                 .unwrap();
         }
-        let failures = self.run_worker(event.clone()).await;
-        (event, failures)
+        messages.iter().map(|message| message.body().unwrap().to_owned()).collect()
     }
 
     async fn run_worker(&self, event: SqsEvent) -> Vec<String> {
@@ -377,4 +385,54 @@ async fn dynamodb_throttling_is_retried_then_answered_503_and_nothing_is_lost() 
     let statuses: Vec<&str> =
         listed["data"].as_array().unwrap().iter().map(|run| run["status"].as_str().unwrap()).collect();
     assert_eq!(statuses, ["queued", "queued"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once() {
+    let aws = Aws::new().await;
+    let model = stand_in::StandIn::start().await;
+    let definition: AgentDefinition = serde_json::from_value(json!({
+        "name": "janitor", "provider": "openai", "model": "stand-in-1", "base_url": format!("{}/v1", model.url),
+        "system_prompt": "You keep the repository tidy.",
+        "tools": [{"name": "delete_branch", "description": "Deletes a branch.", "method": "POST",
+                   "url": format!("{}/tools/delete", model.url), "requires_approval": true,
+                   "parameters": {"type": "object", "properties": {"branch": {"type": "string"}}, "required": ["branch"]}}]
+    }))
+    .unwrap();
+    aws.services.store.put_agent(&definition.parse().unwrap(), SystemClock.now()).await.unwrap();
+    model.script(vec![
+        stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
+        stand_in::text("Deleted old."),
+    ]);
+
+    let body = json!({"agent": "janitor", "input": "Delete the branch old"});
+    let (status, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(body)).await;
+    assert_eq!(status, 201, "{run}");
+    let path = format!("/v1/agent/runs/{}", id(&run));
+    // The first message, delivered twice in one batch: one worker parks the run.
+    let first = aws.receive().await;
+    assert!(aws.run_worker(sqs_event([first.clone(), first].concat())).await.is_empty());
+    let (_, waiting) = aws.invoke(Operation::Get, "GET", &path, None).await;
+    assert_eq!(waiting["status"], "awaiting_approval", "{waiting}");
+    assert_eq!(waiting["pending_approvals"][0]["action"], r#"Call the tool `delete_branch` with {"branch":"old"}"#);
+    assert_eq!(waiting["usage"], json!({"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}));
+    assert!(model.tool_calls().is_empty());
+
+    let approval = waiting["pending_approvals"][0]["id"].as_str().unwrap();
+    let decide = format!("{path}/approvals/{approval}");
+    let (status, _) = aws.invoke(Operation::Decide, "POST", &decide, Some(json!({"decision": "approve"}))).await;
+    assert_eq!(status, 200);
+    // The resumed run's message, delivered twice at once and once more later.
+    let resumed = aws.receive().await;
+    assert!(aws.run_worker(sqs_event([resumed.clone(), resumed.clone()].concat())).await.is_empty());
+    assert!(aws.run_worker(sqs_event(resumed)).await.is_empty());
+
+    let (_, done) = aws.invoke(Operation::Get, "GET", &path, None).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], "Deleted old.");
+    assert_eq!(done["usage"], json!({"input_tokens": 20, "output_tokens": 10, "total_tokens": 30}));
+    let calls = model.tool_calls();
+    assert_eq!(calls.len(), 1, "the approved tool ran exactly once: {calls:?}");
+    assert_eq!(calls[0].idempotency_key, Some(format!("{}/call_1", id(&run))));
+    assert_eq!(model.model_requests().len(), 2);
 }

@@ -96,7 +96,7 @@ fn kill_9_during_a_load_of_mixed_runs_then_every_accepted_run_completes() {
     let client_key = key.clone();
     // A client creating runs as fast as it can until the server dies.
     let client = std::thread::spawn(move || {
-        let http = reqwest::blocking::Client::new();
+        let http = support::http_client().build().unwrap();
         let mut accepted = Vec::new();
         for i in 0.. {
             let (agent, input, ..) = MIXED[i % MIXED.len()];

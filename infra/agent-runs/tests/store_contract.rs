@@ -7,10 +7,10 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agent_runs_shared::domain::{ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
+use agent_runs_shared::domain::{AgentDefinition, ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
 use agent_runs_shared::store::{
-    DueRun, Durability, DynamoStore, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunStore, SqliteStore,
-    StoreError, StoredKey,
+    AgentStore, DueRun, Durability, DynamoStore, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunStore,
+    SqliteStore, StoreError, StoredKey,
 };
 use ulid::Ulid;
 
@@ -216,7 +216,68 @@ async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<
     assert_eq!(winners, 1);
 }
 
-async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore) {
+fn agent(name: &str, model: &str) -> AgentDefinition {
+    serde_json::from_value::<AgentDefinition>(serde_json::json!({
+        "name": name, "provider": "openai", "model": model, "system_prompt": "Be brief.",
+        "tools": [{"name": "t", "description": "A tool.", "method": "POST", "url": "http://127.0.0.1:9/t",
+                   "requires_approval": true, "headers_from_env": {"X-Key": "TOOL_KEY"}}]
+    }))
+    .unwrap()
+    .parse()
+    .unwrap()
+}
+
+async fn agents_are_put_replaced_listed_and_deleted(agents: &dyn AgentStore) {
+    assert_eq!(agents.get_agent("ops").await.unwrap(), None);
+    agents.put_agent(&agent("ops", "m1"), Timestamp::from_millis(1)).await.unwrap();
+    agents.put_agent(&agent("billing", "m1"), Timestamp::from_millis(2)).await.unwrap();
+    agents.put_agent(&agent("ops", "m2"), Timestamp::from_millis(3)).await.unwrap();
+    assert_eq!(agents.get_agent("ops").await.unwrap(), Some(agent("ops", "m2")));
+    let names: Vec<String> = agents.list_agents().await.unwrap().into_iter().map(|agent| agent.name).collect();
+    assert_eq!(names, ["billing", "ops"]);
+    assert!(agents.delete_agent("ops").await.unwrap());
+    assert!(!agents.delete_agent("ops").await.unwrap());
+    assert_eq!(agents.get_agent("ops").await.unwrap(), None);
+    assert_eq!(agents.list_agents().await.unwrap().len(), 1);
+}
+
+/// A transcript-sized checkpoint (kept apart from the run item on DynamoDB)
+/// round-trips through every kind of write, and goes when the run ends.
+async fn large_checkpoints_round_trip(store: &dyn RunStore) {
+    let policy = ExecutionPolicy::default();
+    let run = new_run("big", 0, 500);
+    insert(store, &run).await;
+    let at = |millis: i64| Timestamp::from_millis(T0 as i64 + millis);
+    let big = |fill: &str| serde_json::json!({"transcript": fill.repeat(300_000), "n": 1});
+    let mut run = store.get(&owner("big"), run.id).await.unwrap().unwrap();
+    run.claim("w", at(1), &policy).unwrap();
+    store.update(&mut run).await.unwrap();
+    for (step, checkpoint) in [big("a"), serde_json::json!({"small": true}), big("b")].into_iter().enumerate() {
+        run.heartbeat("w", Some(checkpoint.clone()), at(2 + step as i64), &policy).unwrap();
+        store.update(&mut run).await.unwrap();
+        let stored = store.get(&owner("big"), run.id).await.unwrap().unwrap();
+        assert_eq!(stored.checkpoint, Some(checkpoint), "step {step}");
+        assert_eq!(stored, run);
+    }
+    // A stale writer still loses, checkpoint or not.
+    let mut stale = run.clone();
+    stale.version -= 1;
+    stale.heartbeat("w", Some(big("c")), at(9), &policy).unwrap();
+    assert!(matches!(store.update(&mut stale).await, Err(StoreError::Conflict)));
+    assert_eq!(store.get(&owner("big"), run.id).await.unwrap().unwrap().checkpoint, Some(big("b")));
+    // Listing shows the run (without reading its checkpoint).
+    let page = store.list(&owner("big"), ListRequest { status: None, before: None, limit: 5 }).await.unwrap();
+    assert_eq!(page.runs.len(), 1);
+    assert_eq!(page.runs[0].id, run.id);
+    run.succeed("w", "done".into(), at(10)).unwrap();
+    store.update(&mut run).await.unwrap();
+    let done = store.get(&owner("big"), run.id).await.unwrap().unwrap();
+    assert_eq!((done.status, done.checkpoint), (RunStatus::Succeeded, None));
+}
+
+async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
+    agents_are_put_replaced_listed_and_deleted(agents).await;
+    large_checkpoints_round_trip(runs.as_ref()).await;
     get_returns_what_insert_wrote_and_only_to_its_owner(runs.as_ref()).await;
     update_is_conditional_on_the_version_read(runs.as_ref()).await;
     idempotency_keys_are_reserved_atomically_with_the_run(runs.as_ref()).await;
@@ -231,7 +292,7 @@ async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore) {
 async fn sqlite_store_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("nested/folder/runs.db"), Durability::Process).unwrap();
-    run_contract(Arc::new(store.clone()), &store).await;
+    run_contract(Arc::new(store.clone()), &store, &store).await;
 }
 
 #[tokio::test]
@@ -247,6 +308,13 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run));
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
+    // A database from before agent definitions (schema 1) gains them.
+    connection.execute_batch("DROP TABLE agents; PRAGMA user_version = 1;").unwrap();
+    drop(connection);
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    agents_are_put_replaced_listed_and_deleted(&store).await;
+    drop(store);
+    let connection = rusqlite::Connection::open(&path).unwrap();
     connection.pragma_update(None, "user_version", 99).unwrap();
     drop(connection);
     assert!(matches!(SqliteStore::open(&path, Durability::Process), Err(StoreError::Defect(_))));
@@ -257,6 +325,30 @@ async fn dynamodb_store_keeps_the_contract() {
     let resources = support::create_aws_resources();
     let table = resources.iter().find(|(name, _)| name == "AGENT_RUNS_TABLE").unwrap().1.clone();
     let sdk = support::aws_sdk_config().await;
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
-    run_contract(Arc::new(store.clone()), &store).await;
+    let client = aws_sdk_dynamodb::Client::new(&sdk);
+    let store = DynamoStore::new(client.clone(), table.clone());
+    run_contract(Arc::new(store.clone()), &store, &store).await;
+
+    // The emulator does not enforce the 400 KB item limit: check the layout.
+    let policy = ExecutionPolicy::default();
+    let mut run = new_run("layout", 0, 600);
+    insert(&store, &run).await;
+    run.claim("w", Timestamp::from_millis(T0 as i64 + 1), &policy).unwrap();
+    run.heartbeat("w", Some(serde_json::json!("x".repeat(300_000))), Timestamp::from_millis(T0 as i64 + 2), &policy)
+        .unwrap();
+    store.update(&mut run).await.unwrap();
+    let item = |sk: String| {
+        client
+            .get_item()
+            .table_name(&table)
+            .key("pk", aws_sdk_dynamodb::types::AttributeValue::S("OWNER#layout".into()))
+            .key("sk", aws_sdk_dynamodb::types::AttributeValue::S(sk))
+            .send()
+    };
+    let run_item = item(format!("RUN#{}", run.id)).await.unwrap().item.unwrap();
+    assert!(!run_item.contains_key("checkpoint"));
+    let size: usize = run_item.iter().map(|(name, value)| name.len() + format!("{value:?}").len()).sum();
+    assert!(size < 4_096, "the run item stays small: {size} bytes");
+    let checkpoint_item = item(format!("CKPT#{}", run.id)).await.unwrap().item.unwrap();
+    assert!(checkpoint_item["checkpoint"].as_s().unwrap().len() > 300_000);
 }

@@ -119,17 +119,15 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
     });
 
     let usage = json!({
-        "description": "Tokens the agent's model used so far; null unless its provider reports them.",
-        "anyOf": [{"type": "null"}, {
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["input_tokens", "output_tokens", "total_tokens"],
-            "properties": {
-                "input_tokens": {"type": "integer", "minimum": 0},
-                "output_tokens": {"type": "integer", "minimum": 0},
-                "total_tokens": {"type": "integer", "minimum": 0}
-            }
-        }]
+        "description": "Tokens the agent's model used so far: present only for runs of a defined agent whose provider reports them.",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["input_tokens", "output_tokens", "total_tokens"],
+        "properties": {
+            "input_tokens": {"type": "integer", "minimum": 0},
+            "output_tokens": {"type": "integer", "minimum": 0},
+            "total_tokens": {"type": "integer", "minimum": 0}
+        }
     });
     json!({
         "openapi": "3.1.0",
@@ -251,7 +249,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "Run": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_at", "started_at", "completed_at", "usage"],
+                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_at", "started_at", "completed_at"],
                     "properties": {
                         "id": {"type": "string", "pattern": format!("^run_{ULID}$")},
                         "status": {"type": "string", "enum": statuses},
@@ -390,7 +388,11 @@ mod tests {
         let view = serde_json::to_value(RunView::from(&run)).unwrap();
         let schemas = &builtin()["components"]["schemas"];
         assert_eq!(keys(&view), required(&schemas["Run"]));
-        assert_eq!(keys(&view), keys(&schemas["Run"]["properties"]));
+        // A run whose model reported tokens has `usage` too; it is optional.
+        run.usage = Some(Default::default());
+        let with_usage = serde_json::to_value(RunView::from(&run)).unwrap();
+        assert_eq!(keys(&with_usage), keys(&schemas["Run"]["properties"]));
+        assert_eq!(keys(&with_usage["usage"]), required(&schemas["Run"]["properties"]["usage"]));
         assert_eq!(keys(&view["pending_approvals"][0]), required(&schemas["Approval"]));
         let pattern = schemas["Run"]["properties"]["created_at"]["pattern"].as_str().unwrap();
         assert_eq!(pattern, TIMESTAMP);

@@ -19,7 +19,10 @@ pub struct RunView<'a> {
     created_at: String,
     started_at: Option<String>,
     completed_at: Option<String>,
-    /// Present always; `null` unless the agent's model reported token usage.
+    /// An addition to the contract's keys: present only once the agent's
+    /// model has reported token usage, so other runs show exactly the
+    /// contract's eleven keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Usage>,
 }
 

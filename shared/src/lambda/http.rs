@@ -39,7 +39,7 @@ pub fn from_api_response(response: ApiResponse) -> lambda_http::Response<Body> {
 pub async fn run_http(operation: Option<Operation>) -> Result<(), super::Error> {
     super::init_logging();
     let services = AwsServices::from_env().await?;
-    services.warm_up().await;
+    services.warm_up();
     let api = services.api();
     let api = &api;
     lambda_http::run(service_fn(move |request: lambda_http::Request| async move {

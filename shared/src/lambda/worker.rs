@@ -56,7 +56,7 @@ pub async fn handle_batch(
 pub async fn run_worker() -> Result<(), super::Error> {
     super::init_logging();
     let services = AwsServices::from_env().await?;
-    services.warm_up().await;
+    services.warm_up();
     let worker = services.worker();
     let queue = services.queue();
     let margin = services.config.worker_deadline_margin;

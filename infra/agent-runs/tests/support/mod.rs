@@ -154,7 +154,7 @@ impl Server {
                 break rest.split_whitespace().next().unwrap().to_owned();
             }
         };
-        let client = Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+        let client = http_client().timeout(Duration::from_secs(30)).build().unwrap();
         Server { child, base, dir, dev_key, target, env, client }
     }
 
@@ -319,4 +319,11 @@ impl Reply {
         assert_eq!(self.status, status, "body: {}", self.body);
         &self.body
     }
+}
+
+/// reqwest's TLS (compiled in for the agents' providers) needs the crypto
+/// provider the AWS SDK also uses.
+pub fn http_client() -> reqwest::blocking::ClientBuilder {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    Client::builder()
 }

@@ -35,6 +35,9 @@ pub struct LlmRuntime {
     /// should not pay.
     http: std::sync::OnceLock<reqwest::Client>,
     bedrock: OnceCell<aws_sdk_bedrockruntime::Client>,
+    /// Where the Bedrock client's configuration comes from; the default
+    /// chain when absent.
+    sdk: Option<aws_config::SdkConfig>,
     env: EnvLookup,
     pub retry: RetryPolicy,
     pub max_checkpoint_bytes: usize,
@@ -45,6 +48,7 @@ impl LlmRuntime {
         Self {
             http: std::sync::OnceLock::new(),
             bedrock: OnceCell::new(),
+            sdk: None,
             env,
             retry: RetryPolicy::default(),
             max_checkpoint_bytes,
@@ -72,17 +76,28 @@ impl LlmRuntime {
         Self::new(Arc::new(|name| std::env::var(name).ok()), max_checkpoint_bytes)
     }
 
-    /// Uses this Bedrock client (built from the process's AWS configuration,
-    /// or a test's) instead of loading the default configuration on first use.
+    /// Uses this Bedrock client (a test's) instead of building one.
     pub fn with_bedrock(self, client: aws_sdk_bedrockruntime::Client) -> Self {
         Self { bedrock: OnceCell::new_with(Some(client)), ..self }
+    }
+
+    /// Builds the Bedrock client, when first needed, from this configuration.
+    pub fn with_sdk_config(self, sdk: aws_config::SdkConfig) -> Self {
+        Self { sdk: Some(sdk), ..self }
     }
 
     async fn bedrock(&self) -> aws_sdk_bedrockruntime::Client {
         self.bedrock
             .get_or_init(|| async {
-                let config = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
-                aws_sdk_bedrockruntime::Client::new(&config)
+                let sdk = match &self.sdk {
+                    Some(sdk) => sdk.clone(),
+                    None => aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await,
+                };
+                // Retries are ours (inside the step's budget), not the SDK's too.
+                let config = aws_sdk_bedrockruntime::config::Builder::from(&sdk)
+                    .retry_config(aws_config::retry::RetryConfig::disabled())
+                    .build();
+                aws_sdk_bedrockruntime::Client::from_conf(config)
             })
             .await
             .clone()
