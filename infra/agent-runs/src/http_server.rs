@@ -43,7 +43,17 @@ async fn into_api_request(request: Request<Incoming>) -> Request<Bytes> {
 pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: impl Future<Output = ()>) {
     serve_with(listener, shutdown, move |request| {
         let api = api.clone();
-        async move { api.handle(into_api_request(request).await).await.map(Full::new) }
+        async move {
+            let request = into_api_request(request).await;
+            // The rest of an oversized body is never read: tell the client
+            // not to send another request on this connection.
+            let unread_body = request.extensions().get::<BodyTooLarge>().is_some();
+            let mut response = api.handle(request).await.map(Full::new);
+            if unread_body {
+                response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+            }
+            response
+        }
     })
     .await
 }

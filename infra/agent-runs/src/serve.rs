@@ -13,6 +13,7 @@ use agent_runs_shared::api::Api;
 use agent_runs_shared::auth::Authenticator;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, Owner, SystemClock};
+use agent_runs_shared::error_chain;
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
 use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
 use agent_runs_shared::worker::{Sweeper, Worker, WorkerPool};
@@ -67,11 +68,13 @@ pub async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+const EMBEDDED_KEY_CACHE: Duration = Duration::from_secs(1);
+
 pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     init_logging();
     let config = Config::from_env()?;
     let durability = if args.sqlite_sync == "full" { Durability::Full } else { Durability::Process };
-    let store = SqliteStore::open(db, durability)?;
+    let store = SqliteStore::open_for_serving(db, durability).map_err(|error| error_chain(&error))?;
 
     if store.list_keys().await?.is_empty() {
         let (secret, id) = issue(&store, Owner::parse("dev")?, Some("first start".into())).await?;
@@ -95,8 +98,9 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let api = Arc::new(Api::new(
         runs.clone(),
         queue.clone(),
-        // A local lookup is cheap: by default, see a revocation at once.
-        Authenticator::new(keys, config.key_cache.unwrap_or(Duration::ZERO)),
+        // A revocation is seen within a second (the contract allows 60),
+        // while a busy client does not pay a database read per request.
+        Authenticator::new(keys, config.key_cache.unwrap_or(EMBEDDED_KEY_CACHE)),
         agents.clone(),
         clock.clone(),
         config.policy.clone(),

@@ -295,6 +295,29 @@ async fn sqlite_store_keeps_the_contract() {
     run_contract(Arc::new(store.clone()), &store, &store).await;
 }
 
+/// The embedded server's store keeps recent runs in memory: the same
+/// contract holds, and a second server on the same file is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_store_for_serving_keeps_the_contract_and_owns_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open_for_serving(&path, Durability::Process).unwrap();
+    run_contract(Arc::new(store.clone()), &store, &store).await;
+    let error = SqliteStore::open_for_serving(&path, Durability::Process).err().expect("a second server is refused");
+    assert!(agent_runs_shared::error_chain(&error).contains("another `agent-runs serve` is using"));
+    // What the cache serves is what a plain reader of the file sees.
+    let plain = SqliteStore::open(&path, Durability::Process).unwrap();
+    for owner_name in ["acme", "big", "race"] {
+        let page =
+            plain.list(&owner(owner_name), ListRequest { status: None, before: None, limit: 100 }).await.unwrap();
+        for run in page.runs {
+            assert_eq!(store.get(&run.owner, run.id).await.unwrap().map(|cached| cached.version), Some(run.version));
+        }
+    }
+    drop(store);
+    SqliteStore::open_for_serving(&path, Durability::Process).expect("the lock goes with the server");
+}
+
 #[tokio::test]
 async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@
 //! `synchronous=FULL` ([`Durability::Full`]) prevents at the cost of an fsync
 //! per write.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -81,6 +82,61 @@ struct Inner {
     path: PathBuf,
     writer: Mutex<Connection>,
     readers: Vec<Mutex<Connection>>,
+    /// Present when this process owns the database's runs.
+    recent: Option<RecentRuns>,
+    /// Held while serving: the lock that makes `recent` sound.
+    _owner_lock: Option<std::fs::File>,
+}
+
+/// Runs as this process last wrote them, so a get or a worker's read needs
+/// neither SQLite nor a JSON decode. Only writes fill it, each under the
+/// writer's lock right after its commit, so it is never older than the
+/// database: sound only while no other process writes runs, which
+/// [`SqliteStore::open_for_serving`] ensures with a lock file (the admin
+/// commands write keys and agents, never runs).
+#[derive(Default)]
+struct RecentRuns {
+    runs: Mutex<HashMap<(Owner, RunId), Arc<Run>>>,
+}
+
+/// Entries, and the largest run (encoded) worth keeping: about 100 MB at most.
+const RECENT_RUNS: usize = 16_384;
+const RECENT_RUN_MAX_BYTES: usize = 6 * 1024;
+
+impl RecentRuns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Owner, RunId), Arc<Run>>> {
+        self.runs.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn get(&self, owner: &Owner, run_id: RunId) -> Option<Arc<Run>> {
+        self.lock().get(&(owner.clone(), run_id)).cloned()
+    }
+
+    /// Called with the writer's lock held, after the commit.
+    fn written(&self, run: &Run, encoded_len: usize) {
+        let mut runs = self.lock();
+        let key = (run.owner.clone(), run.id);
+        if encoded_len > RECENT_RUN_MAX_BYTES {
+            runs.remove(&key);
+            return;
+        }
+        if runs.len() >= RECENT_RUNS && !runs.contains_key(&key) {
+            // Forget an arbitrary eighth; a forgotten run is read from SQLite.
+            let mut to_forget = RECENT_RUNS / 8;
+            runs.retain(|_, _| {
+                if to_forget == 0 {
+                    return true;
+                }
+                to_forget -= 1;
+                false
+            });
+        }
+        runs.insert(key, Arc::new(run.clone()));
+    }
+
+    fn removed(&self, owner: &Owner, run_id: RunId) {
+        self.lock().remove(&(owner.clone(), run_id));
+    }
 }
 
 fn unavailable(error: rusqlite::Error) -> StoreError {
@@ -143,7 +199,41 @@ impl SqliteStore {
             .map(|_| open_connection(&path, durability).map(Mutex::new))
             .collect::<Result<_, _>>()
             .map_err(unavailable)?;
-        Ok(Self { inner: Arc::new(Inner { path, writer: Mutex::new(writer), readers }) })
+        Ok(Self {
+            inner: Arc::new(Inner { path, writer: Mutex::new(writer), readers, recent: None, _owner_lock: None }),
+        })
+    }
+
+    /// Opens the database for the one process that executes its runs (the
+    /// embedded server): takes `<path>.lock` so a second server on the same
+    /// file is refused, and keeps recently written runs in memory.
+    pub fn open_for_serving(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
+        let store = Self::open(&path, durability)?;
+        let mut lock_path = store.inner.path.clone().into_os_string();
+        lock_path.push(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        if lock.try_lock().is_err() {
+            return Err(StoreError::Unavailable(Box::new(std::io::Error::other(format!(
+                "another `agent-runs serve` is using {}",
+                store.inner.path.display()
+            )))));
+        }
+        let Inner { path, writer, readers, .. } =
+            Arc::try_unwrap(store.inner).map_err(|_| StoreError::Defect("store shared while opening".into()))?;
+        let inner = Inner { path, writer, readers, recent: Some(RecentRuns::default()), _owner_lock: Some(lock) };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Tells the cache of recent runs, if any, about a committed write.
+    fn remember(&self, run: &Run, encoded_len: usize) {
+        if let Some(recent) = &self.inner.recent {
+            recent.written(run, encoded_len);
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -186,7 +276,9 @@ impl SqliteStore {
     }
 }
 
-fn insert_run_row(connection: &Connection, run: &Run) -> Result<(), StoreError> {
+/// Returns the length of the stored body.
+fn insert_run_row(connection: &Connection, run: &Run) -> Result<usize, StoreError> {
+    let body = encode_run(run)?;
     connection
         .execute(
             "INSERT INTO runs (owner, id, status, version, due_at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -196,11 +288,11 @@ fn insert_run_row(connection: &Connection, run: &Run) -> Result<(), StoreError> 
                 run.status.as_str(),
                 run.version as i64,
                 run.due_at.map(Timestamp::millis),
-                encode_run(run)?
+                &body
             ],
         )
         .map_err(unavailable)?;
-    Ok(())
+    Ok(body.len())
 }
 
 #[async_trait]
@@ -213,6 +305,7 @@ impl RunStore for SqliteStore {
     ) -> Result<InsertOutcome, StoreError> {
         let run = run.clone();
         let idempotency = idempotency.cloned();
+        let store = self.clone();
         self.write(move |connection| {
             let transaction =
                 connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
@@ -244,7 +337,7 @@ impl RunStore for SqliteStore {
             if active >= i64::from(max_active) {
                 return Ok(InsertOutcome::TooManyActiveRuns);
             }
-            insert_run_row(&transaction, &run)?;
+            let encoded_len = insert_run_row(&transaction, &run)?;
             if let Some(claim) = &idempotency {
                 transaction
                     .execute(
@@ -263,6 +356,7 @@ impl RunStore for SqliteStore {
                     .map_err(unavailable)?;
             }
             transaction.commit().map_err(unavailable)?;
+            store.remember(&run, encoded_len);
             Ok(InsertOutcome::Inserted)
         })
         .await
@@ -272,6 +366,7 @@ impl RunStore for SqliteStore {
         let owner = run.owner.to_string();
         let run_id = run.id.to_string();
         let key_hash = idempotency_key_hash.map(str::to_owned);
+        let (store, run_key) = (self.clone(), (run.owner.clone(), run.id));
         self.write(move |connection| {
             let transaction = connection.transaction().map_err(unavailable)?;
             transaction
@@ -285,12 +380,19 @@ impl RunStore for SqliteStore {
                     )
                     .map_err(unavailable)?;
             }
-            transaction.commit().map_err(unavailable)
+            transaction.commit().map_err(unavailable)?;
+            if let Some(recent) = &store.inner.recent {
+                recent.removed(&run_key.0, run_key.1);
+            }
+            Ok(())
         })
         .await
     }
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        if let Some(run) = self.inner.recent.as_ref().and_then(|recent| recent.get(owner, run_id)) {
+            return Ok(Some(Run::clone(&run)));
+        }
         let owner = owner.to_string();
         self.read(move |connection| {
             let body: Option<String> = connection
@@ -309,6 +411,7 @@ impl RunStore for SqliteStore {
         next.version += 1;
         let expected = run.version;
         let body = encode_run(&next)?;
+        let store = self.clone();
         let written = self
             .write(move |connection| {
                 let changed = connection
@@ -321,14 +424,18 @@ impl RunStore for SqliteStore {
                             next.status.as_str(),
                             next.version as i64,
                             next.due_at.map(Timestamp::millis),
-                            body,
+                            &body,
                             next.owner.as_str(),
                             next.id.to_string(),
                             expected as i64
                         ])
                     })
                     .map_err(unavailable)?;
-                if changed == 1 { Ok(next.version) } else { Err(StoreError::Conflict) }
+                if changed != 1 {
+                    return Err(StoreError::Conflict);
+                }
+                store.remember(&next, body.len());
+                Ok(next.version)
             })
             .await?;
         run.version = written;
