@@ -62,19 +62,22 @@ impl AwsServices {
         Ok(AwsServices { config, store, queue, clock: Arc::new(SystemClock), sdk: None })
     }
 
-    /// Built-in agents and those defined in the table. Definitions are
-    /// cached like API keys: a change is seen within the cache time.
-    pub fn agents(&self) -> AgentRegistry {
+    /// Built-in agents and those defined in the table, known by name.
+    /// Definitions are cached like API keys: a change is seen within the
+    /// cache time.
+    fn agents(&self, runtime: Option<Arc<LlmRuntime>>) -> AgentRegistry {
+        let cache_for = self.config.agent_cache.unwrap_or(REMOTE_STORE_CACHE_TTL);
+        AgentRegistry::with_defined(&self.config.default_agent, Arc::new(self.store.clone()), runtime, cache_for)
+    }
+
+    /// What executes defined agents: their providers (Bedrock with this
+    /// process's AWS configuration) and tools.
+    fn llm_runtime(&self) -> Arc<LlmRuntime> {
         let mut runtime = LlmRuntime::from_process_env(self.config.max_checkpoint_bytes);
         if let Some(sdk) = &self.sdk {
             runtime = runtime.with_sdk_config(sdk.clone());
         }
-        AgentRegistry::with_defined(
-            &self.config.default_agent,
-            Arc::new(self.store.clone()),
-            Arc::new(runtime),
-            self.config.agent_cache.unwrap_or(REMOTE_STORE_CACHE_TTL),
-        )
+        Arc::new(runtime)
     }
 
     fn runs(&self) -> Arc<dyn RunStore> {
@@ -95,7 +98,7 @@ impl AwsServices {
             self.runs(),
             self.queue(),
             Authenticator::new(keys, self.config.key_cache.unwrap_or(REMOTE_STORE_CACHE_TTL)),
-            self.agents(),
+            self.agents(None),
             self.clock.clone(),
             self.config.policy.clone(),
             self.config.limits.clone(),
@@ -103,7 +106,7 @@ impl AwsServices {
     }
 
     pub fn worker(&self) -> Worker {
-        Worker::new(self.runs(), self.agents(), self.clock.clone(), self.config.policy.clone())
+        Worker::new(self.runs(), self.agents(Some(self.llm_runtime())), self.clock.clone(), self.config.policy.clone())
     }
 
     pub fn sweeper(&self) -> Sweeper {

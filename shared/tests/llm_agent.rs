@@ -96,7 +96,8 @@ impl Fixture {
             LlmRuntime::new(Arc::new(move |name| env.get(name).map(|value| value.to_string())), max_checkpoint_bytes);
         runtime.retry =
             RetryPolicy { attempts: 4, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
-        let agents = AgentRegistry::with_defined("echo", Arc::new(store.clone()), Arc::new(runtime), Duration::ZERO);
+        let agents =
+            AgentRegistry::with_defined("echo", Arc::new(store.clone()), Some(Arc::new(runtime)), Duration::ZERO);
         Fixture {
             _dir: dir,
             store,
@@ -361,8 +362,12 @@ mod bedrock {
             .with_bedrock(client);
         runtime.retry =
             RetryPolicy { attempts: 3, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(20) };
-        fixture.agents =
-            AgentRegistry::with_defined("echo", Arc::new(fixture.store.clone()), Arc::new(runtime), Duration::ZERO);
+        fixture.agents = AgentRegistry::with_defined(
+            "echo",
+            Arc::new(fixture.store.clone()),
+            Some(Arc::new(runtime)),
+            Duration::ZERO,
+        );
         fixture
     }
 

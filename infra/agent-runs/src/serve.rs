@@ -89,7 +89,7 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let agents = AgentRegistry::with_defined(
         &config.default_agent,
         Arc::new(store.clone()),
-        Arc::new(LlmRuntime::from_process_env(config.max_checkpoint_bytes)),
+        Some(Arc::new(LlmRuntime::from_process_env(config.max_checkpoint_bytes))),
         config.agent_cache.unwrap_or(Duration::ZERO),
     );
     let (queue, receiver) = InProcessQueue::new();

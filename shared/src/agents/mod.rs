@@ -64,12 +64,16 @@ pub struct AgentRegistry {
     defined: Option<Arc<DefinedAgents>>,
 }
 
-/// Agents built from stored definitions, kept for a while once built.
+/// Agents defined in the store: known by name (to accept runs) and, where
+/// runs execute, built; both kept for a while.
 struct DefinedAgents {
     store: Arc<dyn AgentStore>,
-    runtime: Arc<llm::LlmRuntime>,
+    /// Only where runs execute (the worker): the API never builds an agent,
+    /// so its functions link no provider or tool code.
+    runtime: Option<Arc<llm::LlmRuntime>>,
     cache_for: Duration,
-    cache: Mutex<HashMap<String, (Instant, Arc<dyn Agent>)>>,
+    known: Mutex<HashMap<String, Instant>>,
+    built: Mutex<HashMap<String, (Instant, Arc<dyn Agent>)>>,
 }
 
 impl AgentRegistry {
@@ -86,15 +90,17 @@ impl AgentRegistry {
 
     /// The built-in agents and those defined in `store`; `default` may name
     /// either. A definition changed in the store is used within `cache_for`.
+    /// Defined agents can be executed only with a `runtime`.
     pub fn with_defined(
         default: &str,
         store: Arc<dyn AgentStore>,
-        runtime: Arc<llm::LlmRuntime>,
+        runtime: Option<Arc<llm::LlmRuntime>>,
         cache_for: Duration,
     ) -> Self {
         let mut registry = Self::builtin("echo").unwrap_or_else(|_| unreachable!("echo is built in"));
         registry.default = default.to_owned();
-        registry.defined = Some(Arc::new(DefinedAgents { store, runtime, cache_for, cache: Mutex::default() }));
+        let defined = DefinedAgents { store, runtime, cache_for, known: Mutex::default(), built: Mutex::default() };
+        registry.defined = Some(Arc::new(defined));
         registry
     }
 
@@ -102,7 +108,21 @@ impl AgentRegistry {
         &self.default
     }
 
-    /// The agent of that name; `None` when there is none.
+    /// Whether `name` names an agent that accepts `input`, without building
+    /// it: `None` when there is no such agent, `Some(Err(why))` when it
+    /// refuses the input.
+    pub async fn check(&self, name: &str, input: &str) -> Result<Option<Result<(), String>>, StoreError> {
+        if let Some(agent) = self.builtin.get(name) {
+            return Ok(Some(agent.validate_input(input)));
+        }
+        match &self.defined {
+            // A defined agent takes any text: its model reads it.
+            Some(defined) if defined.exists(name).await? => Ok(Some(Ok(()))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The agent of that name, ready to execute; `None` when there is none.
     pub async fn resolve(&self, name: &str) -> Result<Option<Arc<dyn Agent>>, StoreError> {
         if let Some(agent) = self.builtin.get(name) {
             return Ok(Some(agent.clone()));
@@ -123,9 +143,24 @@ impl AgentRegistry {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl DefinedAgents {
+    async fn exists(&self, name: &str) -> Result<bool, StoreError> {
+        if lock(&self.known).get(name).is_some_and(|seen| seen.elapsed() < self.cache_for) {
+            return Ok(true);
+        }
+        let found = self.store.get_agent(name).await?.is_some();
+        if found {
+            lock(&self.known).insert(name.to_owned(), Instant::now());
+        }
+        Ok(found)
+    }
+
     async fn resolve(&self, name: &str) -> Result<Option<Arc<dyn Agent>>, StoreError> {
-        let cached = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).cloned();
+        let cached = lock(&self.built).get(name).cloned();
         if let Some((built, agent)) = cached
             && built.elapsed() < self.cache_for
         {
@@ -134,14 +169,17 @@ impl DefinedAgents {
         let Some(definition) = self.store.get_agent(name).await? else {
             return Ok(None);
         };
+        let runtime = self
+            .runtime
+            .as_ref()
+            .ok_or_else(|| StoreError::Defect("this process does not execute defined agents".into()))?;
         let agent: Arc<dyn Agent> = Arc::new(
-            self.runtime
+            runtime
                 .agent(definition)
                 .await
                 .map_err(|error| StoreError::Defect(format!("stored agent `{name}` is invalid: {error}")))?,
         );
-        let mut cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        cache.insert(name.to_owned(), (Instant::now(), agent.clone()));
+        lock(&self.built).insert(name.to_owned(), (Instant::now(), agent.clone()));
         Ok(Some(agent))
     }
 }

@@ -51,7 +51,7 @@ async fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun,
     let agent = optional_string(&mut object, "agent")?.unwrap_or_else(|| api.agents.default_name().to_owned());
     let metadata = parse_metadata(object.remove("metadata"))?;
     // Last, as it may read the store: the agent and what it thinks of the input.
-    let implementation = api.agents.resolve(&agent).await?.ok_or_else(|| {
+    let verdict = api.agents.check(&agent, input.as_str()).await?.ok_or_else(|| {
         let shown: String = agent.chars().take(64).collect();
         ApiError::invalid(
             "agent",
@@ -61,8 +61,7 @@ async fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun,
             ),
         )
     })?;
-    implementation
-        .validate_input(input.as_str())
+    verdict
         .map_err(|message| ApiError::invalid("input", format!("The `{agent}` agent rejected the input: {message}")))?;
     Ok(NewRun { input, agent, metadata })
 }

@@ -128,26 +128,23 @@ impl Worker {
                 }
             };
             run.usage = usage;
+            let Some(step) = step else {
+                return self.hand_back(run, checkpoint).await;
+            };
             let mut save_now = false;
             match step {
-                None => {
-                    let saved = checkpoint.clone();
-                    return self
-                        .finish(run, |run, now, worker| run.release(worker, saved.clone(), now, &self.policy))
-                        .await;
-                }
-                Some(Step::Continue(next)) => checkpoint = Some(next),
-                Some(Step::Checkpoint(next)) => {
+                Step::Continue(next) => checkpoint = Some(next),
+                Step::Checkpoint(next) => {
                     checkpoint = Some(next);
                     save_now = true;
                 }
-                Some(Step::Succeeded(output)) => {
+                Step::Succeeded(output) => {
                     return self.finish(run, |run, now, worker| run.succeed(worker, output.clone(), now)).await;
                 }
-                Some(Step::Failed(error)) => {
+                Step::Failed(error) => {
                     return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
                 }
-                Some(Step::AwaitApproval { actions, checkpoint }) => {
+                Step::AwaitApproval { actions, checkpoint } => {
                     let requests: Vec<(ApprovalId, String)> = actions
                         .into_iter()
                         .map(|action| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), action))
@@ -164,10 +161,7 @@ impl Worker {
                 return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
             }
             if *stop.borrow() {
-                let saved = checkpoint.clone();
-                return self
-                    .finish(run, |run, now, worker| run.release(worker, saved.clone(), now, &self.policy))
-                    .await;
+                return self.hand_back(run, checkpoint).await;
             }
             // Between steps: a cancel or takeover ends the work here.
             if save_now || last_heartbeat.elapsed() >= self.heartbeat_every {
@@ -185,6 +179,11 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Stopping: the run goes back to the queue with its last checkpoint.
+    async fn hand_back(&self, run: &mut Run, checkpoint: Option<serde_json::Value>) -> Result<Outcome, WorkerError> {
+        self.finish(run, |run, now, worker| run.release(worker, checkpoint.clone(), now, &self.policy)).await
     }
 
     /// Takes the run for this worker, or `None` when there is nothing to do.
