@@ -110,12 +110,12 @@ impl Authenticator {
     }
 
     fn cached(&self, hash: &[u8; 32]) -> Option<Principal> {
-        let cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cache = crate::lock(&self.cache);
         cache.get(hash).filter(|(_, at)| at.elapsed() < self.cache_ttl).map(|(principal, _)| principal.clone())
     }
 
     fn remember(&self, hash: [u8; 32], principal: Principal) {
-        let mut cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cache = crate::lock(&self.cache);
         if cache.len() >= CACHE_CAPACITY {
             cache.retain(|_, (_, at)| at.elapsed() < self.cache_ttl);
             if cache.len() >= CACHE_CAPACITY {

@@ -49,6 +49,16 @@ fn read<T: std::str::FromStr>(
     }
 }
 
+/// A number of seconds, at most `max`, or `None` when the variable is unset
+/// (each way of running then has its own default).
+fn optional_secs(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    max: u64,
+) -> Result<Option<Duration>, ConfigError> {
+    env(name).map(|_| read(env, name, 0u64)).transpose().map(|secs| secs.map(|secs| Duration::from_secs(secs.min(max))))
+}
+
 impl Config {
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -89,14 +99,8 @@ impl Config {
             table: env("AGENT_RUNS_TABLE").filter(|table| !table.trim().is_empty()),
             queue_url: env("AGENT_RUNS_QUEUE_URL").filter(|url| !url.trim().is_empty()),
             worker_deadline_margin: Duration::from_millis(read(&env, "AGENT_RUNS_WORKER_DEADLINE_MARGIN_MS", 10_000)?),
-            key_cache: env("AGENT_RUNS_KEY_CACHE_SECS")
-                .map(|_| read(&env, "AGENT_RUNS_KEY_CACHE_SECS", 0u64))
-                .transpose()?
-                .map(|secs| Duration::from_secs(secs.min(60))),
-            agent_cache: env("AGENT_RUNS_AGENT_CACHE_SECS")
-                .map(|_| read(&env, "AGENT_RUNS_AGENT_CACHE_SECS", 0u64))
-                .transpose()?
-                .map(|secs| Duration::from_secs(secs.min(300))),
+            key_cache: optional_secs(&env, "AGENT_RUNS_KEY_CACHE_SECS", 60)?,
+            agent_cache: optional_secs(&env, "AGENT_RUNS_AGENT_CACHE_SECS", 300)?,
             max_checkpoint_bytes: read(
                 &env,
                 "AGENT_RUNS_MAX_CHECKPOINT_BYTES",

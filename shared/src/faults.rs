@@ -92,14 +92,14 @@ impl RandomFailures {
     }
 
     pub fn set_share(&self, share: f64) {
-        *self.share.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = share;
+        *crate::lock(&self.share) = share;
     }
 }
 
 impl FaultPlan for RandomFailures {
     fn next(&self, _operation: &'static str) -> Fault {
-        let share = *self.share.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let roll: f64 = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).random();
+        let share = *crate::lock(&self.share);
+        let roll: f64 = crate::lock(&self.rng).random();
         if roll < share {
             self.injected.fetch_add(1, Ordering::SeqCst);
             Fault::FailBefore

@@ -25,3 +25,9 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// Locks a mutex whose data stays valid even if a holder panicked (caches,
+/// counters): a panic elsewhere must not take every later request down.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::domain::{Approval, RunId, Usage};
+use crate::lock;
 use crate::store::{AgentStore, StoreError};
 
 pub use echo::EchoAgent;
@@ -141,10 +142,6 @@ impl AgentRegistry {
     pub fn names_list(&self) -> Vec<&str> {
         self.builtin.keys().map(String::as_str).collect()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl DefinedAgents {

@@ -39,7 +39,7 @@ impl RateLimiter {
         if self.limit.per_second <= 0.0 {
             return Ok(());
         }
-        let mut buckets = self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut buckets = crate::lock(&self.buckets);
         if !buckets.contains_key(owner) {
             buckets.insert(owner.clone(), Bucket { tokens: self.limit.burst, refilled_at: now });
         }

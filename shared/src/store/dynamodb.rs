@@ -573,17 +573,7 @@ impl KeyStore for DynamoStore {
     }
 
     async fn find_key(&self, hash: &[u8; 32]) -> Result<Option<StoredKey>, StoreError> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", s(key_pk(hash)))
-            .key("sk", s("KEY"))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        output.item.map(decode_key).transpose()
+        self.get_item(key_pk(hash), "KEY".into()).await?.map(decode_key).transpose()
     }
 
     async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError> {

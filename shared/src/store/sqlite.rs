@@ -104,17 +104,13 @@ const RECENT_RUNS: usize = 16_384;
 const RECENT_RUN_MAX_BYTES: usize = 6 * 1024;
 
 impl RecentRuns {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Owner, RunId), Arc<Run>>> {
-        self.runs.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     fn get(&self, owner: &Owner, run_id: RunId) -> Option<Arc<Run>> {
-        self.lock().get(&(owner.clone(), run_id)).cloned()
+        crate::lock(&self.runs).get(&(owner.clone(), run_id)).cloned()
     }
 
     /// Called with the writer's lock held, after the commit.
     fn written(&self, run: &Run, encoded_len: usize) {
-        let mut runs = self.lock();
+        let mut runs = crate::lock(&self.runs);
         let key = (run.owner.clone(), run.id);
         if encoded_len > RECENT_RUN_MAX_BYTES {
             runs.remove(&key);
@@ -135,7 +131,7 @@ impl RecentRuns {
     }
 
     fn removed(&self, owner: &Owner, run_id: RunId) {
-        self.lock().remove(&(owner.clone(), run_id));
+        crate::lock(&self.runs).remove(&(owner.clone(), run_id));
     }
 }
 
@@ -176,6 +172,18 @@ fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
     transaction.commit().map_err(unavailable)
 }
 
+/// Holds `<path>.lock` exclusively for as long as the file is open (the OS
+/// lets go of it when the process dies).
+fn take_owner_lock(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path)?;
+    if lock.try_lock().is_err() {
+        return Err(std::io::Error::other(format!("another `agent-runs serve` is using {}", path.display())));
+    }
+    Ok(lock)
+}
+
 fn encode_run(run: &Run) -> Result<String, StoreError> {
     serde_json::to_string(run).map_err(|error| StoreError::Defect(format!("cannot encode run: {error}")))
 }
@@ -189,44 +197,43 @@ const ACTIVE_STATUSES: &str = "('queued', 'running', 'awaiting_approval')";
 impl SqliteStore {
     /// Opens (creating it and its folder if needed) the database at `path`.
     pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
-        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|error| StoreError::Unavailable(Box::new(error)))?;
-        }
-        let mut writer = open_connection(&path, durability).map_err(unavailable)?;
-        migrate(&mut writer)?;
-        let readers = (0..READERS)
-            .map(|_| open_connection(&path, durability).map(Mutex::new))
-            .collect::<Result<_, _>>()
-            .map_err(unavailable)?;
-        Ok(Self {
-            inner: Arc::new(Inner { path, writer: Mutex::new(writer), readers, recent: None, _owner_lock: None }),
-        })
+        Self::open_with(path.as_ref(), durability, false)
     }
 
     /// Opens the database for the one process that executes its runs (the
     /// embedded server): takes `<path>.lock` so a second server on the same
     /// file is refused, and keeps recently written runs in memory.
     pub fn open_for_serving(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
-        let store = Self::open(&path, durability)?;
-        let mut lock_path = store.inner.path.clone().into_os_string();
-        lock_path.push(".lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
-        if lock.try_lock().is_err() {
-            return Err(StoreError::Unavailable(Box::new(std::io::Error::other(format!(
-                "another `agent-runs serve` is using {}",
-                store.inner.path.display()
-            )))));
+        Self::open_with(path.as_ref(), durability, true)
+    }
+
+    fn open_with(path: &Path, durability: Durability, serving: bool) -> Result<Self, StoreError> {
+        let io_error = |error: std::io::Error| StoreError::Unavailable(Box::new(error));
+        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(io_error)?;
         }
-        let Inner { path, writer, readers, .. } =
-            Arc::try_unwrap(store.inner).map_err(|_| StoreError::Defect("store shared while opening".into()))?;
-        let inner = Inner { path, writer, readers, recent: Some(RecentRuns::default()), _owner_lock: Some(lock) };
+        let owner_lock = if serving { Some(take_owner_lock(path).map_err(io_error)?) } else { None };
+        let mut writer = open_connection(path, durability).map_err(unavailable)?;
+        migrate(&mut writer)?;
+        let readers = (0..READERS)
+            .map(|_| open_connection(path, durability).map(Mutex::new))
+            .collect::<Result<_, _>>()
+            .map_err(unavailable)?;
+        let inner = Inner {
+            path: path.to_path_buf(),
+            writer: Mutex::new(writer),
+            readers,
+            recent: serving.then(RecentRuns::default),
+            _owner_lock: owner_lock,
+        };
         Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Tells the cache of recent runs, if any, about a committed removal.
+    fn forget(&self, owner: &Owner, run_id: RunId) {
+        if let Some(recent) = &self.inner.recent {
+            recent.removed(owner, run_id);
+        }
     }
 
     /// Tells the cache of recent runs, if any, about a committed write.
@@ -247,7 +254,7 @@ impl SqliteStore {
     {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let mut connection = inner.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut connection = crate::lock(&inner.writer);
             work(&mut connection)
         })
         .await
@@ -268,7 +275,7 @@ impl SqliteStore {
         }
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let reader = inner.readers[0].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let reader = crate::lock(&inner.readers[0]);
             work(&reader)
         })
         .await
@@ -381,9 +388,7 @@ impl RunStore for SqliteStore {
                     .map_err(unavailable)?;
             }
             transaction.commit().map_err(unavailable)?;
-            if let Some(recent) = &store.inner.recent {
-                recent.removed(&run_key.0, run_key.1);
-            }
+            store.forget(&run_key.0, run_key.1);
             Ok(())
         })
         .await

@@ -110,10 +110,6 @@ impl StandIn {
     pub fn tool_calls(&self) -> Vec<RecordedCall> {
         self.state.lock().unwrap().tool_calls.clone()
     }
-
-    pub fn turns_left(&self) -> usize {
-        self.state.lock().unwrap().turns.len()
-    }
 }
 
 async fn handle(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {

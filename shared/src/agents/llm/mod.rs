@@ -165,6 +165,14 @@ impl LlmAgent {
         self.tools.iter().find(|tool| tool.definition.name == name)
     }
 
+    /// The tool a call names and its arguments, or what is wrong with the
+    /// call in words for the model.
+    fn checked(&self, call: &ToolCall) -> Result<(&Tool, serde_json::Value), String> {
+        let tool =
+            self.tool(&call.name).ok_or_else(|| format!("There is no tool named `{}`.", shorten(&call.name, 64)))?;
+        Ok((tool, tool.check_arguments(&call.arguments)?))
+    }
+
     fn needs_approval(&self, call: &ToolCall) -> bool {
         self.tool(&call.name).is_some_and(|tool| tool.definition.requires_approval)
     }
@@ -224,12 +232,11 @@ impl LlmAgent {
         self.checkpoint(&transcript)
     }
 
+    /// Checks the call again (the definition may have changed while it
+    /// waited for a human) and makes it.
     async fn run_tool(&self, run_id: &str, call: &ToolCall) -> ToolOutcome {
-        let Some(tool) = self.tool(&call.name) else {
-            return ToolOutcome::error(format!("There is no tool named `{}`.", shorten(&call.name, 64)));
-        };
-        match tool.check_arguments(&call.arguments) {
-            Ok(arguments) => {
+        match self.checked(call) {
+            Ok((tool, arguments)) => {
                 let idempotency_key = format!("{run_id}/{}", call.id);
                 tool.call(&self.runtime.http(), &arguments, &idempotency_key, &self.runtime.env).await
             }
@@ -266,13 +273,9 @@ impl LlmAgent {
         transcript.messages.push(Message::Assistant { text: reply.text, tool_calls: reply.tool_calls.clone() });
         for call in reply.tool_calls {
             // Calls that cannot be made are answered at once, never put to a human.
-            let problem = match self.tool(&call.name) {
-                None => Some(format!("There is no tool named `{}`.", shorten(&call.name, 64))),
-                Some(tool) => tool.check_arguments(&call.arguments).err(),
-            };
-            match problem {
-                Some(content) => transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true }),
-                None => transcript.pending.push(PendingCall { call, approval: None }),
+            match self.checked(&call) {
+                Ok(_) => transcript.pending.push(PendingCall { call, approval: None }),
+                Err(content) => transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true }),
             }
         }
         self.checkpoint(&transcript)

@@ -31,6 +31,10 @@ pub type EnvLookup = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync
 
 const MAX_SCHEMA_ERRORS: usize = 3;
 
+fn timed_out(tool: &ToolDefinition) -> String {
+    format!("The tool did not answer within {} ms.", tool.timeout_ms)
+}
+
 impl Tool {
     pub fn new(definition: ToolDefinition) -> Result<Self, String> {
         let schema = jsonschema::validator_for(&definition.parameters).map_err(|error| error.to_string())?;
@@ -96,7 +100,7 @@ impl Tool {
         let mut response = match request.send().await {
             Ok(response) => response,
             Err(error) if error.is_timeout() => {
-                return ToolOutcome::error(format!("The tool did not answer within {} ms.", tool.timeout_ms));
+                return ToolOutcome::error(timed_out(tool));
             }
             Err(error) => {
                 tracing::warn!(tool = %tool.name, error = %crate::error_chain(&error.without_url()), "tool call failed");
@@ -115,7 +119,7 @@ impl Tool {
                 Ok(Some(chunk)) => body.extend_from_slice(&chunk),
                 Ok(None) => break,
                 Err(error) if error.is_timeout() => {
-                    return ToolOutcome::error(format!("The tool did not answer within {} ms.", tool.timeout_ms));
+                    return ToolOutcome::error(timed_out(tool));
                 }
                 Err(_) => return ToolOutcome::error("The tool's response was cut off."),
             }
