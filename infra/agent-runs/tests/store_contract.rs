@@ -117,6 +117,11 @@ async fn insert_refuses_past_the_active_run_limit(store: &dyn RunStore) {
     done.cancel(Timestamp::from_millis(T0 as i64 + 10)).unwrap();
     store.update(&mut done).await.unwrap();
     assert!(matches!(store.insert(&runs[2], None, 2).await.unwrap(), InsertOutcome::Inserted));
+    // A run taken back (its create failed after the insert) frees its place too.
+    let fourth = new_run("busy", 3, 23);
+    assert!(matches!(store.insert(&fourth, None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    store.remove(&runs[1], None).await.unwrap();
+    assert!(matches!(store.insert(&fourth, None, 2).await.unwrap(), InsertOutcome::Inserted));
 }
 
 async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(store: &dyn RunStore) {
@@ -330,12 +335,24 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run));
     drop(store);
+    let without_active_counts = "DROP TRIGGER runs_active_on_insert; DROP TRIGGER runs_active_on_end;
+        DROP TRIGGER runs_active_on_delete; DROP TABLE active_runs;";
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    // A database from before the active-run counts (schema 2) has them counted.
+    connection.execute_batch(&format!("{without_active_counts} PRAGMA user_version = 2;")).unwrap();
+    drop(connection);
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    let second = new_run("acme", 1, 2);
+    assert!(matches!(store.insert(&second, None, 1).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    assert!(matches!(store.insert(&second, None, 2).await.unwrap(), InsertOutcome::Inserted));
+    drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     // A database from before agent definitions (schema 1) gains them.
-    connection.execute_batch("DROP TABLE agents; PRAGMA user_version = 1;").unwrap();
+    connection.execute_batch(&format!("{without_active_counts} DROP TABLE agents; PRAGMA user_version = 1;")).unwrap();
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     agents_are_put_replaced_listed_and_deleted(&store).await;
+    assert!(matches!(store.insert(&new_run("acme", 2, 3), None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     connection.pragma_update(None, "user_version", 99).unwrap();
