@@ -27,7 +27,20 @@ pub enum SetupError {
 /// The shared SDK configuration: region, credentials and endpoint (an
 /// emulator through `AWS_ENDPOINT_URL`) from the standard AWS variables.
 pub async fn sdk_config() -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest()).load().await
+    sdk_config_loader().load().await
+}
+
+/// The SDK's defaults over our HTTPS client; tests add their own settings.
+pub fn sdk_config_loader() -> aws_config::ConfigLoader {
+    aws_config::defaults(BehaviorVersion::latest()).http_client(https_client())
+}
+
+/// rustls on *ring* rather than the SDK's default aws-lc: the same TLS 1.2/1.3
+/// suites for a fifth of the machine code in every function (docs/benchmarks.md,
+/// "Function sizes"). The SDK's own default client is not compiled in.
+pub fn https_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+    aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
 }
 
 pub struct AwsServices {

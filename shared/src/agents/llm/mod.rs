@@ -59,7 +59,7 @@ impl LlmRuntime {
         self.http
             .get_or_init(|| {
                 // reqwest's TLS uses the same rustls provider as the AWS SDK.
-                let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+                let _ = rustls::crypto::ring::default_provider().install_default();
                 reqwest::Client::builder()
                     .user_agent(concat!("agent-runs/", env!("CARGO_PKG_VERSION")))
                     .build()
@@ -91,7 +91,7 @@ impl LlmRuntime {
             .get_or_init(|| async {
                 let sdk = match &self.sdk {
                     Some(sdk) => sdk.clone(),
-                    None => aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await,
+                    None => crate::aws::sdk_config().await,
                 };
                 // Retries are ours (inside the step's budget), not the SDK's too.
                 let config = aws_sdk_bedrockruntime::config::Builder::from(&sdk)
