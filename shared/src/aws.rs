@@ -36,8 +36,8 @@ pub fn sdk_config_loader() -> aws_config::ConfigLoader {
 }
 
 /// rustls on *ring* rather than the SDK's default aws-lc: the same TLS 1.2/1.3
-/// suites for a fifth of the machine code in every function (docs/benchmarks.md,
-/// "Function sizes"). The SDK's own default client is not compiled in.
+/// suites, and every function 2 MB smaller (docs/benchmarks.md, "Function
+/// sizes"). The SDK's own default client is not compiled in.
 pub fn https_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
     use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
     aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
