@@ -344,13 +344,17 @@ impl RunStore for SqliteStore {
             let owner = run.owner.as_str();
             if let Some(claim) = &idempotency {
                 let existing = transaction
-                    .query_row(
+                    .prepare_cached(
                         "SELECT request_hash, run_id FROM idempotency
                          WHERE owner = ?1 AND key_hash = ?2 AND expires_at > ?3",
-                        params![owner, claim.key_hash, claim.created_at.millis()],
-                        |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
                     )
-                    .optional()
+                    .and_then(|mut statement| {
+                        statement
+                            .query_row(params![owner, claim.key_hash, claim.created_at.millis()], |row| {
+                                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                            })
+                            .optional()
+                    })
                     .map_err(unavailable)?;
                 if let Some((request_hash, run_id)) = existing {
                     let run_id = run_id
@@ -370,19 +374,21 @@ impl RunStore for SqliteStore {
             let encoded_len = insert_run_row(&transaction, &run)?;
             if let Some(claim) = &idempotency {
                 transaction
-                    .execute(
+                    .prepare_cached(
                         "INSERT OR REPLACE INTO idempotency
                          (owner, key_hash, request_hash, run_id, created_at, expires_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                        params![
+                    )
+                    .and_then(|mut statement| {
+                        statement.execute(params![
                             owner,
                             claim.key_hash,
                             claim.request_hash,
                             run.id.to_string(),
                             claim.created_at.millis(),
                             claim.expires_at.millis()
-                        ],
-                    )
+                        ])
+                    })
                     .map_err(unavailable)?;
             }
             transaction.commit().map_err(unavailable)?;
