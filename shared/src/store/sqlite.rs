@@ -399,25 +399,25 @@ impl RunStore for SqliteStore {
     }
 
     async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError> {
-        let owner = run.owner.to_string();
-        let run_id = run.id.to_string();
+        let (owner, run_id) = (run.owner.clone(), run.id);
         let key_hash = idempotency_key_hash.map(str::to_owned);
-        let (store, run_key) = (self.clone(), (run.owner.clone(), run.id));
+        let store = self.clone();
         self.write(move |connection| {
             let transaction = connection.transaction().map_err(unavailable)?;
+            let id = run_id.to_string();
             transaction
-                .execute("DELETE FROM runs WHERE owner = ?1 AND id = ?2", params![owner, run_id])
+                .execute("DELETE FROM runs WHERE owner = ?1 AND id = ?2", params![owner.as_str(), id])
                 .map_err(unavailable)?;
             if let Some(key_hash) = key_hash {
                 transaction
                     .execute(
                         "DELETE FROM idempotency WHERE owner = ?1 AND key_hash = ?2 AND run_id = ?3",
-                        params![owner, key_hash, run_id],
+                        params![owner.as_str(), key_hash, id],
                     )
                     .map_err(unavailable)?;
             }
             transaction.commit().map_err(unavailable)?;
-            store.forget(&run_key.0, run_key.1);
+            store.forget(&owner, run_id);
             Ok(())
         })
         .await
