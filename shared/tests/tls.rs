@@ -1,12 +1,13 @@
-//! The AWS clients reach their endpoints over TLS through our HTTPS client
-//! (rustls on ring) and refuse a server whose certificate no trusted CA
-//! signed. The emulator speaks plain HTTP, so this test serves TLS itself with
+//! The AWS clients and the HTTP client of defined agents reach their
+//! endpoints over TLS (rustls on ring) and refuse a server whose certificate
+//! no trusted CA signed. The emulator speaks plain HTTP, so this test serves TLS itself with
 //! the certificates in `fixtures/tls` (see the README there).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use agent_runs_shared::agents::llm::LlmRuntime;
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -81,11 +82,20 @@ async fn get_item(client: &aws_sdk_dynamodb::Client) -> Result<(), SdkError<impl
     client.get_item().table_name("runs").key("pk", AttributeValue::S("x".into())).send().await.map(|_| ())
 }
 
+/// The HTTP client a fresh runtime builds, as defined agents get it.
+fn agents_http_client() -> reqwest::Client {
+    LlmRuntime::new(Arc::new(|_| None), 1024).http()
+}
+
 #[tokio::test]
-async fn aws_clients_speak_tls_and_check_the_certificate() {
+async fn clients_speak_tls_and_check_the_certificate() {
     // The only test of this binary, so no other thread reads the environment.
-    // The client takes the system's roots, or this file's when it is set.
-    unsafe { std::env::set_var("SSL_CERT_FILE", format!("{FIXTURES}/trusted-ca.pem")) };
+    // The clients take the system's roots, or only these files' when either is
+    // set; some machines set SSL_CERT_DIR to the system's roots.
+    unsafe {
+        std::env::set_var("SSL_CERT_FILE", format!("{FIXTURES}/trusted-ca.pem"));
+        std::env::remove_var("SSL_CERT_DIR");
+    }
 
     let (port, requests) = serve_tls("trusted-localhost").await;
     let client = dynamodb_at(port).await;
@@ -104,4 +114,28 @@ async fn aws_clients_speak_tls_and_check_the_certificate() {
     let error = get_item(&client).await.expect_err("an untrusted certificate is refused");
     assert!(matches!(error, SdkError::DispatchFailure(_)), "{error:?}");
     assert_eq!(requests.load(Ordering::SeqCst), 0);
+
+    // The client of OpenAI-compatible providers and HTTP tools, likewise.
+    let (trusted_port, trusted_requests) = serve_tls("trusted-localhost").await;
+    let client = agents_http_client();
+    let response = client.get(format!("https://localhost:{trusted_port}/")).send().await.expect("reached over TLS");
+    assert_eq!(response.status(), 400);
+    assert_eq!(trusted_requests.load(Ordering::SeqCst), 1);
+    let (port, requests) = serve_tls("untrusted-localhost").await;
+    let error = client.get(format!("https://localhost:{port}/")).send().await.expect_err("untrusted");
+    assert!(error.is_connect(), "{error:?}");
+    assert_eq!(requests.load(Ordering::SeqCst), 0);
+
+    // A trust store with no readable certificate: the client is still built
+    // (no panic), and it trusts nobody.
+    let junk = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(junk.path(), "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").unwrap();
+    unsafe { std::env::set_var("SSL_CERT_FILE", junk.path()) };
+    let error = agents_http_client()
+        .get(format!("https://localhost:{trusted_port}/"))
+        .send()
+        .await
+        .expect_err("nobody is trusted");
+    assert!(error.is_connect(), "{error:?}");
+    assert_eq!(trusted_requests.load(Ordering::SeqCst), 1);
 }
