@@ -197,7 +197,9 @@ fn create_validates_every_field_and_names_the_offender(target: Target) {
         let error = reply.expect_error(400, "invalid_request");
         assert_eq!(error["param"].as_str(), param, "body {body}: {error}");
     }
-    for raw in ["{", "{\"input\": \"x\",}", "", "nul", "{\"input\": \"x\"} trailing"] {
+    let repeated_names = [r#"{"input": "x", "input": "y"}"#, r#"{"input": "x", "metadata": {"k": "a", "k": "b"}}"#];
+    for raw in ["{", "{\"input\": \"x\",}", "", "nul", "{\"input\": \"x\"} trailing"].into_iter().chain(repeated_names)
+    {
         let reply = server
             .send(server.request("POST", RUNS).bearer_auth(&key).header("content-type", "application/json").body(raw));
         reply.expect_error(400, "invalid_request");
