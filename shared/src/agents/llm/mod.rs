@@ -63,7 +63,7 @@ impl LlmRuntime {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let builder = || reqwest::Client::builder().user_agent(concat!("agent-runs/", env!("CARGO_PKG_VERSION")));
                 // The build fails only when the trust store (the system's, or
-                // `SSL_CERT_FILE`) holds no readable certificate. Then every
+                // `SSL_CERT_FILE` / `SSL_CERT_DIR`) holds no readable certificate. Then every
                 // HTTPS call fails as a provider or tool error; the process
                 // and the other agents go on.
                 builder().build().unwrap_or_else(|error| {
