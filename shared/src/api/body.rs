@@ -169,6 +169,12 @@ mod tests {
     }
 
     #[test]
+    fn deep_nesting_is_refused_not_a_stack_overflow() {
+        let body = format!(r#"{{"input": {}{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        assert!(parse(&body).expect_err("too deep").starts_with("The request body is not valid JSON"));
+    }
+
+    #[test]
     fn distinct_names_parse_as_serde_json_does() {
         let body = r#"{"a": {"k": 1, "K": -2, "k2": 1.5e3}, "b": [{"k": null}, {"k": true}], "c": "\u00e9", "d": 18446744073709551615}"#;
         let expected = serde_json::from_str::<Value>(body).unwrap();
