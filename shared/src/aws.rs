@@ -43,6 +43,12 @@ pub fn https_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient 
     aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
 }
 
+/// Makes *ring* rustls's process-wide crypto provider, for the TLS clients
+/// built without one of their own (reqwest). Later calls change nothing.
+pub fn use_ring_for_rustls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 pub struct AwsServices {
     pub config: Config,
     pub store: DynamoStore,

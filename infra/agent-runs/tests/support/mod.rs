@@ -324,6 +324,6 @@ impl Reply {
 /// reqwest's TLS (compiled in for the agents' providers) needs the crypto
 /// provider the AWS SDK also uses.
 pub fn http_client() -> reqwest::blocking::ClientBuilder {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    agent_runs_shared::aws::use_ring_for_rustls();
     Client::builder()
 }

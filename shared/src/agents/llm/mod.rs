@@ -59,13 +59,12 @@ impl LlmRuntime {
     pub fn http(&self) -> reqwest::Client {
         self.http
             .get_or_init(|| {
-                // reqwest's TLS uses the same rustls provider as the AWS SDK.
-                let _ = rustls::crypto::ring::default_provider().install_default();
+                crate::aws::use_ring_for_rustls();
                 let builder = || reqwest::Client::builder().user_agent(concat!("agent-runs/", env!("CARGO_PKG_VERSION")));
                 // The build fails only when the trust store (the system's, or
-                // `SSL_CERT_FILE` / `SSL_CERT_DIR`) holds no readable certificate. Then every
-                // HTTPS call fails as a provider or tool error; the process
-                // and the other agents go on.
+                // `SSL_CERT_FILE` / `SSL_CERT_DIR`) holds no readable
+                // certificate. Then every HTTPS call fails as a provider or
+                // tool error; the process and the other agents go on.
                 builder().build().unwrap_or_else(|error| {
                     tracing::error!(%error, "no trusted root certificate could be read; HTTPS calls of agents will fail");
                     builder().tls_built_in_root_certs(false).build().expect("a client that reads no certificates builds")
