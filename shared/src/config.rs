@@ -3,8 +3,13 @@
 use std::time::Duration;
 
 use crate::api::{ApiLimits, RateLimit};
-use crate::domain::ExecutionPolicy;
+use crate::domain::{ExecutionPolicy, MAX_TOOL_TIMEOUT_MS};
 use crate::store::MAX_CHECKPOINT_BYTES;
+
+/// A worker stops taking steps this long before its Lambda deadline: enough
+/// for a tool call in flight to end (at most [`MAX_TOOL_TIMEOUT_MS`]) and
+/// its outcome to be written.
+pub const MIN_WORKER_DEADLINE_MARGIN_MS: u64 = MAX_TOOL_TIMEOUT_MS + 10_000;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{name}: {problem}")]
@@ -98,7 +103,11 @@ impl Config {
             },
             table: env("AGENT_RUNS_TABLE").filter(|table| !table.trim().is_empty()),
             queue_url: env("AGENT_RUNS_QUEUE_URL").filter(|url| !url.trim().is_empty()),
-            worker_deadline_margin: Duration::from_millis(read(&env, "AGENT_RUNS_WORKER_DEADLINE_MARGIN_MS", 10_000)?),
+            worker_deadline_margin: Duration::from_millis(read(
+                &env,
+                "AGENT_RUNS_WORKER_DEADLINE_MARGIN_MS",
+                MIN_WORKER_DEADLINE_MARGIN_MS,
+            )?),
             key_cache: optional_secs(&env, "AGENT_RUNS_KEY_CACHE_SECS", 60)?,
             agent_cache: optional_secs(&env, "AGENT_RUNS_AGENT_CACHE_SECS", 300)?,
             max_checkpoint_bytes: read(
@@ -115,6 +124,14 @@ impl Config {
         }
         if config.policy.lease < Duration::from_millis(300) {
             return Err(ConfigError { name: "AGENT_RUNS_LEASE_MS", problem: "must be at least 300".into() });
+        }
+        if config.worker_deadline_margin < Duration::from_millis(MIN_WORKER_DEADLINE_MARGIN_MS) {
+            return Err(ConfigError {
+                name: "AGENT_RUNS_WORKER_DEADLINE_MARGIN_MS",
+                problem: format!(
+                    "must be at least {MIN_WORKER_DEADLINE_MARGIN_MS}: a tool call in flight at the stop is let finish, and may take {MAX_TOOL_TIMEOUT_MS} ms"
+                ),
+            });
         }
         if config.policy.max_attempts == 0 {
             return Err(ConfigError { name: "AGENT_RUNS_MAX_ATTEMPTS", problem: "must be at least 1".into() });
@@ -135,5 +152,11 @@ mod tests {
         let config = Config::from_lookup(|name| (name == "AGENT_RUNS_LEASE_MS").then(|| "2000".into())).unwrap();
         assert_eq!(config.policy.lease, Duration::from_secs(2));
         assert!(Config::from_lookup(|name| (name == "AGENT_RUNS_MAX_ATTEMPTS").then(|| "x".into())).is_err());
+        let margin = |value: &str| {
+            let value = value.to_owned();
+            Config::from_lookup(move |name| (name == "AGENT_RUNS_WORKER_DEADLINE_MARGIN_MS").then(|| value.clone()))
+        };
+        assert!(margin("10000").is_err(), "shorter than a tool call may take");
+        assert_eq!(margin("200000").unwrap().worker_deadline_margin, Duration::from_secs(200));
     }
 }

@@ -153,8 +153,12 @@ impl RunStore for FaultyStore {
         faulty(self.plan.as_ref(), "insert", store_fault, self.inner.insert(run, idempotency, max_active)).await
     }
 
-    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError> {
-        faulty(self.plan.as_ref(), "remove", store_fault, self.inner.remove(run, idempotency_key_hash)).await
+    async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError> {
+        faulty(self.plan.as_ref(), "undo_create", store_fault, self.inner.undo_create(run, idempotency_key_hash)).await
+    }
+
+    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
+        faulty(self.plan.as_ref(), "active_runs", store_fault, self.inner.active_runs(owner)).await
     }
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {

@@ -109,8 +109,11 @@ impl RunStore for Observed {
     async fn insert(&self, run: &Run, idem: Option<&IdempotencyClaim>, max: u32) -> Result<InsertOutcome, StoreError> {
         self.inner.insert(run, idem, max).await
     }
-    async fn remove(&self, run: &Run, key: Option<&str>) -> Result<(), StoreError> {
-        self.inner.remove(run, key).await
+    async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
+        self.inner.undo_create(run, key).await
+    }
+    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
+        self.inner.active_runs(owner).await
     }
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
         self.inner.get(owner, run_id).await

@@ -97,8 +97,8 @@ async fn idempotency_keys_are_reserved_atomically_with_the_run(store: &dyn RunSt
         store.insert(&later, Some(&claim("k1", "r3", T0 + 5_000)), 1_000).await.unwrap(),
         InsertOutcome::Inserted
     ));
-    // Removing a run also frees its key.
-    store.remove(&later, Some("k1")).await.unwrap();
+    // Undoing a create also frees its key.
+    assert!(store.undo_create(&later, Some("k1")).await.unwrap());
     assert_eq!(store.get(&owner("acme"), later.id).await.unwrap(), None);
     let again = new_run("acme", 5_001, 14);
     assert!(matches!(
@@ -120,8 +120,43 @@ async fn insert_refuses_past_the_active_run_limit(store: &dyn RunStore) {
     // A run taken back (its create failed after the insert) frees its place too.
     let fourth = new_run("busy", 3, 23);
     assert!(matches!(store.insert(&fourth, None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
-    store.remove(&runs[1], None).await.unwrap();
+    assert!(store.undo_create(&runs[1], None).await.unwrap());
     assert!(matches!(store.insert(&fourth, None, 2).await.unwrap(), InsertOutcome::Inserted));
+    assert_eq!(store.active_runs(&owner("busy")).await.unwrap(), 2);
+}
+
+/// A create is undone only while its run is exactly as inserted: a run a
+/// worker claimed, or one that finished, is kept with its idempotency
+/// record, and the active-run count is not touched.
+async fn undo_create_keeps_a_run_that_moved_on(store: &dyn RunStore) {
+    let policy = ExecutionPolicy::default();
+    let who = owner("undo");
+    let mut claimed = new_run("undo", 0, 30);
+    assert!(matches!(store.insert(&claimed, Some(&claim("u1", "r1", T0)), 2).await.unwrap(), InsertOutcome::Inserted));
+    let as_inserted = claimed.clone();
+    claimed.claim("w", Timestamp::from_millis(T0 as i64 + 1), &policy).unwrap();
+    store.update(&mut claimed).await.unwrap();
+    assert!(!store.undo_create(&as_inserted, Some("u1")).await.unwrap());
+    assert_eq!(store.get(&who, claimed.id).await.unwrap(), Some(claimed.clone()));
+    assert_eq!(store.active_runs(&who).await.unwrap(), 1);
+    // Its key still answers with it.
+    match store.insert(&new_run("undo", 1, 31), Some(&claim("u1", "r1", T0 + 1)), 2).await.unwrap() {
+        InsertOutcome::IdempotencyKeyTaken(record) => assert_eq!(record.run_id, claimed.id),
+        other => panic!("expected the key to be taken: {other:?}"),
+    }
+    // Finished: still kept, and the count does not go below zero.
+    claimed.succeed("w", "done".into(), Timestamp::from_millis(T0 as i64 + 2)).unwrap();
+    store.update(&mut claimed).await.unwrap();
+    assert_eq!(store.active_runs(&who).await.unwrap(), 0);
+    assert!(!store.undo_create(&as_inserted, Some("u1")).await.unwrap());
+    assert_eq!(store.get(&who, claimed.id).await.unwrap().unwrap().status, RunStatus::Succeeded);
+    assert_eq!(store.active_runs(&who).await.unwrap(), 0);
+    // Already undone: nothing more happens.
+    let undone = new_run("undo", 2, 32);
+    insert(store, &undone).await;
+    assert!(store.undo_create(&undone, None).await.unwrap());
+    assert!(!store.undo_create(&undone, None).await.unwrap());
+    assert_eq!(store.active_runs(&who).await.unwrap(), 0);
 }
 
 async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(store: &dyn RunStore) {
@@ -281,6 +316,7 @@ async fn large_checkpoints_round_trip(store: &dyn RunStore) {
 }
 
 async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
+    undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;
     agents_are_put_replaced_listed_and_deleted(agents).await;
     large_checkpoints_round_trip(runs.as_ref()).await;
     get_returns_what_insert_wrote_and_only_to_its_owner(runs.as_ref()).await;

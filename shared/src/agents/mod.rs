@@ -29,6 +29,24 @@ pub struct StepInput<'a> {
     pub approvals: &'a [Approval],
     /// The run's token usage so far; an agent adds what its model reports.
     pub usage: &'a mut Option<Usage>,
+    /// Set by the agent when the step starts what must not be cut off.
+    pub must_finish: &'a MustFinish,
+}
+
+/// Set by a step that has started something whose outcome must be
+/// recorded (an HTTP tool call): a stopping worker then lets the step end
+/// instead of giving it up. A cancel still gives it up.
+#[derive(Debug, Default)]
+pub struct MustFinish(std::sync::atomic::AtomicBool);
+
+impl MustFinish {
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -22,44 +22,52 @@ enum Command<'a> {
     Fail(&'a str),
 }
 
-fn parse(input: &str) -> Result<Vec<Command<'_>>, String> {
-    let mut commands = Vec::new();
-    for (index, raw) in input.split('\n').enumerate() {
-        let line = raw.strip_suffix('\r').unwrap_or(raw);
-        if line.trim().is_empty() {
-            continue;
-        }
-        let line_number = index + 1;
-        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
-        let command = match word {
-            "say" => Command::Say(rest),
-            "sleep" => {
-                let ms = rest
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|ms| *ms <= MAX_SLEEP_MS && rest.trim().bytes().all(|b| b.is_ascii_digit()));
-                Command::Sleep(ms.ok_or_else(|| {
-                    format!(
-                        "line {line_number}: `sleep` takes a whole number of milliseconds from 0 to {MAX_SLEEP_MS}."
-                    )
-                })?)
-            }
-            "approve" if !rest.trim().is_empty() => Command::Approve(rest),
-            "approve" => {
-                return Err(format!("line {line_number}: `approve` needs the action to approve."));
-            }
-            "fail" => Command::Fail(rest),
-            other => {
-                let shown: String = other.chars().take(40).collect();
-                return Err(format!(
-                    "line {line_number}: unknown command `{shown}`; the script agent knows say, sleep, approve and fail."
-                ));
-            }
-        };
-        commands.push(command);
+/// One line: a command, `None` for a blank line, or what is wrong with it.
+fn parse_line(raw: &str, line_number: usize) -> Result<Option<Command<'_>>, String> {
+    let line = raw.strip_suffix('\r').unwrap_or(raw);
+    if line.trim().is_empty() {
+        return Ok(None);
     }
-    Ok(commands)
+    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+    let command = match word {
+        "say" => Command::Say(rest),
+        "sleep" => {
+            let ms = rest
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|ms| *ms <= MAX_SLEEP_MS && rest.trim().bytes().all(|b| b.is_ascii_digit()));
+            Command::Sleep(ms.ok_or_else(|| {
+                format!("line {line_number}: `sleep` takes a whole number of milliseconds from 0 to {MAX_SLEEP_MS}.")
+            })?)
+        }
+        "approve" if !rest.trim().is_empty() => Command::Approve(rest),
+        "approve" => {
+            return Err(format!("line {line_number}: `approve` needs the action to approve."));
+        }
+        "fail" => Command::Fail(rest),
+        other => {
+            let shown: String = other.chars().take(40).collect();
+            return Err(format!(
+                "line {line_number}: unknown command `{shown}`; the script agent knows say, sleep, approve and fail."
+            ));
+        }
+    };
+    Ok(Some(command))
+}
+
+/// The commands of a script in order, each with the byte offset at which
+/// the line after it starts.
+fn commands(input: &str) -> impl Iterator<Item = Result<(Command<'_>, usize), String>> {
+    let mut offset = 0;
+    input.split('\n').enumerate().filter_map(move |(index, raw)| {
+        offset = (offset + raw.len() + 1).min(input.len());
+        parse_line(raw, index + 1).map(|command| command.map(|command| (command, offset))).transpose()
+    })
+}
+
+fn parse(input: &str) -> Result<Vec<Command<'_>>, String> {
+    commands(input).map(|command| command.map(|(command, _)| command)).collect()
 }
 
 /// Where the script is: the next command, the output so far, and what is
@@ -67,6 +75,10 @@ fn parse(input: &str) -> Result<Vec<Command<'_>>, String> {
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Progress {
     next: usize,
+    /// Where in the input the next command's line starts, so a step parses
+    /// one line, not the whole script; `None` in checkpoints from before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    offset: Option<usize>,
     lines: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sleep_left_ms: Option<u64>,
@@ -90,10 +102,6 @@ impl Agent for ScriptAgent {
     }
 
     async fn step(&self, step: StepInput<'_>) -> Step {
-        let commands = match parse(step.input) {
-            Ok(commands) => commands,
-            Err(message) => return Step::Failed(message),
-        };
         let mut progress: Progress = match step.checkpoint.map(|value| serde_json::from_value(value.clone())) {
             None => Progress::default(),
             Some(Ok(progress)) => progress,
@@ -101,9 +109,19 @@ impl Agent for ScriptAgent {
                 return Step::Failed("The script agent could not resume from its checkpoint.".into());
             }
         };
+        let from = progress.offset.unwrap_or_else(|| {
+            let done = commands(step.input).take(progress.next).filter_map(Result::ok).last();
+            done.map_or(0, |(_, end)| end)
+        });
+        let current = match step.input.get(from..).map(|rest| commands(rest).next()) {
+            None => return Step::Failed("The script agent could not resume from its checkpoint.".into()),
+            Some(None) => None,
+            Some(Some(Ok((command, length)))) => Some((command, from + length)),
+            Some(Some(Err(message))) => return Step::Failed(message),
+        };
 
         if let Some(index) = progress.awaiting.take() {
-            let Some(approval) = step.approvals.get(index) else {
+            let (Some(approval), Some((_, end))) = (step.approvals.get(index), current) else {
                 return Step::Failed("The approval the script waited for is missing.".into());
             };
             let verdict = match approval.status {
@@ -115,16 +133,19 @@ impl Agent for ScriptAgent {
             };
             progress.lines.push(format!("{verdict}: {}", approval.action));
             progress.next += 1;
+            progress.offset = Some(end);
             return Self::next(progress);
         }
 
-        let Some(command) = commands.get(progress.next) else {
+        let Some((command, end)) = current else {
             return Step::Succeeded(progress.lines.join("\n"));
         };
-        match *command {
+        progress.offset = Some(from);
+        match command {
             Command::Say(text) => {
                 progress.lines.push(text.to_owned());
                 progress.next += 1;
+                progress.offset = Some(end);
             }
             Command::Sleep(ms) => {
                 let left = Duration::from_millis(progress.sleep_left_ms.unwrap_or(ms));
@@ -134,6 +155,7 @@ impl Agent for ScriptAgent {
                 if left.is_zero() {
                     progress.sleep_left_ms = None;
                     progress.next += 1;
+                    progress.offset = Some(end);
                 } else {
                     progress.sleep_left_ms = Some(left.as_millis() as u64);
                 }

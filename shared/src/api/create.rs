@@ -10,7 +10,7 @@ use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, run_response};
 use crate::domain::{IdempotencyKey, Metadata, Owner, Run, RunId, RunInput};
 use crate::queue::RunMessage;
-use crate::store::{IdempotencyClaim, InsertOutcome};
+use crate::store::{IdempotencyClaim, InsertOutcome, StoreError};
 
 const FIELDS: &[&str] = &["input", "agent", "metadata"];
 const IDEMPOTENCY_WINDOW: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
@@ -102,63 +102,98 @@ fn created(run: &Run, replayed: bool) -> ApiResponse {
     response
 }
 
+/// A created run is sent to the queue; when the send fails the create is
+/// undone, unless the run has moved on meanwhile (a worker claimed it, so
+/// the send was delivered after all, or a replay answered `201` with it):
+/// then it stays, and this request answers `201` too.
+async fn enqueue_created(api: &Api, run: &Run, key_hash: Option<&str>) -> Result<ApiResponse, ApiError> {
+    let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
+    let Err(queue_error) = api.queue.enqueue(&message).await else {
+        return Ok(created(run, false));
+    };
+    match api.runs.undo_create(run, key_hash).await {
+        Ok(true) => Err(queue_error.into()),
+        Ok(false) => {
+            tracing::info!(run_id = %run.id, "enqueue failed but the run had moved on; it is kept");
+            Ok(created(run, false))
+        }
+        Err(store_error) => {
+            // The run stays queued; the sweeper enqueues it within a minute.
+            tracing::error!(run_id = %run.id, error = %error_chain(&store_error), "could not undo a create whose enqueue failed");
+            Err(queue_error.into())
+        }
+    }
+}
+
+/// Answers a repeated `Idempotency-Key` with the run it created, or `None`
+/// when that create was undone meanwhile (the key is free again).
+async fn replay(api: &Api, owner: &Owner, run_id: RunId) -> Result<Option<ApiResponse>, ApiError> {
+    loop {
+        let Some(mut run) = api.runs.get(owner, run_id).await? else {
+            return Ok(None);
+        };
+        if !run.is_as_created() {
+            return Ok(Some(created(&run, true)));
+        }
+        // The first request may still be waiting on its send, and would undo
+        // the create should the send fail. Pin the run with a write (which
+        // that undo's condition refuses) before answering 201, and send it
+        // ourselves: a duplicate message is harmless, a missing one is not.
+        match api.runs.update(&mut run).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict) => continue,
+            Err(error) => return Err(error.into()),
+        }
+        api.queue.enqueue(&RunMessage { run_id, owner: owner.clone() }).await?;
+        return Ok(Some(created(&run, true)));
+    }
+}
+
 pub(super) async fn handle(api: &Api, owner: &Owner, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
     let new_run = parse_body(api, object).await?;
     let key = idempotency_key(request)?;
+    let request_hash = request_hash(&new_run);
+    let NewRun { input, agent, metadata } = new_run;
+    let (input, metadata) = (input.into_string(), metadata.into_map());
 
-    let now = api.clock.now();
-    let run_id = RunId::from_ulid(api.ids.ulid_at(now));
-    let claim = key.as_ref().map(|key| IdempotencyClaim {
-        key_hash: sha256_hex(key.as_str().as_bytes()),
-        request_hash: request_hash(&new_run),
-        created_at: now,
-        expires_at: now.plus(IDEMPOTENCY_WINDOW),
-    });
-    let run = Run::new(
-        run_id,
-        owner.clone(),
-        new_run.agent,
-        new_run.input.into_string(),
-        new_run.metadata.into_map(),
-        &api.policy,
-    );
-
-    match api.runs.insert(&run, claim.as_ref(), api.limits.max_active_runs).await? {
-        InsertOutcome::Inserted => {}
-        InsertOutcome::IdempotencyKeyTaken(record) => {
-            let claim = claim.expect("only a request with a key can find it taken");
-            if record.request_hash != claim.request_hash {
-                return Err(ApiError::Conflict(
-                    "This Idempotency-Key was already used with a different request. Use a new key for a new run."
-                        .into(),
-                ));
+    // A replay can find its run undone a moment after it found the key
+    // taken; the key is free again then, so the create starts over.
+    for _ in 0..3 {
+        let now = api.clock.now();
+        let run_id = RunId::from_ulid(api.ids.ulid_at(now));
+        let claim = key.as_ref().map(|key| IdempotencyClaim {
+            key_hash: sha256_hex(key.as_str().as_bytes()),
+            request_hash: request_hash.clone(),
+            created_at: now,
+            expires_at: now.plus(IDEMPOTENCY_WINDOW),
+        });
+        let run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &api.policy);
+        match api.runs.insert(&run, claim.as_ref(), api.limits.max_active_runs).await? {
+            InsertOutcome::Inserted => {
+                return enqueue_created(api, &run, claim.as_ref().map(|claim| claim.key_hash.as_str())).await;
             }
-            let original =
-                api.runs.get(owner, record.run_id).await?.ok_or_else(|| {
-                    ApiError::Internal("an idempotency record names a run that does not exist".into())
-                })?;
-            return Ok(created(&original, true));
-        }
-        InsertOutcome::TooManyActiveRuns => {
-            return Err(ApiError::RateLimited {
-                message: format!(
-                    "This owner already has {} runs that are queued, running or awaiting approval. Wait for some to finish.",
-                    api.limits.max_active_runs
-                ),
-                retry_after_secs: ACTIVE_RUNS_RETRY_AFTER_SECS,
-            });
+            InsertOutcome::IdempotencyKeyTaken(record) => {
+                if record.request_hash != request_hash {
+                    return Err(ApiError::Conflict(
+                        "This Idempotency-Key was already used with a different request. Use a new key for a new run."
+                            .into(),
+                    ));
+                }
+                if let Some(response) = replay(api, owner, record.run_id).await? {
+                    return Ok(response);
+                }
+            }
+            InsertOutcome::TooManyActiveRuns => {
+                return Err(ApiError::RateLimited {
+                    message: format!(
+                        "This owner already has {} runs that are queued, running or awaiting approval. Wait for some to finish.",
+                        api.limits.max_active_runs
+                    ),
+                    retry_after_secs: ACTIVE_RUNS_RETRY_AFTER_SECS,
+                });
+            }
         }
     }
-
-    let message = RunMessage { run_id: run.id, owner: owner.clone() };
-    if let Err(queue_error) = api.queue.enqueue(&message).await {
-        // Undo the create so the client's retry starts clean. Should the undo
-        // fail too, the sweeper enqueues the stored run within a minute.
-        if let Err(store_error) = api.runs.remove(&run, claim.as_ref().map(|claim| claim.key_hash.as_str())).await {
-            tracing::error!(run_id = %run.id, error = %error_chain(&store_error), "could not undo a create whose enqueue failed");
-        }
-        return Err(queue_error.into());
-    }
-    Ok(created(&run, false))
+    Err(ApiError::Unavailable("an idempotency key kept being taken and released".into()))
 }

@@ -104,10 +104,12 @@ pub struct Approval {
     pub expires_at: Option<Timestamp>,
 }
 
-/// A worker's claim on a running run. Another worker may take the run over
+/// A worker's claim on a running run. Another claim may take the run over
 /// only once `expires_at` has passed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
+    /// Names one claim, not a process: a worker takes a new token for every
+    /// claim, so its own earlier, dead attempt never blocks a takeover.
     pub worker: String,
     pub expires_at: Timestamp,
 }
@@ -294,6 +296,11 @@ impl Run {
         }
     }
 
+    /// Still exactly as its create inserted it: queued, never written since.
+    pub fn is_as_created(&self) -> bool {
+        self.version == 0 && self.status == RunStatus::Queued
+    }
+
     /// Execution time so far, the current claim included.
     pub fn execution_time(&self, now: Timestamp) -> Duration {
         let current = self.running_since.map_or(Duration::ZERO, |since| now.since(since));
@@ -386,7 +393,7 @@ impl Run {
         match self.status {
             RunStatus::Queued => {}
             RunStatus::Running => {
-                let held = self.lease.as_ref().is_some_and(|lease| lease.worker == worker || lease.expires_at > now);
+                let held = self.lease.as_ref().is_some_and(|lease| lease.expires_at > now);
                 if held {
                     return Err(ClaimRefused::LeaseHeld);
                 }

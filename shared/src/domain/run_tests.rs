@@ -95,6 +95,17 @@ fn claim_is_refused_while_a_lease_is_live_and_allowed_once_it_expired() {
 }
 
 #[test]
+fn an_expired_lease_may_be_taken_over_by_the_same_holder_name() {
+    // Leases are per claim; a name seen again after expiry is a new claim
+    // (a warm Lambda container whose earlier attempt died), never a reason
+    // to drop the run forever.
+    let mut run = running();
+    let expired = at(10).plus(policy().lease);
+    assert_eq!(run.claim("w1", expired, &policy()), Ok(ClaimOutcome::Claimed));
+    assert_eq!(run.attempts, 2);
+}
+
+#[test]
 fn claim_fails_the_run_once_attempts_are_used_up() {
     let mut run = queued();
     let mut now = at(0);

@@ -357,12 +357,15 @@ impl RunStore for DynamoStore {
         Err(defect(format!("a new run's id was already taken: {}", run.id)))
     }
 
-    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError> {
+    async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError> {
         let delete_run = Delete::builder()
             .table_name(&self.table)
             .key("pk", s(owner_pk(&run.owner)))
             .key("sk", s(run_sk(run.id)))
-            .condition_expression("attribute_exists(pk)")
+            .condition_expression("version = :inserted AND #status = :queued")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":inserted", n(0))
+            .expression_attribute_values(":queued", s("queued"))
             .build()
             .map_err(defect)?;
         let mut items = vec![
@@ -381,10 +384,21 @@ impl RunStore for DynamoStore {
             items.push(TransactWriteItem::builder().delete(delete_record).build());
         }
         match self.client.transact_write_items().set_transact_items(Some(items)).send().await {
-            Ok(_) => Ok(()),
-            // Already gone: nothing to undo.
-            Err(error) if canceled_conditions(&error).is_some() => Ok(()),
+            Ok(_) => Ok(true),
+            // The run moved on (or is gone): nothing may be undone.
+            Err(error) if canceled_conditions(&error).is_some_and(|failed| failed.first() == Some(&true)) => Ok(false),
             Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
+        let Some(item) = self.get_item(owner_pk(owner), "ACTIVE".into()).await? else {
+            return Ok(0);
+        };
+        match item.get("active").map(AttributeValue::as_n) {
+            None => Ok(0),
+            Some(Ok(count)) => count.parse().map_err(|_| defect("malformed active-run count")),
+            Some(Err(_)) => Err(defect("malformed active-run count")),
         }
     }
 

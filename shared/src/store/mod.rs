@@ -92,9 +92,18 @@ pub trait RunStore: Send + Sync + 'static {
         max_active: u32,
     ) -> Result<InsertOutcome, StoreError>;
 
-    /// Removes a run that was never handed to a worker, and its idempotency
-    /// record (the create is undone because the queue refused it).
-    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError>;
+    /// Undoes a create whose enqueue failed: removes the run and its
+    /// idempotency record, but only while the run is exactly as inserted
+    /// (`queued`, version 0). `Ok(false)` when it has moved on: a worker
+    /// claimed it (the send was delivered after all) or a replay of its
+    /// `Idempotency-Key` answered `201` with it; it must then be kept.
+    async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError>;
+
+    /// How many of the owner's runs the store counts as active (queued,
+    /// running or awaiting approval): what the create limit is checked
+    /// against. Never below zero, and equal to the true number, unless a
+    /// write path forgot the count.
+    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError>;
 
     /// A strongly consistent read.
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError>;

@@ -398,16 +398,22 @@ impl RunStore for SqliteStore {
         .await
     }
 
-    async fn remove(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<(), StoreError> {
+    async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError> {
         let (owner, run_id) = (run.owner.clone(), run.id);
         let key_hash = idempotency_key_hash.map(str::to_owned);
         let store = self.clone();
         self.write(move |connection| {
             let transaction = connection.transaction().map_err(unavailable)?;
             let id = run_id.to_string();
-            transaction
-                .execute("DELETE FROM runs WHERE owner = ?1 AND id = ?2", params![owner.as_str(), id])
+            let removed = transaction
+                .execute(
+                    "DELETE FROM runs WHERE owner = ?1 AND id = ?2 AND version = 0 AND status = 'queued'",
+                    params![owner.as_str(), id],
+                )
                 .map_err(unavailable)?;
+            if removed == 0 {
+                return Ok(false);
+            }
             if let Some(key_hash) = key_hash {
                 transaction
                     .execute(
@@ -418,7 +424,19 @@ impl RunStore for SqliteStore {
             }
             transaction.commit().map_err(unavailable)?;
             store.forget(&owner, run_id);
-            Ok(())
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
+        let owner = owner.to_string();
+        self.read(move |connection| {
+            connection
+                .prepare_cached("SELECT count FROM active_runs WHERE owner = ?1")
+                .and_then(|mut statement| statement.query_row(params![owner], |row| row.get(0)).optional())
+                .map(Option::unwrap_or_default)
+                .map_err(unavailable)
         })
         .await
     }

@@ -1,8 +1,8 @@
 //! Executing runs: claim with a lease, step the agent, heartbeat, notice a
 //! cancel, park for approval, finish. Every write is conditional on the
-//! version read, and every worker write also requires that this worker
-//! still holds the lease, so a late or duplicate worker can never overwrite
-//! a state it does not own.
+//! version read, and every worker write also requires that the claim's
+//! lease is still the run's, so a late or duplicate worker can never
+//! overwrite a state it does not own.
 
 mod pool;
 mod sweeper;
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::agents::{AgentRegistry, Step, StepInput};
+use crate::agents::{AgentRegistry, MustFinish, Step, StepInput};
 use crate::domain::{
     ApprovalId, ClaimOutcome, ClaimRefused, Clock, ExecutionPolicy, IdGenerator, Run, TransitionError,
 };
@@ -55,6 +55,22 @@ pub struct Worker {
     id: String,
 }
 
+/// Between steps that write nothing, the run is read at most this often to
+/// notice a cancel (a write's condition notices it at once).
+const CANCEL_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// One claim of a run.
+struct Attempt {
+    /// This claim's lease token: a new one for every claim, so a process
+    /// whose earlier attempt died never mistakes the dead lease for its own.
+    lease: String,
+    /// The run as last written or read.
+    run: Run,
+    /// The agent's latest state, saved or not yet: whatever hands the run
+    /// back hands this back, so nothing the agent did is done again.
+    checkpoint: Option<serde_json::Value>,
+}
+
 impl Worker {
     pub fn new(runs: Arc<dyn RunStore>, agents: AgentRegistry, clock: Arc<dyn Clock>, policy: ExecutionPolicy) -> Self {
         let ids = IdGenerator::default();
@@ -64,44 +80,52 @@ impl Worker {
     }
 
     /// Handles one message to the end. `stop` asks the worker to hand the
-    /// run back at its next step (shutdown).
+    /// run back after the step in flight (shutdown, or the Lambda deadline).
     pub async fn process(&self, message: &RunMessage, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
-        let Some(mut run) = self.claim(message).await? else {
+        let lease = format!("{}.{}", self.id, self.ids.ulid_at(self.clock.now()));
+        let Some(run) = self.claim(message, &lease).await? else {
             return Ok(Outcome::Dropped);
         };
-        tracing::debug!(run_id = %run.id, worker = %self.id, attempt = run.attempts, "claimed");
-        let result = self.execute(&mut run, stop).await;
+        tracing::debug!(run_id = %run.id, %lease, attempt = run.attempts, "claimed");
+        let mut attempt = Attempt { lease, checkpoint: run.checkpoint.clone(), run };
+        let result = self.execute(&mut attempt, stop).await;
         if result.is_err() {
             // A failing dependency is not the run's fault: hand it back, if
             // the store lets us, so the attempt is not used up. Otherwise
             // the lease expires as after a crash.
-            let _ = self.write(&mut run, |run, now, worker| run.release(worker, None, now, &self.policy)).await;
+            let _ = self.hand_back(&mut attempt).await;
         }
         result
     }
 
     /// Steps the agent until the run finishes, parks, is handed back or is
     /// lost to a cancel or takeover.
-    async fn execute(&self, run: &mut Run, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
-        let Some(agent) = self.agents.resolve(&run.agent).await? else {
-            let error = format!("The agent `{}` is no longer configured.", run.agent);
-            return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
+    async fn execute(&self, attempt: &mut Attempt, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
+        let Some(agent) = self.agents.resolve(&attempt.run.agent).await? else {
+            let error = format!("The agent `{}` is no longer configured.", attempt.run.agent);
+            return self.finish(attempt, |run, now, lease| run.fail(lease, error.clone(), now)).await;
         };
 
-        let mut checkpoint = run.checkpoint.clone();
-        let mut usage = run.usage;
+        let mut usage = attempt.run.usage;
         let mut last_heartbeat = Instant::now();
+        let mut last_check = Instant::now();
         loop {
+            let run = &attempt.run;
             let (input, approvals) = (run.input.clone(), run.approvals.clone());
+            let must_finish = MustFinish::default();
             let stepping = agent.step(StepInput {
                 run_id: run.id,
                 input: &input,
-                checkpoint: checkpoint.as_ref(),
+                checkpoint: attempt.checkpoint.as_ref(),
                 approvals: &approvals,
                 usage: &mut usage,
+                must_finish: &must_finish,
             });
             // A step may wait long on a model or a tool: keep the lease
-            // meanwhile, and give up the step on a cancel or a stop.
+            // meanwhile. A cancel or takeover gives the step up; so does a
+            // stop, unless the step has reached out to a tool, whose call is
+            // let finish (the Lambda deadline margin exceeds a tool's
+            // longest timeout) so its outcome is recorded.
             let step = {
                 tokio::pin!(stepping);
                 let mut stop = stop.clone();
@@ -111,89 +135,110 @@ impl Worker {
                     }
                 };
                 tokio::pin!(stopped);
+                let mut letting_finish = false;
                 loop {
                     tokio::select! {
                         step = &mut stepping => break Some(step),
-                        () = &mut stopped => break None,
-                        () = tokio::time::sleep(self.heartbeat_every) => {
-                            let renewed = self
-                                .write(run, |run, now, worker| run.heartbeat(worker, None, now, &self.policy))
-                                .await?;
-                            if !renewed {
-                                return Ok(Outcome::LostLease);
+                        () = &mut stopped, if !letting_finish => {
+                            if !must_finish.is_set() {
+                                break None;
                             }
-                            last_heartbeat = Instant::now();
+                            letting_finish = true;
+                        }
+                        () = tokio::time::sleep(self.heartbeat_every) => {
+                            // A failed heartbeat does not give the step up:
+                            // the next one may succeed, and should the lease
+                            // lapse meanwhile, the write after the step says so.
+                            match self
+                                .write(&mut attempt.run, &attempt.lease, |run, now, lease| {
+                                    run.heartbeat(lease, None, now, &self.policy)
+                                })
+                                .await
+                            {
+                                Ok(true) => last_heartbeat = Instant::now(),
+                                Ok(false) => return Ok(Outcome::LostLease),
+                                Err(WorkerError::Transient(error)) => {
+                                    tracing::warn!(run_id = %attempt.run.id, error = %crate::error_chain(&error), "heartbeat failed during a step");
+                                }
+                            }
                         }
                     }
                 }
             };
-            run.usage = usage;
+            attempt.run.usage = usage;
             let Some(step) = step else {
-                return self.hand_back(run, checkpoint).await;
+                return self.hand_back(attempt).await;
             };
             let mut save_now = false;
             match step {
-                Step::Continue(next) => checkpoint = Some(next),
+                Step::Continue(next) => attempt.checkpoint = Some(next),
                 Step::Checkpoint(next) => {
-                    checkpoint = Some(next);
+                    attempt.checkpoint = Some(next);
                     save_now = true;
                 }
                 Step::Succeeded(output) => {
-                    return self.finish(run, |run, now, worker| run.succeed(worker, output.clone(), now)).await;
+                    return self.finish(attempt, |run, now, lease| run.succeed(lease, output.clone(), now)).await;
                 }
                 Step::Failed(error) => {
-                    return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
+                    return self.finish(attempt, |run, now, lease| run.fail(lease, error.clone(), now)).await;
                 }
                 Step::AwaitApproval { actions, checkpoint } => {
                     let requests: Vec<(ApprovalId, String)> = actions
                         .into_iter()
                         .map(|action| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), action))
                         .collect();
+                    attempt.checkpoint = Some(checkpoint.clone());
                     return self
-                        .finish(run, |run, now, worker| {
-                            run.park(worker, requests.clone(), checkpoint.clone(), now, &self.policy)
+                        .finish(attempt, |run, now, lease| {
+                            run.park(lease, requests.clone(), checkpoint.clone(), now, &self.policy)
                         })
                         .await;
                 }
             }
-            if run.execution_time(self.clock.now()) >= self.policy.max_run_time {
+            if attempt.run.execution_time(self.clock.now()) >= self.policy.max_run_time {
                 let error = crate::domain::time_limit_message(self.policy.max_run_time);
-                return self.finish(run, |run, now, worker| run.fail(worker, error.clone(), now)).await;
+                return self.finish(attempt, |run, now, lease| run.fail(lease, error.clone(), now)).await;
             }
             if *stop.borrow() {
-                return self.hand_back(run, checkpoint).await;
+                return self.hand_back(attempt).await;
             }
             // Between steps: a cancel or takeover ends the work here.
             if save_now || last_heartbeat.elapsed() >= self.heartbeat_every {
-                let saved = checkpoint.clone();
-                let renewed =
-                    self.write(run, |run, now, worker| run.heartbeat(worker, saved.clone(), now, &self.policy)).await?;
+                let saved = attempt.checkpoint.clone();
+                let renewed = self
+                    .write(&mut attempt.run, &attempt.lease, |run, now, lease| {
+                        run.heartbeat(lease, saved.clone(), now, &self.policy)
+                    })
+                    .await?;
                 if !renewed {
                     return Ok(Outcome::LostLease);
                 }
                 last_heartbeat = Instant::now();
-            } else {
-                match self.runs.get(&run.owner, run.id).await? {
-                    Some(current) if current.held_by(&self.id) => *run = Run { usage, ..current },
+                last_check = last_heartbeat;
+            } else if last_check.elapsed() >= CANCEL_CHECK_EVERY {
+                match self.runs.get(&attempt.run.owner, attempt.run.id).await? {
+                    Some(current) if current.held_by(&attempt.lease) => attempt.run = Run { usage, ..current },
                     _ => return Ok(Outcome::LostLease),
                 }
+                last_check = Instant::now();
             }
         }
     }
 
-    /// Stopping: the run goes back to the queue with its last checkpoint.
-    async fn hand_back(&self, run: &mut Run, checkpoint: Option<serde_json::Value>) -> Result<Outcome, WorkerError> {
-        self.finish(run, |run, now, worker| run.release(worker, checkpoint.clone(), now, &self.policy)).await
+    /// Stopping: the run goes back to the queue with the agent's latest state.
+    async fn hand_back(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
+        let checkpoint = attempt.checkpoint.clone();
+        self.finish(attempt, |run, now, lease| run.release(lease, checkpoint.clone(), now, &self.policy)).await
     }
 
-    /// Takes the run for this worker, or `None` when there is nothing to do.
-    async fn claim(&self, message: &RunMessage) -> Result<Option<Run>, WorkerError> {
+    /// Takes the run under `lease`, or `None` when there is nothing to do.
+    async fn claim(&self, message: &RunMessage, lease: &str) -> Result<Option<Run>, WorkerError> {
         loop {
             let Some(mut run) = self.runs.get(&message.owner, message.run_id).await? else {
                 tracing::warn!(run_id = %message.run_id, "message for a run that does not exist");
                 return Ok(None);
             };
-            let outcome = match run.claim(&self.id, self.clock.now(), &self.policy) {
+            let outcome = match run.claim(lease, self.clock.now(), &self.policy) {
                 Ok(outcome) => outcome,
                 Err(reason @ (ClaimRefused::Terminal | ClaimRefused::AwaitingApproval | ClaimRefused::LeaseHeld)) => {
                     tracing::debug!(run_id = %run.id, ?reason, "message dropped");
@@ -212,18 +257,19 @@ impl Worker {
         }
     }
 
-    /// Applies a worker transition and writes it, re-reading on a conflict.
-    /// `Ok(false)` when the worker no longer holds the run.
+    /// Applies a transition under the attempt's lease and writes it,
+    /// re-reading on a conflict. `Ok(false)` when the lease is lost.
     async fn write(
         &self,
         run: &mut Run,
+        lease: &str,
         change: impl Fn(&mut Run, crate::domain::Timestamp, &str) -> Result<(), TransitionError>,
     ) -> Result<bool, WorkerError> {
-        // Only the worker holding the run counts its tokens.
+        // Only the attempt holding the run counts its tokens.
         let usage = run.usage;
         loop {
             let mut next = Run { usage, ..run.clone() };
-            if change(&mut next, self.clock.now(), &self.id).is_err() {
+            if change(&mut next, self.clock.now(), lease).is_err() {
                 return Ok(false);
             }
             match self.runs.update(&mut next).await {
@@ -242,12 +288,13 @@ impl Worker {
 
     async fn finish(
         &self,
-        run: &mut Run,
+        attempt: &mut Attempt,
         change: impl Fn(&mut Run, crate::domain::Timestamp, &str) -> Result<(), TransitionError>,
     ) -> Result<Outcome, WorkerError> {
-        if !self.write(run, change).await? {
+        if !self.write(&mut attempt.run, &attempt.lease, change).await? {
             return Ok(Outcome::LostLease);
         }
+        let run = &attempt.run;
         tracing::debug!(run_id = %run.id, status = run.status.as_str(), "run moved");
         Ok(match run.status {
             crate::domain::RunStatus::Succeeded => Outcome::Succeeded,

@@ -212,12 +212,15 @@ impl LlmAgent {
         run_id: &str,
         mut transcript: Transcript,
         approvals: &[crate::domain::Approval],
+        must_finish: &super::MustFinish,
     ) -> Step {
         let pending = transcript.pending.remove(0);
         let call = &pending.call;
         let outcome = match pending.approval.map(|index| approvals.get(index)) {
-            None => self.run_tool(run_id, call).await,
-            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => self.run_tool(run_id, call).await,
+            None => self.run_tool(run_id, call, must_finish).await,
+            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => {
+                self.run_tool(run_id, call, must_finish).await
+            }
             Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => {
                 let comment =
                     approval.comment.as_deref().map(|comment| format!(" Their comment: {comment}")).unwrap_or_default();
@@ -236,9 +239,10 @@ impl LlmAgent {
 
     /// Checks the call again (the definition may have changed while it
     /// waited for a human) and makes it.
-    async fn run_tool(&self, run_id: &str, call: &ToolCall) -> ToolOutcome {
+    async fn run_tool(&self, run_id: &str, call: &ToolCall, must_finish: &super::MustFinish) -> ToolOutcome {
         match self.checked(call) {
             Ok((tool, arguments)) => {
+                must_finish.set();
                 let idempotency_key = format!("{run_id}/{}", call.id);
                 tool.call(&self.runtime.http(), &arguments, &idempotency_key, &self.runtime.env).await
             }
@@ -316,6 +320,6 @@ impl Agent for LlmAgent {
                 Err(failed) => failed,
             };
         }
-        self.answer_pending(&step.run_id.to_string(), transcript, step.approvals).await
+        self.answer_pending(&step.run_id.to_string(), transcript, step.approvals, step.must_finish).await
     }
 }
