@@ -439,3 +439,75 @@ mod bedrock {
         assert_eq!(refused.num_calls(), 1);
     }
 }
+
+/// Fails the first store write made after the tool server received a call:
+/// the save of the tool's result.
+struct FailTheSaveAfterTheToolCall {
+    stand_in: StandIn,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl agent_runs_shared::faults::FaultPlan for FailTheSaveAfterTheToolCall {
+    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
+        use std::sync::atomic::Ordering;
+        let after_the_call = operation == "update" && !self.stand_in.tool_calls().is_empty();
+        if after_the_call && !self.fired.swap(true, Ordering::SeqCst) {
+            agent_runs_shared::faults::Fault::FailBefore
+        } else {
+            agent_runs_shared::faults::Fault::None
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_approved_call_whose_result_cannot_be_saved_once_is_still_made_exactly_once() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_9", "delete_branch", r#"{"branch": "old"}"#), text("Deleted old.")]);
+    let message = fixture.create("Delete the branch old").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    fixture.decide(&message, Decision::Approve, None).await;
+
+    let plan = Arc::new(FailTheSaveAfterTheToolCall { stand_in: fixture.stand_in.clone(), fired: Default::default() });
+    let faulty = agent_runs_shared::faults::FaultyStore::new(Arc::new(fixture.store.clone()), plan.clone());
+    let worker = Worker::new(Arc::new(faulty), fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
+    // The save fails: the worker hands the run back with the tool's result.
+    assert!(worker.process(&message, &running()).await.is_err());
+    assert!(plan.fired.load(std::sync::atomic::Ordering::SeqCst));
+    let run = fixture.run(&message).await;
+    assert_eq!(run.status, RunStatus::Queued, "handed back, not left to a lease that must expire");
+    assert_eq!(run.attempts, 0, "a failing store does not use up an attempt");
+
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.run(&message).await.output.as_deref(), Some("Deleted old."));
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1, "the tool is called exactly once");
+    assert_eq!(fixture.stand_in.model_requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_stop_lets_a_tool_call_in_flight_end_and_records_its_result() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_9", "delete_branch", r#"{"branch": "old"}"#), text("Deleted old.")]);
+    fixture.stand_in.delay_tools(Duration::from_millis(600));
+    let message = fixture.create("Delete the branch old").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    fixture.decide(&message, Decision::Approve, None).await;
+
+    let (stop, stopped) = watch::channel(false);
+    let worker = fixture.worker();
+    let stopping = async {
+        // Stop while the tool is answering.
+        while fixture.stand_in.tool_calls().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.send(true).unwrap();
+    };
+    let (outcome, ()) = tokio::join!(worker.process(&message, &stopped), stopping);
+    assert_eq!(outcome.unwrap(), Outcome::Released);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.status, RunStatus::Queued);
+    let transcript = serde_json::to_string(&run.checkpoint).unwrap();
+    assert!(transcript.contains("call_9") && transcript.contains(r#"\"ok\":true"#), "{transcript}");
+
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1, "the tool is called exactly once");
+}

@@ -22,7 +22,7 @@ use agent_runs_shared::store::{
     DueRun, Durability, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore, SqliteStore,
     StoreError,
 };
-use agent_runs_shared::worker::{Sweeper, Worker, abandon_dead_letter};
+use agent_runs_shared::worker::{Outcome, Sweeper, Worker, abandon_dead_letter};
 use async_trait::async_trait;
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -195,9 +195,13 @@ impl World {
     }
 
     fn api(&self, plan: Arc<dyn FaultPlan>) -> Api {
+        self.api_with_queue(plan.clone(), Arc::new(FaultyQueue::new(self.queue.clone(), plan)))
+    }
+
+    fn api_with_queue(&self, plan: Arc<dyn FaultPlan>, queue: Arc<dyn RunQueue>) -> Api {
         Api::new(
-            self.store_for(plan.clone()),
-            Arc::new(FaultyQueue::new(self.queue.clone(), plan)),
+            self.store_for(plan),
+            queue,
             Authenticator::new(self.keys.clone(), Duration::ZERO),
             self.agents.clone(),
             self.clock.clone(),
@@ -239,6 +243,27 @@ impl World {
 
     async fn run(&self, id: RunId) -> Run {
         self.store.get(&Owner::parse("sim").unwrap(), id).await.unwrap().expect("an accepted run is never lost")
+    }
+
+    /// Every run of the owner, newest first.
+    async fn all_runs(&self) -> Vec<Run> {
+        let owner = Owner::parse("sim").unwrap();
+        let mut runs: Vec<Run> = Vec::new();
+        loop {
+            let request = ListRequest { status: None, before: runs.last().map(|run| run.id), limit: 100 };
+            let page = self.store.list(&owner, request).await.unwrap();
+            runs.extend(page.runs);
+            if !page.has_more {
+                return runs;
+            }
+        }
+    }
+
+    /// The store's count of active runs is the number of runs not yet ended.
+    async fn assert_active_count_is_true(&self, context: &str) {
+        let active = self.all_runs().await.iter().filter(|run| !run.status.is_terminal()).count();
+        let counted = self.store.active_runs(&Owner::parse("sim").unwrap()).await.unwrap();
+        assert_eq!(counted, active as i64, "{context}: the active-run count drifted from the runs");
     }
 }
 
@@ -375,6 +400,7 @@ async fn run_schedule(seed: u64, tally: &mut Tally) {
     }
     tally.deliveries += deliveries;
     tally.crashes += usize::from(crash.happened());
+    world.assert_active_count_is_true(&format!("seed {seed}")).await;
     tally.latest_finish = tally.latest_finish.max(world.clock.now().since(started));
 
     let writes = world.store.terminal_writes.lock().unwrap();
@@ -486,7 +512,6 @@ async fn races_have_exactly_one_winner_and_the_loser_gets_409_or_drops_the_messa
             async { worker_two.process(&message, &stop).await.unwrap() },
             world.call(&one, "POST", &cancel_path, json!({}), None),
         );
-        use agent_runs_shared::worker::Outcome;
         let run = world.run(id).await;
         let finished = [first, second].iter().filter(|o| **o == Outcome::Succeeded).count();
         match run.status {
@@ -524,6 +549,9 @@ async fn with_a_share_of_calls_failing_clients_see_only_503_and_nothing_is_lost(
         let (status, reply) =
             world.call(&api, "POST", "/v1/agent/runs", json!({"input": format!("{i}")}), Some(&key)).await;
         *statuses.entry(status).or_default() += 1;
+        faults.set_share(0.0);
+        world.assert_active_count_is_true(&format!("create {i}")).await;
+        faults.set_share(0.3);
         match status {
             201 => accepted.push(reply["id"].as_str().unwrap().parse::<RunId>().unwrap()),
             503 => assert_eq!(reply["error"]["code"], "unavailable"),
@@ -570,4 +598,147 @@ async fn with_a_share_of_calls_failing_clients_see_only_503_and_nothing_is_lost(
     );
     print!("{report}");
     std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/reliability-outage.txt"), report).unwrap();
+}
+
+/// A queue whose send first does `during` (the client's retry, or a worker
+/// that got the message) and then reports a failure: a slow send that
+/// times out, or with `deliver` an ambiguous one that did deliver.
+struct SendThenFail {
+    inner: Arc<SimQueue>,
+    deliver: bool,
+    during: Mutex<Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>>,
+}
+
+#[async_trait]
+impl RunQueue for SendThenFail {
+    async fn enqueue(&self, message: &RunMessage) -> Result<(), QueueError> {
+        if self.deliver {
+            self.inner.enqueue(message).await?;
+        }
+        let during = self.during.lock().unwrap().take();
+        if let Some(during) = during {
+            during.await;
+        }
+        Err(QueueError::Unavailable(Box::new(agent_runs_shared::faults::InjectedFault("enqueue"))))
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_replay_answered_while_the_first_send_hangs_keeps_its_run_when_that_send_fails() {
+    let world = Arc::new(World::new().await);
+    let body = json!({"input": "hello"});
+    let replayed = Arc::new(Mutex::new(None));
+    let retry = {
+        let (world, replayed, body) = (world.clone(), replayed.clone(), body.clone());
+        Box::pin(async move {
+            let api = world.api(Arc::new(Healthy));
+            *replayed.lock().unwrap() = Some(world.call(&api, "POST", "/v1/agent/runs", body, Some("k")).await);
+        })
+    };
+    let queue = Arc::new(SendThenFail { inner: world.queue.clone(), deliver: false, during: Mutex::new(Some(retry)) });
+    let api = world.api_with_queue(Arc::new(Healthy), queue);
+    let (status, first) = world.call(&api, "POST", "/v1/agent/runs", body, Some("k")).await;
+    let (replay_status, replay) = replayed.lock().unwrap().take().unwrap();
+
+    assert_eq!(replay_status, 201, "{replay}");
+    assert_eq!(status, 201, "the run a replay answered with is not undone: {first}");
+    assert_eq!(first["id"], replay["id"]);
+    let runs = world.all_runs().await;
+    assert_eq!(runs.len(), 1);
+    world.assert_active_count_is_true("after the replay").await;
+    // The replay sent the run itself: it runs.
+    let (_stop, stop) = watch::channel(false);
+    for (message_id, message) in world.queue.receive() {
+        world.worker(Arc::new(Healthy)).process(&message, &stop).await.unwrap();
+        world.queue.ack(message_id);
+    }
+    assert_eq!(world.run(runs[0].id).await.status, RunStatus::Succeeded);
+    world.assert_active_count_is_true("after the run").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_send_that_delivers_but_reports_a_failure_never_deletes_the_run_it_started() {
+    let world = Arc::new(World::new().await);
+    let body = json!({"input": "hello"});
+    let work = {
+        let world = world.clone();
+        Box::pin(async move {
+            let (_stop, stop) = watch::channel(false);
+            for (message_id, message) in world.queue.receive() {
+                assert_eq!(world.worker(Arc::new(Healthy)).process(&message, &stop).await.unwrap(), Outcome::Succeeded);
+                world.queue.ack(message_id);
+            }
+        })
+    };
+    let queue = Arc::new(SendThenFail { inner: world.queue.clone(), deliver: true, during: Mutex::new(Some(work)) });
+    let api = world.api_with_queue(Arc::new(Healthy), queue);
+    let (status, first) = world.call(&api, "POST", "/v1/agent/runs", body.clone(), Some("k")).await;
+    assert_eq!(status, 201, "the run was delivered and ran: {first}");
+    let id: RunId = first["id"].as_str().unwrap().parse().unwrap();
+    let run = world.run(id).await;
+    assert_eq!((run.status, run.output.as_deref()), (RunStatus::Succeeded, Some("hello")));
+    world.assert_active_count_is_true("after the ambiguous send").await;
+
+    // The client's retry gets the same run, and no second one is made.
+    let (status, again) = world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/agent/runs", body, Some("k")).await;
+    assert_eq!((status, &again["id"]), (201, &first["id"]));
+    assert_eq!(world.all_runs().await.len(), 1);
+    assert!(world.store.terminal_writes.lock().unwrap().values().all(|writes| *writes == 1));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_create_whose_send_fails_is_undone_and_its_key_is_free_again() {
+    let world = World::new().await;
+    let body = json!({"input": "hello"});
+    let queue = Arc::new(SendThenFail { inner: world.queue.clone(), deliver: false, during: Mutex::new(None) });
+    let (status, reply) = world
+        .call(&world.api_with_queue(Arc::new(Healthy), queue), "POST", "/v1/agent/runs", body.clone(), Some("k"))
+        .await;
+    assert_eq!((status, reply["error"]["code"].as_str()), (503, Some("unavailable")));
+    assert!(world.all_runs().await.is_empty());
+    world.assert_active_count_is_true("after the undo").await;
+    let (status, _) = world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/agent/runs", body, Some("k")).await;
+    assert_eq!(status, 201);
+    assert_eq!(world.all_runs().await.len(), 1);
+}
+
+/// Lets the first `ok` writes through, then fails every write until healed.
+struct WritesFailAfter {
+    ok: std::sync::atomic::AtomicIsize,
+}
+
+impl FaultPlan for WritesFailAfter {
+    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
+        if operation != "update" || self.ok.fetch_sub(1, Ordering::SeqCst) > 0 {
+            agent_runs_shared::faults::Fault::None
+        } else {
+            agent_runs_shared::faults::Fault::FailBefore
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_long_lived_worker_takes_over_a_run_its_own_dead_attempt_left_running() {
+    let world = World::new().await;
+    let api = world.api(Arc::new(Healthy));
+    let (_, created) =
+        world.call(&api, "POST", "/v1/agent/runs", json!({"agent": "script", "input": "say a\nsay b"}), None).await;
+    let id: RunId = created["id"].as_str().unwrap().parse().unwrap();
+    let message = RunMessage { run_id: id, owner: Owner::parse("sim").unwrap() };
+    // One worker for the whole test, as a warm Lambda container keeps one.
+    let plan = Arc::new(WritesFailAfter { ok: 1.into() });
+    let worker = world.worker(plan.clone());
+    let (_stop, stop) = watch::channel(false);
+
+    // The claim is written; the finish and the hand-back are not.
+    assert!(worker.process(&message, &stop).await.is_err());
+    assert_eq!(world.run(id).await.status, RunStatus::Running);
+    plan.ok.store(isize::MAX, Ordering::SeqCst);
+    // While the dead attempt's lease lasts, a redelivery is dropped...
+    assert_eq!(worker.process(&message, &stop).await.unwrap(), Outcome::Dropped);
+    // ...and once it expired, the same worker takes the run over.
+    world.clock.advance(world.policy.lease);
+    assert_eq!(worker.process(&message, &stop).await.unwrap(), Outcome::Succeeded);
+    let run = world.run(id).await;
+    assert_eq!((run.attempts, run.output.as_deref()), (2, Some("a\nb")));
 }

@@ -42,6 +42,8 @@ struct State {
     model_requests: Vec<Value>,
     model_authorization: Vec<Option<String>>,
     tool_calls: Vec<RecordedCall>,
+    /// How long a tool takes to answer, after recording the call.
+    tool_delay: std::time::Duration,
 }
 
 #[derive(Clone)]
@@ -107,6 +109,10 @@ impl StandIn {
         self.state.lock().unwrap().model_authorization.clone()
     }
 
+    pub fn delay_tools(&self, delay: std::time::Duration) {
+        self.state.lock().unwrap().tool_delay = delay;
+    }
+
     pub fn tool_calls(&self) -> Vec<RecordedCall> {
         self.state.lock().unwrap().tool_calls.clone()
     }
@@ -119,10 +125,23 @@ async fn handle(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<
     let authorization = header(&request, "authorization");
     let body = request.into_body().collect().await.map(|body| body.to_bytes()).unwrap_or_default();
     let body = String::from_utf8_lossy(&body).into_owned();
+    let (response, delay) = answer(&mut state.lock().unwrap(), method, target, body, idempotency_key, authorization);
+    tokio::time::sleep(delay).await;
+    Ok(response.unwrap())
+}
+
+/// The response, and how long to wait before sending it.
+fn answer(
+    state: &mut State,
+    method: String,
+    target: String,
+    body: String,
+    idempotency_key: Option<String>,
+    authorization: Option<String>,
+) -> (Result<Response<Full<Bytes>>, hyper::http::Error>, std::time::Duration) {
     let respond = |status: u16, body: String| {
         Response::builder().status(status).header("content-type", "application/json").body(Full::new(Bytes::from(body)))
     };
-    let mut state = state.lock().unwrap();
     let response = if target == "/v1/chat/completions" {
         state.model_requests.push(serde_json::from_str(&body).unwrap_or(Value::Null));
         state.model_authorization.push(authorization);
@@ -142,9 +161,9 @@ async fn handle(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<
     } else if target.starts_with("/tools/") {
         let call = RecordedCall { method, target: target.clone(), body, idempotency_key, authorization };
         state.tool_calls.push(call);
-        respond(200, json!({"ok": true, "call": state.tool_calls.len()}).to_string())
+        return (respond(200, json!({"ok": true, "call": state.tool_calls.len()}).to_string()), state.tool_delay);
     } else {
         respond(404, "{}".into())
     };
-    Ok(response.unwrap())
+    (response, std::time::Duration::ZERO)
 }
