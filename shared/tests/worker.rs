@@ -10,8 +10,8 @@ use agent_runs_shared::domain::{
     Clock, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp,
 };
 use agent_runs_shared::queue::{InProcessQueue, RunMessage, RunQueue};
-use agent_runs_shared::store::{Durability, RunStore, SqliteStore};
-use agent_runs_shared::worker::{Outcome, Sweeper, Worker};
+use agent_runs_shared::store::{Durability, RunStore, SqliteStore, StoreError};
+use agent_runs_shared::worker::{MAX_SWEEP_FAILURES, Outcome, Sweeper, Worker};
 use tokio::sync::watch;
 
 struct Fixture {
@@ -145,4 +145,80 @@ async fn a_queued_run_whose_message_was_lost_is_enqueued_after_a_minute() {
     assert_eq!(sweeper.sweep().await.unwrap().enqueued, 1);
     assert_eq!(receiver.receive().await.unwrap(), message);
     assert_eq!(sweeper.sweep().await.unwrap().enqueued, 0, "not again until another minute passes");
+}
+
+/// The SQLite store, except that no write of one run goes through unless it
+/// ends the run, as with a record the store cannot encode.
+struct OneBrokenRun {
+    inner: Arc<dyn RunStore>,
+    broken: RunId,
+}
+
+#[async_trait::async_trait]
+impl RunStore for OneBrokenRun {
+    async fn insert(
+        &self,
+        run: &Run,
+        idempotency: Option<&agent_runs_shared::store::IdempotencyClaim>,
+        max_active: u32,
+    ) -> Result<agent_runs_shared::store::InsertOutcome, StoreError> {
+        self.inner.insert(run, idempotency, max_active).await
+    }
+    async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
+        self.inner.undo_create(run, key).await
+    }
+    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
+        self.inner.active_runs(owner).await
+    }
+    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        self.inner.get(owner, run_id).await
+    }
+    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
+        if run.id == self.broken && !run.status.is_terminal() {
+            return Err(StoreError::Defect("cannot encode run".into()));
+        }
+        self.inner.update(run).await
+    }
+    async fn list(
+        &self,
+        owner: &Owner,
+        request: agent_runs_shared::store::ListRequest,
+    ) -> Result<agent_runs_shared::store::ListPage, StoreError> {
+        self.inner.list(owner, request).await
+    }
+    async fn due(
+        &self,
+        until: Timestamp,
+        after: Option<&agent_runs_shared::store::DueRun>,
+        limit: u32,
+    ) -> Result<Vec<agent_runs_shared::store::DueRun>, StoreError> {
+        self.inner.due(until, after, limit).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_run_the_sweeper_cannot_handle_blocks_no_other_and_is_failed_in_the_end() {
+    let fixture = Fixture::new();
+    // The broken run is due first, so a pass meets it before the other.
+    let broken = fixture.create("echo", "broken").await;
+    fixture.clock.advance(Duration::from_millis(5));
+    let healthy = fixture.create("echo", "healthy").await;
+    let store = Arc::new(OneBrokenRun { inner: fixture.store.clone(), broken: broken.run_id });
+    let (queue, receiver) = InProcessQueue::new();
+    let sweeper = Sweeper::new(store, Arc::new(queue), fixture.clock.clone(), fixture.policy.clone());
+
+    fixture.clock.advance(fixture.policy.requeue_after);
+    let report = sweeper.sweep().await.unwrap();
+    assert_eq!((report.enqueued, report.skipped, report.failed), (1, 1, 0), "{report:?}");
+    assert_eq!(receiver.receive().await.unwrap(), healthy, "the run behind the broken one is sent");
+    for pass in 2..MAX_SWEEP_FAILURES {
+        let report = sweeper.sweep().await.unwrap();
+        assert_eq!((report.skipped, report.failed), (1, 0), "pass {pass}: {report:?}");
+    }
+    let report = sweeper.sweep().await.unwrap();
+    assert_eq!((report.skipped, report.failed), (1, 1), "{report:?}");
+    let run = fixture.run(&broken).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.error.unwrap().contains("could not be recovered"));
+    assert_eq!(sweeper.sweep().await.unwrap(), Default::default(), "nothing is due any more");
 }

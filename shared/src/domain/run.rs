@@ -175,6 +175,10 @@ pub struct Run {
     /// Tokens the agent's model calls used, when the provider reports them.
     #[serde(default)]
     pub usage: Option<Usage>,
+    /// How often the sweeper sent the run again in its current stretch of
+    /// `queued`: each wait before the next send is twice the last.
+    #[serde(default)]
+    pub resends: u32,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,6 +253,11 @@ pub enum SweepAction {
     Failed,
 }
 
+/// The longest wait between two sends of a queued run is `requeue_after`
+/// doubled this often (32 minutes by default, past SQS's visibility timeout
+/// of 30, after which a received but unfinished message is visible again).
+const MAX_RESEND_DOUBLINGS: u32 = 5;
+
 pub fn time_limit_message(limit: Duration) -> String {
     format!("The run exceeded its execution time limit of {} seconds.", limit.as_secs())
 }
@@ -293,6 +302,7 @@ impl Run {
             execution_ms: 0,
             running_since: None,
             usage: None,
+            resends: 0,
         }
     }
 
@@ -329,7 +339,17 @@ impl Run {
         self.stop_clock(now);
         self.status = RunStatus::Queued;
         self.lease = None;
+        self.resends = 0;
         self.due_at = Some(now.plus(policy.requeue_after));
+    }
+
+    /// The sweeper sends a queued run again: a run that merely waits behind
+    /// a backlog is sent again ever more rarely (1, 2, 4 ... 32 times
+    /// `requeue_after`), so a backlog does not multiply its own messages.
+    fn resend(&mut self, now: Timestamp, policy: &ExecutionPolicy) {
+        let wait = policy.requeue_after.saturating_mul(1 << self.resends.min(MAX_RESEND_DOUBLINGS));
+        self.resends = self.resends.saturating_add(1);
+        self.due_at = Some(now.plus(wait));
     }
 
     pub fn cancel(&mut self, now: Timestamp) -> Result<Changed, TransitionError> {
@@ -419,6 +439,7 @@ impl Run {
             return Ok(ClaimOutcome::AttemptsExhausted);
         }
         self.attempts += 1;
+        self.resends = 0;
         self.status = RunStatus::Running;
         self.started_at.get_or_insert(now.max(self.created_at));
         self.running_since = Some(now);
@@ -541,6 +562,23 @@ impl Run {
         stuck
     }
 
+    /// The sweeper could not handle this run, pass after pass: fail it
+    /// rather than retry it forever. `false` when it is already terminal.
+    pub fn fail_unsweepable(&mut self, now: Timestamp) -> bool {
+        if self.status.is_terminal() {
+            return false;
+        }
+        for approval in &mut self.approvals {
+            if approval.status == ApprovalStatus::Pending {
+                approval.status = ApprovalStatus::Canceled;
+                approval.resolved_at = Some(now.max(approval.requested_at));
+            }
+        }
+        self.error = Some("The run could not be recovered after repeated failures; it was stopped.".into());
+        self.complete(RunStatus::Failed, now);
+        true
+    }
+
     /// The sweeper's look at a run whose due time has passed.
     pub fn sweep(&mut self, now: Timestamp, policy: &ExecutionPolicy) -> SweepAction {
         let due = self.due_at.is_some_and(|due| due <= now);
@@ -549,7 +587,7 @@ impl Run {
         }
         match self.status {
             RunStatus::Queued => {
-                self.due_at = Some(now.plus(policy.requeue_after));
+                self.resend(now, policy);
                 SweepAction::Enqueue
             }
             RunStatus::Running if self.attempts >= policy.max_attempts => {

@@ -394,3 +394,23 @@ fn a_dead_lettered_run_is_failed_only_if_it_is_stuck() {
         assert_eq!(run, before);
     }
 }
+
+#[test]
+fn a_queued_run_is_sent_again_ever_more_rarely_and_from_scratch_after_a_claim() {
+    let mut run = queued();
+    let minute = policy().requeue_after;
+    let mut now = run.due_at.unwrap();
+    let mut waits = Vec::new();
+    for _ in 0..8 {
+        assert_eq!(run.sweep(now, &policy()), SweepAction::Enqueue);
+        let next = run.due_at.unwrap();
+        waits.push(next.since(now).as_secs() / minute.as_secs());
+        now = next;
+    }
+    assert_eq!(waits, [1, 2, 4, 8, 16, 32, 32, 32]);
+    run.claim("w1", now, &policy()).unwrap();
+    run.release("w1", None, now, &policy()).unwrap();
+    assert_eq!(run.due_at, Some(now.plus(minute)), "a new stretch of queued starts from one wait again");
+    assert_eq!(run.sweep(now.plus(minute), &policy()), SweepAction::Enqueue);
+    assert_eq!(run.due_at, Some(now.plus(minute).plus(minute)));
+}

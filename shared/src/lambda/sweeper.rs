@@ -2,16 +2,27 @@ use lambda_runtime::{LambdaEvent, service_fn};
 
 use crate::aws::AwsServices;
 
+/// What a pass leaves of its invocation's time for its last run and the answer.
+const SWEEP_DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Invoked on a schedule: one pass over every run whose due time has come.
 pub async fn run_sweeper() -> Result<(), super::Error> {
     super::init_logging();
     let services = AwsServices::from_env().await?;
     let sweeper = services.sweeper();
     let sweeper = &sweeper;
-    lambda_runtime::run(service_fn(move |_: LambdaEvent<serde_json::Value>| async move {
-        let report = sweeper.sweep().await?;
-        tracing::info!(enqueued = report.enqueued, failed = report.failed, "sweep done");
-        Ok::<_, super::Error>(serde_json::json!({"enqueued": report.enqueued, "failed": report.failed}))
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| async move {
+        // Stop in time to answer; the next invocation goes on from there.
+        let left = event.context.deadline().duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        let deadline = std::time::Instant::now() + left.saturating_sub(SWEEP_DEADLINE_MARGIN);
+        let report = sweeper.sweep_until(Some(deadline)).await?;
+        tracing::info!(?report, "sweep done");
+        Ok::<_, super::Error>(serde_json::json!({
+            "enqueued": report.enqueued,
+            "failed": report.failed,
+            "skipped": report.skipped,
+            "unfinished": report.unfinished,
+        }))
     }))
     .await
 }

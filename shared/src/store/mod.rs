@@ -125,14 +125,15 @@ pub trait RunStore: Send + Sync + 'static {
 
 /// Reads the run, lets `change` alter it, and writes it back when `change`
 /// says it changed anything, starting over from a fresh read when another
-/// write came first. `Ok(false)` when the run is gone or nothing changed.
+/// write came first (a bounded number of times). `Ok(false)` when the run
+/// is gone or nothing changed.
 pub async fn change_run(
     runs: &dyn RunStore,
     owner: &Owner,
     run_id: RunId,
     mut change: impl FnMut(&mut Run) -> bool,
 ) -> Result<bool, StoreError> {
-    loop {
+    for _ in 0..CHANGE_ATTEMPTS {
         let Some(mut run) = runs.get(owner, run_id).await? else {
             return Ok(false);
         };
@@ -145,7 +146,11 @@ pub async fn change_run(
             Err(error) => return Err(error),
         }
     }
+    Err(StoreError::Unavailable("the run kept changing under concurrent writes".into()))
 }
+
+/// How often a read-change-write starts over before it gives up.
+pub const CHANGE_ATTEMPTS: usize = 16;
 
 /// An API key as stored: never the key itself, only its SHA-256 hash.
 #[derive(Debug, Clone, PartialEq, Eq)]

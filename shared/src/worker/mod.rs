@@ -20,7 +20,7 @@ use crate::queue::RunMessage;
 use crate::store::{RunStore, StoreError, change_run};
 
 pub use pool::WorkerPool;
-pub use sweeper::Sweeper;
+pub use sweeper::{MAX_SWEEP_FAILURES, SweepReport, Sweeper};
 
 /// What became of one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

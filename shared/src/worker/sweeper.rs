@@ -1,19 +1,30 @@
 //! The sweeper heals what a lost message or a dead worker leaves behind: it
 //! re-enqueues runs left `queued`, hands runs whose lease expired to a new
-//! worker, and fails runs that used up their attempts.
+//! worker, and fails runs that used up their attempts. One run it cannot
+//! handle is skipped and logged, never a reason to stop the pass.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crate::domain::{Clock, ExecutionPolicy, RunStatus, SweepAction, Timestamp};
+use crate::error_chain;
 use crate::queue::{RunMessage, RunQueue};
-use crate::store::{DueRun, RunStore, StoreError, change_run};
+use crate::store::{DueRun, RunKey, RunStore, StoreError, change_run};
 
 const PAGE: u32 = 100;
+/// Passes in a row that may fail on one run before the run is failed.
+pub const MAX_SWEEP_FAILURES: u32 = 5;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SweepReport {
     pub enqueued: usize,
     pub failed: usize,
+    /// Runs this pass could not handle; tried again next pass.
+    pub skipped: usize,
+    /// The pass stopped at its deadline; the next one goes on (the runs
+    /// handled so far are no longer due).
+    pub unfinished: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +40,8 @@ pub struct Sweeper {
     queue: Arc<dyn RunQueue>,
     clock: Arc<dyn Clock>,
     policy: ExecutionPolicy,
+    /// Runs that failed in the last passes, and how many passes in a row.
+    failing: Mutex<HashMap<RunKey, u32>>,
 }
 
 impl Sweeper {
@@ -38,20 +51,7 @@ impl Sweeper {
         clock: Arc<dyn Clock>,
         policy: ExecutionPolicy,
     ) -> Self {
-        Sweeper { runs, queue, clock, policy }
-    }
-
-    /// Every run due by `until`, in due order, read page by page.
-    async fn all_due(&self, until: Timestamp) -> Result<Vec<DueRun>, SweepError> {
-        let mut all: Vec<DueRun> = Vec::new();
-        loop {
-            let page = self.runs.due(until, all.last(), PAGE).await?;
-            let done = page.len() < PAGE as usize;
-            all.extend(page);
-            if done {
-                return Ok(all);
-            }
-        }
+        Sweeper { runs, queue, clock, policy, failing: Mutex::default() }
     }
 
     fn message(due: &DueRun) -> RunMessage {
@@ -60,18 +60,46 @@ impl Sweeper {
 
     /// One pass over every run whose due time has come.
     pub async fn sweep(&self) -> Result<SweepReport, SweepError> {
+        self.sweep_until(None).await
+    }
+
+    /// One pass, page by page, stopping at `deadline` (a Lambda
+    /// invocation's); a backlog larger than one pass can handle is worked
+    /// off over several. Fails only when the due runs cannot be read.
+    pub async fn sweep_until(&self, deadline: Option<Instant>) -> Result<SweepReport, SweepError> {
         let mut report = SweepReport::default();
-        for due in self.all_due(self.clock.now()).await? {
-            match self.sweep_one(&due).await? {
-                SweepAction::Enqueue => {
-                    self.queue.enqueue(&Self::message(&due)).await?;
-                    report.enqueued += 1;
+        let until = self.clock.now();
+        let mut after: Option<DueRun> = None;
+        loop {
+            let page = self.runs.due(until, after.as_ref(), PAGE).await?;
+            let last_page = page.len() < PAGE as usize;
+            for due in page {
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    report.unfinished = true;
+                    return Ok(report);
                 }
-                SweepAction::Failed => report.failed += 1,
-                SweepAction::Nothing => {}
+                match self.sweep_one(&due).await {
+                    Ok(action) => {
+                        crate::lock(&self.failing).remove(&due.key);
+                        match action {
+                            SweepAction::Enqueue => report.enqueued += 1,
+                            SweepAction::Failed => report.failed += 1,
+                            SweepAction::Nothing => {}
+                        }
+                    }
+                    Err(error) => {
+                        report.skipped += 1;
+                        if self.note_failure(&due, &error).await {
+                            report.failed += 1;
+                        }
+                    }
+                }
+                after = Some(due);
+            }
+            if last_page {
+                return Ok(report);
             }
         }
-        Ok(report)
     }
 
     async fn sweep_one(&self, due: &DueRun) -> Result<SweepAction, SweepError> {
@@ -81,21 +109,70 @@ impl Sweeper {
             action != SweepAction::Nothing
         })
         .await?;
-        Ok(if written { action } else { SweepAction::Nothing })
+        if !written {
+            return Ok(SweepAction::Nothing);
+        }
+        if action == SweepAction::Enqueue {
+            self.queue.enqueue(&Self::message(due)).await?;
+        }
+        Ok(action)
+    }
+
+    /// Logs a run the pass could not handle. One whose own data breaks the
+    /// pass ([`StoreError::Defect`], not an outage) in [`MAX_SWEEP_FAILURES`]
+    /// passes in a row is failed. `true` when failed.
+    async fn note_failure(&self, due: &DueRun, error: &SweepError) -> bool {
+        if !matches!(error, SweepError::Store(StoreError::Defect(_))) {
+            tracing::warn!(run_id = %due.key.run_id, error = %error_chain(error), "sweeper skipped a run; a dependency failed");
+            return false;
+        }
+        let passes = {
+            let mut failing = crate::lock(&self.failing);
+            let passes = failing.entry(due.key.clone()).or_default();
+            *passes += 1;
+            *passes
+        };
+        tracing::warn!(run_id = %due.key.run_id, passes, error = %error_chain(error), "sweeper skipped a run");
+        if passes < MAX_SWEEP_FAILURES {
+            return false;
+        }
+        let now = self.clock.now();
+        match change_run(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| run.fail_unsweepable(now)).await {
+            Ok(failed) => {
+                crate::lock(&self.failing).remove(&due.key);
+                tracing::error!(run_id = %due.key.run_id, passes, "sweeper failed a run it could not handle");
+                failed
+            }
+            Err(error) => {
+                tracing::error!(run_id = %due.key.run_id, passes, error = %error_chain(&error), "sweeper cannot handle or fail a run");
+                false
+            }
+        }
     }
 
     /// After a restart of a process whose queue lived in memory: enqueue
     /// every stored `queued` run at once, whatever its due time.
     pub async fn enqueue_all_queued(&self) -> Result<usize, SweepError> {
         let mut enqueued = 0;
-        for due in self.all_due(Timestamp::MAX).await? {
-            let queued =
-                self.runs.get(&due.key.owner, due.key.run_id).await?.is_some_and(|run| run.status == RunStatus::Queued);
-            if queued {
-                self.queue.enqueue(&Self::message(&due)).await?;
-                enqueued += 1;
+        let mut after: Option<DueRun> = None;
+        loop {
+            let page = self.runs.due(Timestamp::MAX, after.as_ref(), PAGE).await?;
+            let last_page = page.len() < PAGE as usize;
+            for due in page {
+                let queued = self
+                    .runs
+                    .get(&due.key.owner, due.key.run_id)
+                    .await?
+                    .is_some_and(|run| run.status == RunStatus::Queued);
+                if queued {
+                    self.queue.enqueue(&Self::message(&due)).await?;
+                    enqueued += 1;
+                }
+                after = Some(due);
+            }
+            if last_page {
+                return Ok(enqueued);
             }
         }
-        Ok(enqueued)
     }
 }
