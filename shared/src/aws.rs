@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::agents::AgentRegistry;
@@ -49,6 +50,21 @@ pub fn use_ring_for_rustls() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// The longest a DynamoDB or SQS call may take, retries included, and each
+/// attempt of it. A hung call must end well inside the worker's deadline
+/// margin (`AGENT_RUNS_WORKER_DEADLINE_MARGIN_MS`, 10 s), which also has to
+/// fit the write that hands the run back. Calls normally take milliseconds.
+/// Only these clients: a model call through Bedrock takes far longer.
+pub const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+pub const STORE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn store_call_timeouts() -> TimeoutConfig {
+    TimeoutConfig::builder()
+        .operation_timeout(STORE_CALL_TIMEOUT)
+        .operation_attempt_timeout(STORE_ATTEMPT_TIMEOUT)
+        .build()
+}
+
 pub struct AwsServices {
     pub config: Config,
     pub store: DynamoStore,
@@ -69,13 +85,16 @@ impl AwsServices {
         Ok(services)
     }
 
-    /// Builds the clients from their configurations (tests add interceptors).
+    /// Builds the clients from their configurations (tests add
+    /// interceptors), with [`STORE_CALL_TIMEOUT`] and [`STORE_ATTEMPT_TIMEOUT`].
     pub fn new(
         config: Config,
         dynamodb: aws_sdk_dynamodb::Config,
         sqs: aws_sdk_sqs::Config,
     ) -> Result<Self, SetupError> {
         let table = config.table.clone().ok_or(SetupError::Missing("AGENT_RUNS_TABLE"))?;
+        let dynamodb = dynamodb.to_builder().timeout_config(store_call_timeouts()).build();
+        let sqs = sqs.to_builder().timeout_config(store_call_timeouts()).build();
         let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(dynamodb), table);
         let queue = config.queue_url.clone().map(|url| SqsQueue::new(aws_sdk_sqs::Client::from_conf(sqs), url));
         Ok(AwsServices { config, store, queue, clock: Arc::new(SystemClock), sdk: None })

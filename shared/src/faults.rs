@@ -109,6 +109,30 @@ impl FaultPlan for RandomFailures {
     }
 }
 
+/// Fails the next calls it is asked about, as many as [`FailNext::fail_next`]
+/// says, then none.
+#[derive(Default)]
+pub struct FailNext {
+    remaining: AtomicUsize,
+}
+
+impl FailNext {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    pub fn fail_next(&self, calls: usize) {
+        self.remaining.store(calls, Ordering::SeqCst);
+    }
+}
+
+impl FaultPlan for FailNext {
+    fn next(&self, _operation: &'static str) -> Fault {
+        let fail = self.remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1)).is_ok();
+        if fail { Fault::FailBefore } else { Fault::None }
+    }
+}
+
 fn store_fault(operation: &'static str) -> StoreError {
     StoreError::Unavailable(Box::new(InjectedFault(operation)))
 }
@@ -212,19 +236,49 @@ pub enum AwsError {
     Throttling,
     /// `500 InternalServerError`.
     ServerError,
+    /// `400 TransactionCanceledException` with the reasons
+    /// `[TransactionConflict, None]`, for `TransactWriteItems` calls only. As
+    /// when another transaction held an item, the call has no effect: the
+    /// service receives an empty request in its place.
+    TransactionConflict,
 }
 
-#[derive(Debug, Clone)]
-struct Operation(String);
+impl AwsError {
+    fn response(self) -> (u16, &'static str) {
+        match self {
+            AwsError::Throttling => (
+                400,
+                r#"{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"injected by a test"}"#,
+            ),
+            AwsError::ServerError => (
+                500,
+                r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected by a test"}"#,
+            ),
+            AwsError::TransactionConflict => (
+                400,
+                concat!(
+                    r#"{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","#,
+                    r#""message":"Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict, None]","#,
+                    r#""CancellationReasons":[{"Code":"TransactionConflict","Message":"Transaction is ongoing for the item"},{"Code":"None"}]}"#,
+                ),
+            ),
+        }
+    }
+}
 
-impl aws_smithy_types::config_bag::Storable for Operation {
+/// Whether the plan picked this attempt.
+#[derive(Debug, Clone, Copy)]
+struct Picked(bool);
+
+impl aws_smithy_types::config_bag::Storable for Picked {
     type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
 }
 
 /// An SDK interceptor for DynamoDB clients that answers the calls its plan
-/// picks with a throttling or server error in place of the service's
-/// response, so the SDK's retries and the service's error mapping are
-/// exercised. The call itself still reached the service.
+/// picks with an error in place of the service's response, so the SDK's
+/// retries and the store's error mapping are exercised. A throttled call or
+/// a server error still reached the service (and may have taken effect); a
+/// transaction conflict did not.
 #[derive(Clone)]
 pub struct AwsErrorInterceptor {
     plan: Arc<dyn FaultPlan>,
@@ -248,15 +302,30 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for AwsErrorInterce
         "AwsErrorInterceptor"
     }
 
-    fn read_before_transmit(
+    /// Asks the plan about each attempt (with the operation's name), and
+    /// empties the request of a transaction it answers as a conflict.
+    fn modify_before_transmit(
         &self,
-        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextMut<'_>,
         _runtime_components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
         let target = context.request().headers().get("x-amz-target").unwrap_or_default();
-        let operation = target.rsplit('.').next().unwrap_or_default().to_owned();
-        cfg.interceptor_state().store_put(Operation(operation));
+        let operation: &'static str = match target.rsplit('.').next() {
+            Some("GetItem") => "GetItem",
+            Some("PutItem") => "PutItem",
+            Some("Query") => "Query",
+            Some("TransactWriteItems") => "TransactWriteItems",
+            _ => "other",
+        };
+        let applies = self.error != AwsError::TransactionConflict || operation == "TransactWriteItems";
+        let picked = applies && self.plan.next(operation) != Fault::None;
+        cfg.interceptor_state().store_put(Picked(picked));
+        if picked && self.error == AwsError::TransactionConflict {
+            let request = context.request_mut();
+            *request.body_mut() = aws_smithy_types::body::SdkBody::from("{}");
+            request.headers_mut().insert("content-length", "2");
+        }
         Ok(())
     }
 
@@ -268,21 +337,10 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for AwsErrorInterce
         _runtime_components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        let operation: &'static str = match cfg.load::<Operation>().map(|operation| operation.0.as_str()) {
-            Some("GetItem") => "GetItem",
-            Some("PutItem") => "PutItem",
-            Some("Query") => "Query",
-            Some("TransactWriteItems") => "TransactWriteItems",
-            _ => "other",
-        };
-        if self.plan.next(operation) == Fault::None {
+        if !cfg.load::<Picked>().is_some_and(|picked| picked.0) {
             return Ok(());
         }
-        let (status, kind) = match self.error {
-            AwsError::Throttling => (400, "ThrottlingException"),
-            AwsError::ServerError => (500, "InternalServerError"),
-        };
-        let body = format!(r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{kind}","message":"injected by a test"}}"#);
+        let (status, body) = self.error.response();
         let mut response = aws_smithy_runtime_api::http::Response::new(
             aws_smithy_runtime_api::http::StatusCode::try_from(status)?,
             aws_smithy_types::body::SdkBody::from(body),

@@ -15,10 +15,10 @@ use agent_runs_shared::auth::generate_key;
 use agent_runs_shared::aws::AwsServices;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::AgentDefinition;
-use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
-use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, FaultPlan, Healthy, RandomFailures};
+use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, RunId, SystemClock};
+use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, FailNext, FaultPlan, Healthy, RandomFailures};
 use agent_runs_shared::lambda::{from_api_response, handle_batch, handle_dead_letters, into_api_request};
-use agent_runs_shared::store::{AgentStore, KeyStore};
+use agent_runs_shared::store::{AgentStore, KeyStore, RunStore, StoreError};
 use agent_runs_shared::worker::Worker;
 use aws_lambda_events::event::sqs::SqsEvent;
 use aws_smithy_runtime_api::box_error::BoxError;
@@ -65,6 +65,8 @@ struct Aws {
     api: Api,
     worker: Worker,
     calls: CallLog,
+    /// A client of the table without the interceptors, to look at items.
+    dynamodb: aws_sdk_dynamodb::Client,
     sqs: aws_sdk_sqs::Client,
     queue_url: String,
     key: String,
@@ -72,18 +74,18 @@ struct Aws {
 
 impl Aws {
     async fn new() -> Aws {
-        Self::with_faults(Arc::new(Healthy)).await
+        Self::with_faults(Arc::new(Healthy), AwsError::Throttling).await
     }
 
-    /// DynamoDB calls picked by `plan` are answered with a throttling error.
-    async fn with_faults(plan: Arc<dyn FaultPlan>) -> Aws {
+    /// DynamoDB calls picked by `plan` are answered with `error`.
+    async fn with_faults(plan: Arc<dyn FaultPlan>, error: AwsError) -> Aws {
         let resources: HashMap<String, String> = support::create_aws_resources().into_iter().collect();
         let config = Config::from_lookup(|name| resources.get(name).cloned()).unwrap();
         let sdk = support::aws_sdk_config().await;
         let calls = CallLog::default();
         let dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk)
             .interceptor(calls.clone())
-            .interceptor(AwsErrorInterceptor::new(plan, AwsError::Throttling))
+            .interceptor(AwsErrorInterceptor::new(plan, error))
             .build();
         let sqs_config = aws_sdk_sqs::config::Builder::from(&sdk).interceptor(calls.clone()).build();
         let services = AwsServices::new(config, dynamodb, sqs_config).unwrap();
@@ -102,6 +104,7 @@ impl Aws {
             api,
             worker,
             calls,
+            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
             sqs: aws_sdk_sqs::Client::new(&sdk),
             queue_url: resources["AGENT_RUNS_QUEUE_URL"].clone(),
             key: issued.secret,
@@ -163,6 +166,29 @@ impl Aws {
                 .unwrap();
         }
         messages.iter().map(|message| message.body().unwrap().to_owned()).collect()
+    }
+
+    /// The owner's count of runs not yet terminal, as stored.
+    async fn active_runs(&self) -> i64 {
+        let item = self
+            .dynamodb
+            .get_item()
+            .table_name(self.services.store.table())
+            .key("pk", aws_sdk_dynamodb::types::AttributeValue::S("OWNER#dev".into()))
+            .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("ACTIVE".into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap_or_default();
+        item.get("active").map_or(0, |active| active.as_n().unwrap().parse().unwrap())
+    }
+
+    async fn listed_ids(&self) -> Vec<String> {
+        let (status, listed) = self.invoke(Operation::List, "GET", "/v1/agent/runs", None).await;
+        assert_eq!(status, 200, "{listed}");
+        listed["data"].as_array().unwrap().iter().map(|run| id(run).to_owned()).collect()
     }
 
     async fn run_worker(&self, event: SqsEvent) -> Vec<String> {
@@ -353,7 +379,7 @@ async fn dead_lettered_runs_are_failed_unless_they_moved_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_throttling_is_retried_then_answered_503_and_nothing_is_lost() {
     let throttling = RandomFailures::new(0.0, 1);
-    let aws = Aws::with_faults(throttling.clone()).await;
+    let aws = Aws::with_faults(throttling.clone(), AwsError::Throttling).await;
     let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "kept"}))).await;
     let path = format!("/v1/agent/runs/{}", id(&run));
     aws.calls.take();
@@ -435,4 +461,76 @@ async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once() {
     assert_eq!(calls.len(), 1, "the approved tool ran exactly once: {calls:?}");
     assert_eq!(calls[0].idempotency_key, Some(format!("{}/call_1", id(&run))));
     assert_eq!(model.model_requests().len(), 2);
+}
+
+/// A transaction DynamoDB cancels for a conflict with another one wrote
+/// nothing: the store sends it again, so a create is not refused and a worker
+/// does not hand back a run it just finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_conflicts_are_sent_again() {
+    let conflicts = FailNext::new();
+    let aws = Aws::with_faults(conflicts.clone(), AwsError::TransactionConflict).await;
+    conflicts.fail_next(2);
+    let (status, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "once"}))).await;
+    assert_eq!(status, 201, "{run}");
+    let create_calls = aws.calls.take();
+    assert_eq!(create_calls.iter().filter(|call| *call == "TransactWriteItems").count(), 3, "{create_calls:?}");
+    assert_eq!(aws.listed_ids().await, [id(&run)]);
+    assert_eq!(aws.active_runs().await, 1);
+
+    // The worker's write that ends the run: claim (a PutItem), then the
+    // terminal transaction, which conflicts once.
+    conflicts.fail_next(1);
+    let (_, failures) = aws.deliver().await;
+    assert!(failures.is_empty(), "the run is not handed back: {failures:?}");
+    let worker_calls = aws.calls.take();
+    assert_eq!(worker_calls.iter().filter(|call| *call == "TransactWriteItems").count(), 2, "{worker_calls:?}");
+    let (_, done) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&run)), None).await;
+    assert_eq!((done["status"].as_str(), done["output"].as_str()), (Some("succeeded"), Some("once")));
+    assert_eq!(aws.active_runs().await, 0, "the run ended once");
+}
+
+/// When conflicts outlast the store's attempts, a create answers 503 (its
+/// outcome is known here: nothing was written), never 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_conflicts_that_persist_answer_503() {
+    let conflicts = FailNext::new();
+    let aws = Aws::with_faults(conflicts.clone(), AwsError::TransactionConflict).await;
+    conflicts.fail_next(usize::MAX);
+    let (status, body) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "no"}))).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("unavailable")), "{body}");
+    let calls = aws.calls.take();
+    assert_eq!(calls, [&["GetItem"][..], &["TransactWriteItems"; 6]].concat(), "the key, six sends, no message");
+    conflicts.fail_next(0);
+    assert!(aws.listed_ids().await.is_empty());
+    assert_eq!(aws.active_runs().await, 0);
+}
+
+/// A DynamoDB call that gets no answer ends with the call timeout, as
+/// `Unavailable`, instead of holding a worker past its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_without_an_answer_ends_at_the_call_timeout() {
+    use agent_runs_shared::aws::{STORE_ATTEMPT_TIMEOUT, STORE_CALL_TIMEOUT};
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    let accepted = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        loop {
+            connections.push(silent.accept().await.unwrap());
+        }
+    });
+    let config = Config::from_lookup(|name| (name == "AGENT_RUNS_TABLE").then(|| "runs".to_owned())).unwrap();
+    let sdk = support::aws_sdk_config().await;
+    let dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk).endpoint_url(&endpoint).build();
+    let services = AwsServices::new(config, dynamodb, (&sdk).into()).unwrap();
+    let started = std::time::Instant::now();
+    let result = services
+        .store
+        .get(&Owner::parse("dev").unwrap(), RunId::from_ulid(IdGenerator::default().ulid_at(SystemClock.now())))
+        .await;
+    let elapsed = started.elapsed();
+    assert!(matches!(result, Err(StoreError::Unavailable(_))), "{result:?}");
+    assert!(elapsed >= STORE_ATTEMPT_TIMEOUT, "{elapsed:?}");
+    assert!(elapsed < STORE_CALL_TIMEOUT + std::time::Duration::from_secs(1), "{elapsed:?}");
+    accepted.abort();
 }

@@ -193,6 +193,50 @@ async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(store: &dyn 
     assert!(page.has_more);
 }
 
+/// Every page of `request`, with the cursor a client would send, checking
+/// that only the last one says no more runs follow.
+async fn every_page(store: &dyn RunStore, owner: &Owner, request: ListRequest) -> Vec<Vec<RunId>> {
+    let mut pages = Vec::new();
+    let mut before = None;
+    loop {
+        let page = store.list(owner, ListRequest { before, ..request }).await.unwrap();
+        let ids: Vec<RunId> = page.runs.iter().map(|run| run.id).collect();
+        assert!(ids.len() <= request.limit as usize);
+        before = ids.last().copied();
+        pages.push(ids);
+        if !page.has_more {
+            return pages;
+        }
+        assert!(pages.len() <= 20, "paging does not end: {pages:?}");
+    }
+}
+
+/// Runs as large as the API allows (a 64 KiB input, echoed as the output):
+/// DynamoDB answers a Query with at most 1 MB, about 7 of them, and the
+/// store must read on rather than end the list there.
+async fn lists_of_large_runs_are_whole(store: &dyn RunStore) {
+    let who = owner("bulky");
+    let policy = ExecutionPolicy::default();
+    let mut newest_first = Vec::new();
+    for i in 0..10 {
+        let mut run = new_run("bulky", i * 10, 700 + i as u128);
+        run.input = format!("{i}").repeat(64 * 1024);
+        insert(store, &run).await;
+        run.claim("w", Timestamp::from_millis(T0 as i64 + 200), &policy).unwrap();
+        store.update(&mut run).await.unwrap();
+        run.succeed("w", run.input.clone(), Timestamp::from_millis(T0 as i64 + 201)).unwrap();
+        store.update(&mut run).await.unwrap();
+        newest_first.insert(0, run.id);
+    }
+    for status in [None, Some(RunStatus::Succeeded)] {
+        let whole = ListRequest { status, before: None, limit: 20 };
+        assert_eq!(every_page(store, &who, whole).await, vec![newest_first.clone()], "{status:?}");
+        let pages = every_page(store, &who, ListRequest { limit: 3, ..whole }).await;
+        let expected: Vec<Vec<RunId>> = newest_first.chunks(3).map(<[RunId]>::to_vec).collect();
+        assert_eq!(pages, expected, "{status:?}: pages of 3, 3, 3 and 1, in order, none repeated");
+    }
+}
+
 async fn due_lists_non_terminal_runs_by_due_time_in_pages(store: &dyn RunStore) {
     let mut runs: Vec<Run> = (0..5).map(|i| new_run("sweep", i, 300 + i as u128)).collect();
     for (i, run) in runs.iter_mut().enumerate() {
@@ -324,6 +368,7 @@ async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn
     idempotency_keys_are_reserved_atomically_with_the_run(runs.as_ref()).await;
     insert_refuses_past_the_active_run_limit(runs.as_ref()).await;
     list_is_newest_first_with_keyset_pages_and_a_status_filter(runs.as_ref()).await;
+    lists_of_large_runs_are_whole(runs.as_ref()).await;
     due_lists_non_terminal_runs_by_due_time_in_pages(runs.as_ref()).await;
     concurrent_updates_from_one_version_have_exactly_one_winner(runs.clone()).await;
     keys_are_found_by_hash_listed_and_revoked(keys).await;

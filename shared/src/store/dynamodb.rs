@@ -20,6 +20,7 @@
 //! from DynamoDB's 400 KB item limit.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -27,6 +28,7 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -49,6 +51,13 @@ pub const MAX_CHECKPOINT_BYTES: usize = 350_000;
 const CHECKPOINT_APART: &str = "checkpoint_apart";
 
 const TERMINAL: [&str; 3] = ["succeeded", "failed", "canceled"];
+
+/// Sends of a transaction that DynamoDB cancels for a conflict with another
+/// transaction or for throttling (the SDK does not retry those), with full
+/// jitter exponential backoff between them.
+const TRANSACT_ATTEMPTS: u32 = 6;
+const TRANSACT_BACKOFF_BASE: Duration = Duration::from_millis(25);
+const TRANSACT_BACKOFF_CAP: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct DynamoStore {
@@ -142,6 +151,22 @@ fn decode_run(mut item: Item) -> Result<Run, StoreError> {
     serde_dynamo::from_item(item).map_err(|error| defect(format!("cannot decode stored run: {error}")))
 }
 
+/// A due index entry and its sort key, by which entries are merged.
+fn decode_due(item: &Item) -> Result<(String, DueRun), StoreError> {
+    let sort_key = text(item, "gsi2sk")?;
+    let (due_text, run_text) = sort_key.rsplit_once('#').ok_or_else(|| defect("malformed gsi2sk"))?;
+    let owner = text(item, "pk")?.strip_prefix("OWNER#").ok_or_else(|| defect("malformed run pk"))?;
+    let due_at = chrono::DateTime::parse_from_rfc3339(due_text).map_err(|_| defect("malformed due time"))?;
+    let due = DueRun {
+        due_at: Timestamp::from_millis(due_at.timestamp_millis()),
+        key: RunKey {
+            owner: Owner::parse(owner).map_err(|_| defect("malformed owner"))?,
+            run_id: run_text.parse().map_err(|_| defect("malformed run id"))?,
+        },
+    };
+    Ok((sort_key.to_owned(), due))
+}
+
 fn text<'a>(item: &'a Item, name: &str) -> Result<&'a str, StoreError> {
     item.get(name)
         .and_then(|value| value.as_s().ok())
@@ -179,18 +204,43 @@ fn decode_key(item: Item) -> Result<StoredKey, StoreError> {
     })
 }
 
-/// Whether a transaction failed on its own conditions, and which.
-fn canceled_conditions(error: &SdkError<TransactWriteItemsError>) -> Option<Vec<bool>> {
-    match error.as_service_error()? {
-        TransactWriteItemsError::TransactionCanceledException(canceled) => Some(
-            canceled
-                .cancellation_reasons()
-                .iter()
-                .map(|reason| reason.code() == Some("ConditionalCheckFailed"))
-                .collect(),
-        ),
-        _ => None,
+/// Why DynamoDB canceled a transaction, from its reasons (one per item, in
+/// order; `None` for an item that was fine).
+enum Cancellation {
+    /// These items' conditions were false (`true` at their positions).
+    ConditionsFailed(Vec<bool>),
+    /// Another transaction held an item, or the table was throttled: nothing
+    /// was written, and the same transaction may be sent again.
+    Retryable,
+}
+
+fn cancellation(error: &SdkError<TransactWriteItemsError>) -> Option<Cancellation> {
+    let TransactWriteItemsError::TransactionCanceledException(canceled) = error.as_service_error()? else {
+        return None;
+    };
+    let codes: Vec<Option<&str>> = canceled.cancellation_reasons().iter().map(|reason| reason.code()).collect();
+    if codes.contains(&Some("ConditionalCheckFailed")) {
+        return Some(Cancellation::ConditionsFailed(
+            codes.iter().map(|code| *code == Some("ConditionalCheckFailed")).collect(),
+        ));
     }
+    let retryable = |code: &Option<&str>| {
+        matches!(code, Some("TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded"))
+    };
+    codes.iter().any(retryable).then_some(Cancellation::Retryable)
+}
+
+/// How a transaction that was not written failed.
+enum TransactFailure {
+    /// These items' conditions were false (`true` at their positions).
+    ConditionsFailed(Vec<bool>),
+    Store(StoreError),
+}
+
+/// A random wait of up to `base * 2^(attempt - 1)`, capped ("full jitter").
+fn transact_backoff(attempt: u32) -> Duration {
+    let ceiling = TRANSACT_BACKOFF_BASE.saturating_mul(1 << (attempt - 1).min(16)).min(TRANSACT_BACKOFF_CAP);
+    ceiling.mul_f64(rand::rng().random::<f64>())
 }
 
 impl DynamoStore {
@@ -262,31 +312,66 @@ impl DynamoStore {
         update.build().map_err(defect)
     }
 
+    /// Writes `items` in one transaction, sent again while DynamoDB cancels
+    /// it only for conflicts or throttling.
+    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactFailure> {
+        let request = self.client.transact_write_items().set_transact_items(Some(items));
+        let mut attempt = 1;
+        loop {
+            let error = match request.clone().send().await {
+                Ok(_) => return Ok(()),
+                Err(error) => error,
+            };
+            match cancellation(&error) {
+                Some(Cancellation::ConditionsFailed(failed)) => return Err(TransactFailure::ConditionsFailed(failed)),
+                Some(Cancellation::Retryable) if attempt < TRANSACT_ATTEMPTS => {
+                    tokio::time::sleep(transact_backoff(attempt)).await;
+                    attempt += 1;
+                }
+                _ => return Err(TransactFailure::Store(unavailable(error))),
+            }
+        }
+    }
+
+    /// Up to `count` runs of one partition, newest first, after `start_after`.
+    /// A Query stops at 1 MB of items, so it goes on from where the last one
+    /// stopped until it has `count` runs or none are left.
     async fn query_runs(
         &self,
         index: Option<&str>,
         partition: (&str, String),
         sort: &str,
-        start_after: Option<Item>,
-        limit: u32,
+        mut start_after: Option<Item>,
+        count: u32,
     ) -> Result<Vec<Run>, StoreError> {
         let (partition_name, partition_value) = partition;
-        let query = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .set_index_name(index.map(str::to_owned))
-            .key_condition_expression("#p = :p AND begins_with(#s, :run)")
-            .expression_attribute_names("#p", partition_name)
-            .expression_attribute_names("#s", sort)
-            .expression_attribute_values(":p", s(partition_value))
-            .expression_attribute_values(":run", s("RUN#"))
-            .scan_index_forward(false)
-            .set_consistent_read(index.is_none().then_some(true))
-            .set_exclusive_start_key(start_after)
-            .limit(limit as i32);
-        let output = query.send().await.map_err(unavailable)?;
-        output.items.unwrap_or_default().into_iter().map(decode_run).collect()
+        let mut runs = Vec::new();
+        loop {
+            let output = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .set_index_name(index.map(str::to_owned))
+                .key_condition_expression("#p = :p AND begins_with(#s, :run)")
+                .expression_attribute_names("#p", partition_name)
+                .expression_attribute_names("#s", sort)
+                .expression_attribute_values(":p", s(&partition_value))
+                .expression_attribute_values(":run", s("RUN#"))
+                .scan_index_forward(false)
+                .set_consistent_read(index.is_none().then_some(true))
+                .set_exclusive_start_key(start_after)
+                .limit((count as usize - runs.len()) as i32)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in output.items.unwrap_or_default() {
+                runs.push(decode_run(item)?);
+            }
+            start_after = output.last_evaluated_key;
+            if runs.len() >= count as usize || start_after.is_none() {
+                return Ok(runs);
+            }
+        }
     }
 }
 
@@ -325,13 +410,10 @@ impl RunStore for DynamoStore {
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().put(record).build());
         }
-        let result = self.client.transact_write_items().set_transact_items(Some(items)).send().await;
-        let error = match result {
-            Ok(_) => return Ok(InsertOutcome::Inserted),
-            Err(error) => error,
-        };
-        let Some(failed) = canceled_conditions(&error) else {
-            return Err(unavailable(error));
+        let failed = match self.transact(items).await {
+            Ok(()) => return Ok(InsertOutcome::Inserted),
+            Err(TransactFailure::ConditionsFailed(failed)) => failed,
+            Err(TransactFailure::Store(error)) => return Err(error),
         };
         if let (Some(claim), Some(true)) = (idempotency, failed.get(2)) {
             let record = self
@@ -383,11 +465,11 @@ impl RunStore for DynamoStore {
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().delete(delete_record).build());
         }
-        match self.client.transact_write_items().set_transact_items(Some(items)).send().await {
-            Ok(_) => Ok(true),
+        match self.transact(items).await {
+            Ok(()) => Ok(true),
             // The run moved on (or is gone): nothing may be undone.
-            Err(error) if canceled_conditions(&error).is_some_and(|failed| failed.first() == Some(&true)) => Ok(false),
-            Err(error) => Err(unavailable(error)),
+            Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
+            Err(TransactFailure::Store(error)) => Err(error),
         }
     }
 
@@ -480,15 +562,14 @@ impl RunStore for DynamoStore {
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().delete(delete).build());
         }
-        match self.client.transact_write_items().set_transact_items(Some(items)).send().await {
-            Ok(_) => {
+        match self.transact(items).await {
+            Ok(()) => {
                 run.version = next.version;
                 Ok(())
             }
-            Err(error) if canceled_conditions(&error).is_some_and(|failed| failed.first() == Some(&true)) => {
-                Err(StoreError::Conflict)
-            }
-            Err(error) => Err(unavailable(error)),
+            // Only the run's put has a condition.
+            Err(TransactFailure::ConditionsFailed(_)) => Err(StoreError::Conflict),
+            Err(TransactFailure::Store(error)) => Err(error),
         }
     }
 
@@ -526,35 +607,32 @@ impl RunStore for DynamoStore {
         let high = format!("{}#~", until.to_rfc3339());
         let mut merged = Vec::new();
         for shard in 0..DUE_SHARDS {
-            let output = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(DUE_INDEX)
-                .key_condition_expression("gsi2pk = :shard AND gsi2sk BETWEEN :low AND :high")
-                .expression_attribute_values(":shard", s(format!("DUE#{shard}")))
-                .expression_attribute_values(":low", s(&low))
-                .expression_attribute_values(":high", s(&high))
-                .limit(limit as i32)
-                .send()
-                .await
-                .map_err(unavailable)?;
-            for item in output.items.unwrap_or_default() {
-                let sort_key = text(&item, "gsi2sk")?;
-                let (due_text, run_text) = sort_key.rsplit_once('#').ok_or_else(|| defect("malformed gsi2sk"))?;
-                let owner = text(&item, "pk")?.strip_prefix("OWNER#").ok_or_else(|| defect("malformed run pk"))?;
-                let due_at =
-                    chrono::DateTime::parse_from_rfc3339(due_text).map_err(|_| defect("malformed due time"))?;
-                merged.push((
-                    sort_key.to_owned(),
-                    DueRun {
-                        due_at: Timestamp::from_millis(due_at.timestamp_millis()),
-                        key: RunKey {
-                            owner: Owner::parse(owner).map_err(|_| defect("malformed owner"))?,
-                            run_id: run_text.parse().map_err(|_| defect("malformed run id"))?,
-                        },
-                    },
-                ));
+            // Up to `limit` from each shard; a Query that stops at 1 MB goes on.
+            let mut from_shard = 0;
+            let mut start = None;
+            loop {
+                let output = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(DUE_INDEX)
+                    .key_condition_expression("gsi2pk = :shard AND gsi2sk BETWEEN :low AND :high")
+                    .expression_attribute_values(":shard", s(format!("DUE#{shard}")))
+                    .expression_attribute_values(":low", s(&low))
+                    .expression_attribute_values(":high", s(&high))
+                    .set_exclusive_start_key(start)
+                    .limit((limit as usize - from_shard) as i32)
+                    .send()
+                    .await
+                    .map_err(unavailable)?;
+                for item in output.items.unwrap_or_default() {
+                    merged.push(decode_due(&item)?);
+                    from_shard += 1;
+                }
+                start = output.last_evaluated_key;
+                if from_shard >= limit as usize || start.is_none() {
+                    break;
+                }
             }
         }
         merged.sort_by(|a, b| a.0.cmp(&b.0));
