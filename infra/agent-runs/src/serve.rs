@@ -12,11 +12,12 @@ use agent_runs_shared::agents::llm::LlmRuntime;
 use agent_runs_shared::api::Api;
 use agent_runs_shared::auth::Authenticator;
 use agent_runs_shared::config::Config;
+use agent_runs_shared::config::MIN_WORKER_DEADLINE_MARGIN_MS;
 use agent_runs_shared::domain::{Clock, Owner, SystemClock};
 use agent_runs_shared::error_chain;
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
 use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
-use agent_runs_shared::worker::{Sweeper, Worker, WorkerPool};
+use agent_runs_shared::worker::{PoolSettings, Sweeper, Worker, WorkerPool};
 use clap::Args;
 use tokio::net::TcpListener;
 
@@ -31,6 +32,9 @@ pub struct ServeArgs {
     /// How many runs execute at once.
     #[arg(long, env = "AGENT_RUNS_WORKERS", default_value_t = 16)]
     workers: usize,
+    /// The most runs of one owner that execute at once (default: half the workers).
+    #[arg(long, env = "AGENT_RUNS_WORKERS_PER_OWNER")]
+    workers_per_owner: Option<usize>,
     /// How often the sweeper looks for stuck runs, in milliseconds.
     #[arg(long, env = "AGENT_RUNS_SWEEP_MS", default_value_t = 1_000)]
     sweep_ms: u64,
@@ -107,13 +111,17 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
         config.limits.clone(),
     ));
     let sweeper = Sweeper::new(runs.clone(), queue.clone(), clock.clone(), config.policy.clone());
+    let settings = PoolSettings {
+        workers: args.workers.max(1),
+        workers_per_owner: args.workers_per_owner.unwrap_or(args.workers.div_ceil(2)),
+        sweep_every: Duration::from_millis(args.sweep_ms.max(10)),
+    };
     let pool = WorkerPool::start(
-        args.workers.max(1),
+        settings,
         || Worker::new(runs.clone(), agents.clone(), clock.clone(), config.policy.clone()),
         receiver,
         queue,
         sweeper,
-        Duration::from_millis(args.sweep_ms.max(10)),
     );
 
     let listener =
@@ -125,6 +133,8 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
 
     http_server::serve(listener, api, shutdown_signal()).await;
     tracing::info!("shutting down: handing running runs back to the queue");
-    pool.shutdown(Duration::from_secs(10)).await;
+    // A tool call in flight is let finish (up to its timeout) so its outcome
+    // is saved; other work is handed back at once.
+    pool.shutdown(Duration::from_millis(MIN_WORKER_DEADLINE_MARGIN_MS)).await;
     Ok(())
 }

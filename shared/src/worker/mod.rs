@@ -19,7 +19,7 @@ use crate::domain::{
 use crate::queue::RunMessage;
 use crate::store::{RunStore, StoreError, change_run};
 
-pub use pool::WorkerPool;
+pub use pool::{MAX_DELIVERIES, PoolSettings, WorkerPool};
 pub use sweeper::{MAX_SWEEP_FAILURES, SweepReport, Sweeper};
 
 /// What became of one message.
@@ -229,6 +229,11 @@ impl Worker {
     async fn hand_back(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
         let checkpoint = attempt.checkpoint.clone();
         self.finish(attempt, |run, now, lease| run.release(lease, checkpoint.clone(), now, &self.policy)).await
+    }
+
+    /// Fails the run of a message that kept failing, unless it has moved on.
+    pub async fn abandon(&self, message: &RunMessage) -> Result<bool, StoreError> {
+        abandon_dead_letter(self.runs.as_ref(), self.clock.as_ref(), message).await
     }
 
     /// Takes the run under `lease`, or `None` when there is nothing to do.
