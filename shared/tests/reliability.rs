@@ -742,3 +742,25 @@ async fn one_long_lived_worker_takes_over_a_run_its_own_dead_attempt_left_runnin
     let run = world.run(id).await;
     assert_eq!((run.attempts, run.output.as_deref()), (2, Some("a\nb")));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_default_route_serves_no_operation_only_404_and_405() {
+    let world = World::new().await;
+    let api = world.api(Arc::new(Healthy));
+    let request = |method: &str, body: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri("/v1/agent/runs")
+            .header("authorization", format!("Bearer {}", world.key))
+            .header("content-type", "application/json")
+            .body(Bytes::from(body.to_owned()))
+            .unwrap()
+    };
+    let created = api.handle_as(None, request("POST", r#"{"input": "x"}"#)).await;
+    assert_eq!(created.status(), 404, "the fallback never creates a run");
+    assert!(world.all_runs().await.is_empty());
+    assert_eq!(api.handle_as(None, request("GET", "")).await.status(), 404);
+    let other_method = api.handle_as(None, request("DELETE", "")).await;
+    assert_eq!(other_method.status(), 405);
+    assert_eq!(other_method.headers()["allow"], "GET, POST");
+}

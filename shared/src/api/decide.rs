@@ -43,8 +43,12 @@ pub(super) async fn handle(
         .map(Comment::into_string);
 
     let (run, outcome) = modify_run(api.runs.as_ref(), owner, run_id, |run| {
-        match run.decide(approval_id, decision, comment.clone(), api.clock.now(), &api.policy) {
-            Ok(outcome) => Ok((outcome, outcome != DecideOutcome::Unchanged)),
+        let now = api.clock.now();
+        if run.expire_if_due(approval_id, now, &api.policy) {
+            return Ok((None, true));
+        }
+        match run.decide(approval_id, decision, comment.clone(), now, &api.policy) {
+            Ok(outcome) => Ok((Some(outcome), outcome != DecideOutcome::Unchanged)),
             Err(TransitionError::NoSuchApproval) => Err(approval_not_found()),
             Err(TransitionError::ApprovalAlreadyResolved(status)) => Err(ApiError::Conflict(format!(
                 "The approval is already {}; it can no longer be {}.",
@@ -56,6 +60,11 @@ pub(super) async fn handle(
     })
     .await?;
 
+    let Some(outcome) = outcome else {
+        return Err(ApiError::Conflict(
+            "The approval expired before this decision arrived; the run has failed.".into(),
+        ));
+    };
     if outcome == DecideOutcome::Requeued {
         let message = RunMessage { run_id: run.id, owner: owner.clone() };
         // The decision is stored; a lost message is recovered by the sweeper.

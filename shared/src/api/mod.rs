@@ -123,15 +123,21 @@ impl Api {
         Api { runs, queue, auth, agents, clock, ids: IdGenerator::default(), policy, limits, rate_limiter, openapi }
     }
 
-    /// Answers one request. Never fails: every error becomes its response.
+    /// Answers one request, of any operation. Never fails: every error
+    /// becomes its response.
     pub async fn handle(&self, request: Request<Bytes>) -> ApiResponse {
-        self.handle_as(None, request).await
+        self.answer(Serving::All, request).await
     }
 
     /// Answers a request that must be for `operation` (a Lambda function
     /// serves one); any other path or method is a `404` or `405`, never
-    /// another operation. `None` serves them all.
+    /// another operation. `None` is API Gateway's `$default` route, which
+    /// serves no operation: only the `404` and `405` answers.
     pub async fn handle_as(&self, operation: Option<Operation>, request: Request<Bytes>) -> ApiResponse {
+        self.answer(operation.map_or(Serving::Nothing, Serving::One), request).await
+    }
+
+    async fn answer(&self, serving: Serving, request: Request<Bytes>) -> ApiResponse {
         let request_id = request
             .extensions()
             .get::<RequestId>()
@@ -139,7 +145,7 @@ impl Api {
             .unwrap_or_else(|| self.ids.ulid_at(self.clock.now()).to_string());
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
-        let mut response = match self.dispatch(operation, request).await {
+        let mut response = match self.dispatch(serving, request).await {
             Ok(response) => response,
             Err(error) => {
                 match &error {
@@ -160,7 +166,7 @@ impl Api {
         response
     }
 
-    async fn dispatch(&self, expected: Option<Operation>, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
+    async fn dispatch(&self, serving: Serving, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
         if request.uri().path() == openapi::PATH {
             // The API's description needs no key.
             if request.method() != Method::GET {
@@ -181,7 +187,12 @@ impl Api {
             (Route::Decide(..), &Method::POST) => Operation::Decide,
             _ => return Err(ApiError::MethodNotAllowed { allow: route.allow() }),
         };
-        if expected.is_some_and(|expected| expected != operation) {
+        let served = match serving {
+            Serving::All => true,
+            Serving::One(expected) => expected == operation,
+            Serving::Nothing => false,
+        };
+        if !served {
             return Err(not_found_path());
         }
         if request.extensions().get::<BodyTooLarge>().is_some() || request.body().len() > MAX_BODY_BYTES {
@@ -210,6 +221,15 @@ impl Api {
             AuthError::Store(store) => store.into(),
         })
     }
+}
+
+/// Which operations a process answers.
+#[derive(Debug, Clone, Copy)]
+enum Serving {
+    All,
+    One(Operation),
+    /// The `$default` route: `404` and `405` only.
+    Nothing,
 }
 
 /// The operations of the contract; each Lambda function serves one.

@@ -370,6 +370,18 @@ impl Run {
         }
     }
 
+    /// Expires the approval, failing the run, when it is still pending and
+    /// its time is up though the sweeper has not come by yet: a late
+    /// decision never counts. `true` when it expired here.
+    pub fn expire_if_due(&mut self, approval_id: ApprovalId, now: Timestamp, policy: &ExecutionPolicy) -> bool {
+        let due = self.approvals.iter().any(|approval| {
+            approval.id == approval_id
+                && approval.status == ApprovalStatus::Pending
+                && approval.expires_at.is_some_and(|at| at <= now)
+        });
+        due && self.sweep(now, policy) == SweepAction::Failed
+    }
+
     pub fn decide(
         &mut self,
         approval_id: ApprovalId,

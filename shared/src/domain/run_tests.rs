@@ -414,3 +414,16 @@ fn a_queued_run_is_sent_again_ever_more_rarely_and_from_scratch_after_a_claim() 
     assert_eq!(run.sweep(now.plus(minute), &policy()), SweepAction::Enqueue);
     assert_eq!(run.due_at, Some(now.plus(minute).plus(minute)));
 }
+
+#[test]
+fn a_decision_after_the_approval_expired_expires_it_instead() {
+    let mut run = awaiting(1);
+    let approval = run.approvals[0].clone();
+    let expiry = approval.expires_at.unwrap();
+    let before = Timestamp::from_millis(expiry.millis() - 1);
+    assert!(!run.clone().expire_if_due(approval.id, before, &policy()), "still in time");
+    assert!(run.expire_if_due(approval.id, expiry, &policy()));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Expired);
+    assert!(!run.expire_if_due(approval.id, expiry, &policy()), "only once");
+}
