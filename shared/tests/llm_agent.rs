@@ -483,6 +483,46 @@ async fn an_approved_call_whose_result_cannot_be_saved_once_is_still_made_exactl
     assert_eq!(fixture.stand_in.model_requests().len(), 2);
 }
 
+/// Fails the `n`-th store update (from 1) of the worker it is given to.
+struct FailUpdate {
+    n: usize,
+    updates: std::sync::atomic::AtomicUsize,
+}
+
+impl agent_runs_shared::faults::FaultPlan for FailUpdate {
+    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
+        use std::sync::atomic::Ordering;
+        if operation == "update" && self.updates.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
+            agent_runs_shared::faults::Fault::FailBefore
+        } else {
+            agent_runs_shared::faults::Fault::None
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_park_that_cannot_be_written_hands_the_run_back_as_it_was_before_the_step() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_9", "delete_branch", r#"{"branch": "old"}"#), text("Deleted old.")]);
+    let message = fixture.create("Delete the branch old").await;
+
+    // Updates: the claim, the save of the model's answer, then the park.
+    let plan = Arc::new(FailUpdate { n: 3, updates: Default::default() });
+    let faulty = agent_runs_shared::faults::FaultyStore::new(Arc::new(fixture.store.clone()), plan.clone());
+    let worker = Worker::new(Arc::new(faulty), fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
+    assert!(worker.process(&message, &running()).await.is_err());
+    let run = fixture.run(&message).await;
+    assert_eq!(run.status, RunStatus::Queued, "handed back");
+    assert!(run.approvals.is_empty());
+
+    // The retry asks for the approval again rather than fail for want of it.
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    fixture.decide(&message, Decision::Approve, None).await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1, "the tool is called exactly once");
+    assert_eq!(fixture.stand_in.model_requests().len(), 2, "the park's step asks no model");
+}
+
 #[tokio::test]
 async fn a_stop_lets_a_tool_call_in_flight_end_and_records_its_result() {
     let fixture = Fixture::new().await;

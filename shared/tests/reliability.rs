@@ -131,6 +131,9 @@ impl RunStore for Observed {
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
         self.inner.due(until, after, limit).await
     }
+    async fn set_aside_unreadable(&self, key: &agent_runs_shared::store::RunKey) -> Result<bool, StoreError> {
+        self.inner.set_aside_unreadable(key).await
+    }
 }
 
 /// Which process crashes, and where.
@@ -700,6 +703,33 @@ async fn a_create_whose_send_fails_is_undone_and_its_key_is_free_again() {
     let (status, _) = world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/agent/runs", body, Some("k")).await;
     assert_eq!(status, 201);
     assert_eq!(world.all_runs().await.len(), 1);
+}
+
+/// Fails the store's undo of a create, before or after it takes effect.
+struct UndoFails(agent_runs_shared::faults::Fault);
+
+impl FaultPlan for UndoFails {
+    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
+        if operation == "undo_create" { self.0 } else { agent_runs_shared::faults::Fault::None }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_create_whose_undo_fails_answers_by_what_the_store_holds() {
+    use agent_runs_shared::faults::Fault;
+    for (fault, expected) in [(Fault::FailBefore, 201), (Fault::FailAfter, 503)] {
+        let world = World::new().await;
+        let queue = Arc::new(SendThenFail { inner: world.queue.clone(), deliver: false, during: Mutex::new(None) });
+        let api = world.api_with_queue(Arc::new(UndoFails(fault)), queue);
+        let (status, reply) = world.call(&api, "POST", "/v1/agent/runs", json!({"input": "hi"}), Some("k")).await;
+        assert_eq!(status, expected, "{fault:?}: {reply}");
+        let runs = world.all_runs().await;
+        assert_eq!(runs.len(), usize::from(expected == 201), "{fault:?}: a 201 has its run, a 503 has none");
+        if expected == 201 {
+            assert_eq!(reply["id"], runs[0].id.to_string());
+        }
+        world.assert_active_count_is_true("after the failed undo").await;
+    }
 }
 
 /// Lets the first `ok` writes through, then fails every write until healed.

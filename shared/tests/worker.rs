@@ -194,6 +194,9 @@ impl RunStore for OneBrokenRun {
     ) -> Result<Vec<agent_runs_shared::store::DueRun>, StoreError> {
         self.inner.due(until, after, limit).await
     }
+    async fn set_aside_unreadable(&self, key: &agent_runs_shared::store::RunKey) -> Result<bool, StoreError> {
+        self.inner.set_aside_unreadable(key).await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,4 +224,36 @@ async fn one_run_the_sweeper_cannot_handle_blocks_no_other_and_is_failed_in_the_
     assert_eq!(run.status, RunStatus::Failed);
     assert!(run.error.unwrap().contains("could not be recovered"));
     assert_eq!(sweeper.sweep().await.unwrap(), Default::default(), "nothing is due any more");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_record_cannot_be_read_is_set_aside_and_frees_its_place() {
+    let fixture = Fixture::new();
+    let unreadable = fixture.create("echo", "garbled").await;
+    fixture.clock.advance(Duration::from_millis(5));
+    let healthy = fixture.create("echo", "healthy").await;
+    let file = rusqlite::Connection::open(fixture._dir.path().join("runs.db")).unwrap();
+    let garbled = file.execute("UPDATE runs SET body = '{\"id\": 7' WHERE id = ?1", [unreadable.run_id.to_string()]);
+    assert_eq!(garbled.unwrap(), 1);
+    assert!(matches!(fixture.store.get(&unreadable.owner, unreadable.run_id).await, Err(StoreError::Defect(_))));
+    let (queue, receiver) = InProcessQueue::new();
+    let sweeper = Sweeper::new(fixture.store.clone(), Arc::new(queue), fixture.clock.clone(), fixture.policy.clone());
+    assert_eq!(sweeper.enqueue_all_queued().await.unwrap(), 1, "start-up recovery goes past it");
+    assert_eq!(receiver.receive().await.unwrap(), healthy);
+
+    fixture.clock.advance(fixture.policy.requeue_after);
+    for pass in 1..MAX_SWEEP_FAILURES {
+        let report = sweeper.sweep().await.unwrap();
+        assert_eq!((report.skipped, report.failed), (1, 0), "pass {pass}: {report:?}");
+    }
+    assert_eq!(fixture.store.active_runs(&unreadable.owner).await.unwrap(), 2);
+    let report = sweeper.sweep().await.unwrap();
+    assert_eq!((report.skipped, report.failed), (1, 1), "{report:?}");
+    assert_eq!(fixture.store.active_runs(&unreadable.owner).await.unwrap(), 1, "its place is free");
+    let status: String = file
+        .query_row("SELECT status FROM runs WHERE id = ?1", [unreadable.run_id.to_string()], |row| row.get(0))
+        .unwrap();
+    assert_eq!(status, "failed");
+    let report = sweeper.sweep().await.unwrap();
+    assert_eq!(report.skipped, 0, "never met again: {report:?}");
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use agent_runs_shared::domain::{AgentDefinition, ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
 use agent_runs_shared::store::{
-    AgentStore, DueRun, Durability, DynamoStore, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunStore,
-    SqliteStore, StoreError, StoredKey,
+    AgentStore, DueRun, Durability, DynamoStore, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunKey,
+    RunStore, SqliteStore, StoreError, StoredKey,
 };
 use ulid::Ulid;
 
@@ -359,7 +359,28 @@ async fn large_checkpoints_round_trip(store: &dyn RunStore) {
     assert_eq!((done.status, done.checkpoint), (RunStatus::Succeeded, None));
 }
 
+/// A run that cannot be read is set aside: off the due schedule, out of
+/// the active count, once.
+async fn an_unreadable_run_can_be_set_aside(store: &dyn RunStore) {
+    let who = owner("aside");
+    let run = new_run("aside", 0, 40);
+    insert(store, &run).await;
+    let key = RunKey { owner: who.clone(), run_id: run.id };
+    assert_eq!(store.active_runs(&who).await.unwrap(), 1);
+    assert!(store.set_aside_unreadable(&key).await.unwrap());
+    assert_eq!(store.active_runs(&who).await.unwrap(), 0);
+    let due = store.due(Timestamp::MAX, None, 100).await.unwrap();
+    assert!(due.iter().all(|due| due.key != key), "no longer due");
+    assert!(!store.set_aside_unreadable(&key).await.unwrap(), "only once");
+    assert_eq!(store.active_runs(&who).await.unwrap(), 0);
+    let gone = RunKey { owner: who.clone(), run_id: RunId::from_ulid(Ulid::from_parts(T0, 41)) };
+    assert!(!store.set_aside_unreadable(&gone).await.unwrap(), "nothing to set aside");
+    let listed = store.list(&who, ListRequest { status: None, before: None, limit: 10 }).await.unwrap();
+    assert_eq!(listed.runs.len(), 1, "nothing else was written");
+}
+
 async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
+    an_unreadable_run_can_be_set_aside(runs.as_ref()).await;
     undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;
     agents_are_put_replaced_listed_and_deleted(agents).await;
     large_checkpoints_round_trip(runs.as_ref()).await;

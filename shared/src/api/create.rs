@@ -118,9 +118,13 @@ async fn enqueue_created(api: &Api, run: &Run, key_hash: Option<&str>) -> Result
             Ok(created(run, false))
         }
         Err(store_error) => {
-            // The run stays queued; the sweeper enqueues it within a minute.
+            // The undo may or may not have happened: a run that is still
+            // there is kept (the sweeper enqueues it), so it is answered 201.
             tracing::error!(run_id = %run.id, error = %error_chain(&store_error), "could not undo a create whose enqueue failed");
-            Err(queue_error.into())
+            match api.runs.get(&run.owner, run.id).await {
+                Ok(Some(kept)) => Ok(created(&kept, false)),
+                Ok(None) | Err(_) => Err(queue_error.into()),
+            }
         }
     }
 }

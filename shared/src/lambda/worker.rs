@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use crate::aws::AwsServices;
 use crate::queue::{RunMessage, RunQueue};
-use crate::worker::{Outcome, Worker, WorkerError};
+use crate::worker::{Interrupted, Outcome, Worker};
 
 /// Works through one SQS batch, all its messages at once. A message that
 /// cannot be parsed or hits a transient failure is reported, so SQS
@@ -39,7 +39,7 @@ pub async fn handle_batch(
                 tracing::info!(run_id = %message.run_id, ?outcome, "message done");
                 Ok(())
             }
-            Err(WorkerError::Transient(error)) => {
+            Err(Interrupted { error, .. }) => {
                 tracing::warn!(run_id = %message.run_id, error = %error_chain(&error), "transient failure; SQS will redeliver");
                 Err(id)
             }

@@ -119,8 +119,16 @@ pub trait RunStore: Send + Sync + 'static {
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError>;
 
     /// Non-terminal runs whose `due_at` is at or before `until`, in due order,
-    /// after `after` (exclusive) when paging.
+    /// after `after` (exclusive) when paging. An index entry that cannot be
+    /// read is logged and left out, never a reason to fail the page.
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError>;
+
+    /// Ends a run whose stored record cannot be decoded, without decoding
+    /// it: marks it failed where the store indexes it, takes it off the due
+    /// schedule and out of the active count, so the sweeper stops meeting it
+    /// and it no longer holds its owner's place. The record itself is left
+    /// for an operator to inspect. `Ok(false)` when already ended or gone.
+    async fn set_aside_unreadable(&self, key: &RunKey) -> Result<bool, StoreError>;
 }
 
 /// Reads the run, lets `change` alter it, and writes it back when `change`

@@ -543,13 +543,35 @@ impl RunStore for SqliteStore {
                 })
                 .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
                 .map_err(unavailable)?;
-            rows.into_iter()
-                .map(|(due_at, owner, id)| {
-                    let owner = Owner::parse(&owner).map_err(|_| StoreError::Defect("malformed owner".into()))?;
-                    let run_id = id.parse().map_err(|_| StoreError::Defect("malformed run id".into()))?;
-                    Ok(DueRun { due_at: Timestamp::from_millis(due_at), key: RunKey { owner, run_id } })
+            Ok(rows
+                .into_iter()
+                .filter_map(|(due_at, owner, id)| match (Owner::parse(&owner), id.parse()) {
+                    (Ok(owner), Ok(run_id)) => {
+                        Some(DueRun { due_at: Timestamp::from_millis(due_at), key: RunKey { owner, run_id } })
+                    }
+                    _ => {
+                        tracing::error!(owner, id, "a due run's key is malformed; the sweeper leaves it out");
+                        None
+                    }
                 })
-                .collect()
+                .collect())
+        })
+        .await
+    }
+
+    async fn set_aside_unreadable(&self, key: &RunKey) -> Result<bool, StoreError> {
+        let RunKey { owner, run_id } = key.clone();
+        let store = self.clone();
+        self.write(move |connection| {
+            let changed = connection
+                .execute(
+                    "UPDATE runs SET status = 'failed', version = version + 1, due_at = NULL
+                     WHERE owner = ?1 AND id = ?2 AND status IN ('queued', 'running', 'awaiting_approval')",
+                    params![owner.as_str(), run_id.to_string()],
+                )
+                .map_err(unavailable)?;
+            store.forget(&owner, run_id);
+            Ok(changed == 1)
         })
         .await
     }

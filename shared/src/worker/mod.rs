@@ -38,10 +38,21 @@ pub enum Outcome {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// A dependency failed; the message should be delivered again later.
+enum WorkerError {
     #[error("transient failure")]
     Transient(#[from] StoreError),
+}
+
+/// A dependency failed; the message should be delivered again later.
+#[derive(Debug, thiserror::Error)]
+#[error("transient failure")]
+pub struct Interrupted {
+    #[source]
+    pub error: StoreError,
+    /// Whether the agent got further than the run's saved state before
+    /// the failure (a message that keeps failing without progress is a
+    /// defect, one that makes progress is not).
+    pub progressed: bool,
 }
 
 pub struct Worker {
@@ -81,21 +92,30 @@ impl Worker {
 
     /// Handles one message to the end. `stop` asks the worker to hand the
     /// run back after the step in flight (shutdown, or the Lambda deadline).
-    pub async fn process(&self, message: &RunMessage, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
+    pub async fn process(&self, message: &RunMessage, stop: &watch::Receiver<bool>) -> Result<Outcome, Interrupted> {
+        if *stop.borrow() {
+            // Not even claimed: whoever stops us sends the message again.
+            return Ok(Outcome::Released);
+        }
         let lease = format!("{}.{}", self.id, self.ids.ulid_at(self.clock.now()));
-        let Some(run) = self.claim(message, &lease).await? else {
-            return Ok(Outcome::Dropped);
+        let run = match self.claim(message, &lease).await {
+            Ok(Some(run)) => run,
+            Ok(None) => return Ok(Outcome::Dropped),
+            Err(WorkerError::Transient(error)) => return Err(Interrupted { error, progressed: false }),
         };
         tracing::debug!(run_id = %run.id, %lease, attempt = run.attempts, "claimed");
+        let claimed = run.checkpoint.clone();
         let mut attempt = Attempt { lease, checkpoint: run.checkpoint.clone(), run };
-        let result = self.execute(&mut attempt, stop).await;
-        if result.is_err() {
-            // A failing dependency is not the run's fault: hand it back, if
-            // the store lets us, so the attempt is not used up. Otherwise
-            // the lease expires as after a crash.
-            let _ = self.hand_back(&mut attempt).await;
+        match self.execute(&mut attempt, stop).await {
+            Ok(outcome) => Ok(outcome),
+            Err(WorkerError::Transient(error)) => {
+                // A failing dependency is not the run's fault: hand it back,
+                // if the store lets us, so the attempt is not used up.
+                // Otherwise the lease expires as after a crash.
+                let _ = self.hand_back(&mut attempt).await;
+                Err(Interrupted { error, progressed: attempt.checkpoint != claimed })
+            }
         }
-        result
     }
 
     /// Steps the agent until the run finishes, parks, is handed back or is
@@ -187,7 +207,9 @@ impl Worker {
                         .into_iter()
                         .map(|action| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), action))
                         .collect();
-                    attempt.checkpoint = Some(checkpoint.clone());
+                    // Not kept in `attempt.checkpoint`: should the park fail,
+                    // the run is handed back with the state before this step,
+                    // whose approvals the parked checkpoint would count on.
                     return self
                         .finish(attempt, |run, now, lease| {
                             run.park(lease, requests.clone(), checkpoint.clone(), now, &self.policy)

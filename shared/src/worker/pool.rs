@@ -2,13 +2,15 @@
 //! in-process queue, plus the sweeper on a timer.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use futures_util::FutureExt;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
-use super::{SweepReport, Sweeper, Worker, WorkerError};
+use super::{Outcome, SweepReport, Sweeper, Worker};
 use crate::domain::{Owner, RunId};
 use crate::error_chain;
 use crate::queue::{QueueReceiver, RunMessage, RunQueue};
@@ -36,45 +38,74 @@ pub struct PoolSettings {
     pub sweep_every: Duration,
 }
 
-/// The worker slots each owner holds, and its messages that wait for one.
+/// Messages waiting for a worker, by owner, and the slots each owner
+/// holds. Owners with a free slot take turns, so neither a busy owner nor
+/// two of them can keep the others' runs waiting.
 #[derive(Default)]
-struct OwnerSlots {
+struct Dispatch {
     held: HashMap<Owner, usize>,
     waiting: HashMap<Owner, VecDeque<RunMessage>>,
+    /// Owners with waiting messages, in the order they are served next.
+    turns: VecDeque<Owner>,
 }
 
-impl OwnerSlots {
-    /// Takes a slot for the message's owner, or keeps the message until
-    /// one of that owner's slots comes free. `true` when taken.
-    fn take(&mut self, message: &RunMessage, limit: usize) -> bool {
-        let held = self.held.entry(message.owner.clone()).or_default();
-        if *held >= limit {
-            self.waiting.entry(message.owner.clone()).or_default().push_back(message.clone());
-            return false;
+impl Dispatch {
+    fn push(&mut self, message: RunMessage) {
+        let waiting = self.waiting.entry(message.owner.clone()).or_default();
+        if waiting.is_empty() {
+            self.turns.push_back(message.owner.clone());
         }
-        *held += 1;
-        true
+        waiting.push_back(message);
     }
 
-    /// The owner's next waiting message, which keeps the slot; or frees it.
-    fn give_back(&mut self, owner: &Owner) -> Option<RunMessage> {
-        if let Some(waiting) = self.waiting.get_mut(owner) {
-            let next = waiting.pop_front();
+    /// The next message of the next owner with a free slot, which takes
+    /// the slot until [`Dispatch::give_back`].
+    fn next(&mut self, per_owner: usize) -> Option<RunMessage> {
+        for _ in 0..self.turns.len() {
+            let owner = self.turns.pop_front()?;
+            if self.held.get(&owner).is_some_and(|held| *held >= per_owner) {
+                self.turns.push_back(owner);
+                continue;
+            }
+            let Some(waiting) = self.waiting.get_mut(&owner) else { continue };
+            let Some(message) = waiting.pop_front() else { continue };
             if waiting.is_empty() {
-                self.waiting.remove(owner);
+                self.waiting.remove(&owner);
+            } else {
+                self.turns.push_back(owner.clone());
             }
-            if next.is_some() {
-                return next;
-            }
+            *self.held.entry(owner).or_default() += 1;
+            return Some(message);
         }
+        None
+    }
+
+    fn give_back(&mut self, owner: &Owner) {
         if let Some(held) = self.held.get_mut(owner) {
             *held -= 1;
             if *held == 0 {
                 self.held.remove(owner);
             }
         }
-        None
     }
+}
+
+/// Deliveries in a row of one run that failed without getting further.
+struct Failures {
+    count: u32,
+    last: Instant,
+}
+
+/// A run's failure count is forgotten after this long without a failure.
+const FORGET_FAILURES_AFTER: Duration = Duration::from_secs(3600);
+
+struct Shared {
+    dispatch: Mutex<Dispatch>,
+    /// Woken when a message arrives or a slot comes free.
+    ready: Notify,
+    failures: Mutex<HashMap<RunId, Failures>>,
+    queue: Arc<dyn RunQueue>,
+    per_owner: usize,
 }
 
 impl WorkerPool {
@@ -88,34 +119,31 @@ impl WorkerPool {
     ) -> Self {
         let (stop, stopped) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        let slots = Arc::new(Mutex::new(OwnerSlots::default()));
-        let failures: Arc<Mutex<HashMap<RunId, u32>>> = Arc::default();
-        let per_owner = settings.workers_per_owner.clamp(1, settings.workers.max(1));
-        for _ in 0..settings.workers.max(1) {
-            let worker = make_worker();
-            let receiver = receiver.clone();
-            let (queue, slots, failures) = (queue.clone(), slots.clone(), failures.clone());
-            let mut stopped = stopped.clone();
-            tasks.spawn(async move {
-                loop {
-                    let message = tokio::select! {
-                        biased;
-                        _ = stopped.wait_for(|stop| *stop) => return,
-                        message = receiver.receive() => match message {
-                            Some(message) => message,
-                            None => return,
-                        },
-                    };
-                    if !crate::lock(&slots).take(&message, per_owner) {
-                        continue;
-                    }
-                    let mut next = Some(message);
-                    while let Some(message) = next {
-                        deliver(&worker, &message, &stopped, &queue, &failures).await;
-                        next = crate::lock(&slots).give_back(&message.owner);
-                    }
+        let shared = Arc::new(Shared {
+            dispatch: Mutex::default(),
+            ready: Notify::new(),
+            failures: Mutex::default(),
+            queue,
+            per_owner: settings.workers_per_owner.clamp(1, settings.workers.max(1)),
+        });
+        let (dispatching, mut until_stopped) = (shared.clone(), stopped.clone());
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = until_stopped.wait_for(|stop| *stop) => return,
+                    message = receiver.receive() => match message {
+                        Some(message) => {
+                            crate::lock(&dispatching.dispatch).push(message);
+                            dispatching.ready.notify_one();
+                        }
+                        None => return,
+                    },
                 }
-            });
+            }
+        });
+        for _ in 0..settings.workers.max(1) {
+            tasks.spawn(work(make_worker(), shared.clone(), stopped.clone()));
         }
         let mut stopped = stopped.clone();
         let sweep_every = settings.sweep_every;
@@ -145,7 +173,8 @@ impl WorkerPool {
     }
 
     /// Asks every worker to hand its run back at the next step, and waits
-    /// for them up to `grace`.
+    /// for them up to `grace`. Messages not yet taken stay behind: their
+    /// runs are `queued` in the store, and are enqueued again at start-up.
     pub async fn shutdown(mut self, grace: Duration) {
         let _ = self.stop.send(true);
         let drained = tokio::time::timeout(grace, async { while self.tasks.join_next().await.is_some() {} }).await;
@@ -156,45 +185,71 @@ impl WorkerPool {
     }
 }
 
-/// Processes one message. One that hits a transient failure is delivered
-/// again after a growing wait, and after [`MAX_DELIVERIES`] its run is
-/// failed (what the dead-letter queue does on AWS), so a persistent defect
-/// cannot keep a message going round forever.
-async fn deliver(
-    worker: &Worker,
-    message: &RunMessage,
-    stopped: &watch::Receiver<bool>,
-    queue: &Arc<dyn RunQueue>,
-    failures: &Mutex<HashMap<RunId, u32>>,
-) {
-    let error = match worker.process(message, stopped).await {
+/// One worker: takes the next message whose owner has a slot free and
+/// delivers it, until stopped.
+async fn work(worker: Worker, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
+    loop {
+        let message = loop {
+            if *stopped.borrow() {
+                return;
+            }
+            if let Some(message) = crate::lock(&shared.dispatch).next(shared.per_owner) {
+                break message;
+            }
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stop| *stop) => return,
+                () = shared.ready.notified() => {}
+            }
+        };
+        // More may be ready: pass the wake-up on.
+        shared.ready.notify_one();
+        let delivered = AssertUnwindSafe(deliver(&worker, &message, &stopped, &shared)).catch_unwind().await;
+        if delivered.is_err() {
+            tracing::error!(run_id = %message.run_id, "a step panicked; the run is taken over when its lease expires");
+        }
+        crate::lock(&shared.dispatch).give_back(&message.owner);
+        shared.ready.notify_one();
+    }
+}
+
+/// Processes one message. One that fails without getting further is
+/// delivered again after a growing wait, and after [`MAX_DELIVERIES`] such
+/// failures in a row its run is failed (what the dead-letter queue does on
+/// AWS), so a persistent defect cannot keep a message going round forever.
+async fn deliver(worker: &Worker, message: &RunMessage, stopped: &watch::Receiver<bool>, shared: &Shared) {
+    let interrupted = match worker.process(message, stopped).await {
         Ok(outcome) => {
-            crate::lock(failures).remove(&message.run_id);
+            // A dropped message says nothing of the run's health.
+            if outcome != Outcome::Dropped {
+                crate::lock(&shared.failures).remove(&message.run_id);
+            }
             tracing::debug!(run_id = %message.run_id, ?outcome, "message done");
             return;
         }
-        Err(WorkerError::Transient(error)) => error,
+        Err(interrupted) => interrupted,
     };
     let failed = {
-        let mut failures = crate::lock(failures);
-        let failed = failures.entry(message.run_id).or_default();
-        *failed += 1;
-        let failed = *failed;
-        if failed >= MAX_DELIVERIES {
-            failures.remove(&message.run_id);
-        }
-        failed
+        let mut failures = crate::lock(&shared.failures);
+        let now = Instant::now();
+        failures.retain(|_, failures| now.duration_since(failures.last) < FORGET_FAILURES_AFTER);
+        let failures = failures.entry(message.run_id).or_insert(Failures { count: 0, last: now });
+        failures.count = if interrupted.progressed { 1 } else { failures.count + 1 };
+        failures.last = now;
+        failures.count
     };
+    let error = &interrupted.error;
     if failed >= MAX_DELIVERIES {
-        tracing::error!(run_id = %message.run_id, error = %error_chain(&error), failed, "message kept failing; its run is set aside");
+        crate::lock(&shared.failures).remove(&message.run_id);
+        tracing::error!(run_id = %message.run_id, error = %error_chain(error), failed, "message kept failing; its run is set aside");
         if let Err(error) = worker.abandon(message).await {
             tracing::error!(run_id = %message.run_id, error = %error_chain(&error), "could not fail a run whose message kept failing; the sweeper will retry");
         }
         return;
     }
     let delay = REDELIVERY_DELAY.saturating_mul(1 << (failed - 1));
-    tracing::warn!(run_id = %message.run_id, error = %error_chain(&error), failed, ?delay, "transient failure; redelivering");
-    let (queue, message) = (queue.clone(), message.clone());
+    tracing::warn!(run_id = %message.run_id, error = %error_chain(error), failed, ?delay, "transient failure; redelivering");
+    let (queue, message) = (shared.queue.clone(), message.clone());
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
         // If this fails too, the sweeper finds the run.
@@ -211,16 +266,43 @@ mod tests {
     }
 
     #[test]
-    fn an_owner_holds_at_most_its_share_of_workers_and_its_waiting_runs_keep_the_slot() {
-        let mut slots = OwnerSlots::default();
+    fn an_owner_holds_at_most_its_share_of_workers_and_the_others_are_not_held_up() {
+        let mut dispatch = Dispatch::default();
         let (a1, a2, a3, b1) = (message("a", 1), message("a", 2), message("a", 3), message("b", 4));
-        assert!(slots.take(&a1, 2) && slots.take(&a2, 2));
-        assert!(!slots.take(&a3, 2), "a third run of `a` waits");
-        assert!(slots.take(&b1, 2), "another owner is not held up");
-        assert_eq!(slots.give_back(&a1.owner), Some(a3.clone()), "the waiting run takes the freed slot");
-        assert_eq!(slots.give_back(&a1.owner), None);
-        assert_eq!(slots.give_back(&a1.owner), None);
-        assert!(slots.held.get(&a1.owner).is_none() && slots.waiting.is_empty());
-        assert!(slots.take(&a1, 2) && slots.take(&a2, 2));
+        for message in [&a1, &a2, &a3, &b1] {
+            dispatch.push(message.clone());
+        }
+        assert_eq!(dispatch.next(2), Some(a1.clone()));
+        assert_eq!(dispatch.next(2), Some(b1.clone()), "owners take turns");
+        assert_eq!(dispatch.next(2), Some(a2.clone()));
+        assert_eq!(dispatch.next(2), None, "a third run of `a` waits for one of its slots");
+        dispatch.give_back(&b1.owner);
+        assert_eq!(dispatch.next(2), None, "another owner's free slot is not `a`'s");
+        dispatch.give_back(&a1.owner);
+        assert_eq!(dispatch.next(2), Some(a3.clone()));
+        dispatch.give_back(&a1.owner);
+        dispatch.give_back(&a1.owner);
+        assert!(dispatch.held.is_empty() && dispatch.waiting.is_empty() && dispatch.turns.is_empty());
+    }
+
+    #[test]
+    fn two_busy_owners_cannot_keep_a_third_waiting() {
+        // Four workers, two per owner: `a` and `b` hold them all, with more waiting.
+        let mut dispatch = Dispatch::default();
+        for n in 0..10 {
+            dispatch.push(message("a", n));
+            dispatch.push(message("b", 100 + n));
+        }
+        let taken: Vec<_> = (0..4).map_while(|_| dispatch.next(2)).collect();
+        assert_eq!(taken.len(), 4);
+        let c = message("c", 1000);
+        dispatch.push(c.clone());
+        // Workers come free one by one, each from the owner it served.
+        let mut served = Vec::new();
+        for freed in ["a", "b", "a", "b"] {
+            dispatch.give_back(&Owner::parse(freed).unwrap());
+            served.push(dispatch.next(2).unwrap());
+        }
+        assert!(served[..3].contains(&c), "`c` waits at most for each busy owner's turn: {served:?}");
     }
 }

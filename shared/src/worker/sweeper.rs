@@ -3,7 +3,7 @@
 //! worker, and fails runs that used up their attempts. One run it cannot
 //! handle is skipped and logged, never a reason to stop the pass.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -70,6 +70,7 @@ impl Sweeper {
         let mut report = SweepReport::default();
         let until = self.clock.now();
         let mut after: Option<DueRun> = None;
+        let mut skipped = HashSet::new();
         loop {
             let page = self.runs.due(until, after.as_ref(), PAGE).await?;
             let last_page = page.len() < PAGE as usize;
@@ -89,6 +90,7 @@ impl Sweeper {
                     }
                     Err(error) => {
                         report.skipped += 1;
+                        skipped.insert(due.key.clone());
                         if self.note_failure(&due, &error).await {
                             report.failed += 1;
                         }
@@ -97,6 +99,8 @@ impl Sweeper {
                 after = Some(due);
             }
             if last_page {
+                // A whole pass: forget runs that are no longer due.
+                crate::lock(&self.failing).retain(|key, _| skipped.contains(key));
                 return Ok(report);
             }
         }
@@ -137,7 +141,14 @@ impl Sweeper {
             return false;
         }
         let now = self.clock.now();
-        match change_run(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| run.fail_unsweepable(now)).await {
+        let failed =
+            match change_run(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| run.fail_unsweepable(now)).await
+            {
+                // A record that cannot even be read is set aside as it is.
+                Err(StoreError::Defect(_)) => self.runs.set_aside_unreadable(&due.key).await,
+                other => other,
+            };
+        match failed {
             Ok(failed) => {
                 crate::lock(&self.failing).remove(&due.key);
                 tracing::error!(run_id = %due.key.run_id, passes, "sweeper failed a run it could not handle");
@@ -159,11 +170,15 @@ impl Sweeper {
             let page = self.runs.due(Timestamp::MAX, after.as_ref(), PAGE).await?;
             let last_page = page.len() < PAGE as usize;
             for due in page {
-                let queued = self
-                    .runs
-                    .get(&due.key.owner, due.key.run_id)
-                    .await?
-                    .is_some_and(|run| run.status == RunStatus::Queued);
+                let queued = match self.runs.get(&due.key.owner, due.key.run_id).await {
+                    Ok(run) => run.is_some_and(|run| run.status == RunStatus::Queued),
+                    // The sweeper deals with a run that cannot be read.
+                    Err(StoreError::Defect(error)) => {
+                        tracing::error!(run_id = %due.key.run_id, error, "a stored run cannot be read; not enqueued");
+                        false
+                    }
+                    Err(error) => return Err(error.into()),
+                };
                 if queued {
                     self.queue.enqueue(&Self::message(&due)).await?;
                     enqueued += 1;
