@@ -437,10 +437,11 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run));
     drop(store);
-    let without_active_counts = "DROP TRIGGER runs_active_on_insert; DROP TRIGGER runs_active_on_end;
-        DROP TRIGGER runs_active_on_delete; DROP TABLE active_runs;";
+    let without_active_counts = "DROP INDEX idempotency_by_expiry; DROP TRIGGER runs_active_on_insert;
+        DROP TRIGGER runs_active_on_end; DROP TRIGGER runs_active_on_delete; DROP TABLE active_runs;";
     let connection = rusqlite::Connection::open(&path).unwrap();
-    // A database from before the active-run counts (schema 2) has them counted.
+    // A database from before the active-run counts (schema 2) has them counted
+    // (and gains the later steps).
     connection.execute_batch(&format!("{without_active_counts} PRAGMA user_version = 2;")).unwrap();
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
@@ -493,4 +494,33 @@ async fn dynamodb_store_keeps_the_contract() {
     assert!(size < 4_096, "the run item stays small: {size} bytes");
     let checkpoint_item = item(format!("CKPT#{}", run.id)).await.unwrap().item.unwrap();
     assert!(checkpoint_item["checkpoint"].as_s().unwrap().len() > 300_000);
+}
+
+#[tokio::test]
+async fn sqlite_purges_expired_idempotency_records_as_new_ones_come_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    let records = || -> i64 {
+        let file = rusqlite::Connection::open(&path).unwrap();
+        file.query_row("SELECT COUNT(*) FROM idempotency", [], |row| row.get(0)).unwrap()
+    };
+    // 40 keys at T0, each for 1 s.
+    for i in 0..40u64 {
+        let run = new_run("purge", i, 600 + u128::from(i));
+        let claim = claim(&format!("old{i}"), "r", T0);
+        assert!(matches!(store.insert(&run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
+    }
+    assert_eq!(records(), 40);
+    // Later, after they expired, each new key takes several old ones away.
+    for i in 0..3u64 {
+        let run = new_run("purge", 10_000 + i, 700 + u128::from(i));
+        let claim = claim(&format!("new{i}"), "r", T0 + 10_000);
+        assert!(matches!(store.insert(&run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
+    }
+    assert_eq!(records(), 3, "the expired 40 are gone, the 3 live ones stay");
+    // A live record is never purged: its key still replays.
+    let again = new_run("purge", 10_010, 710);
+    let outcome = store.insert(&again, Some(&claim("new0", "r", T0 + 10_010)), 1_000).await.unwrap();
+    assert!(matches!(outcome, InsertOutcome::IdempotencyKeyTaken(_)));
 }

@@ -92,8 +92,17 @@ BEGIN
 END;
 ";
 
+/// Version 4: expired idempotency records are purged as new ones come in.
+const SCHEMA_4: &str = "
+CREATE INDEX idempotency_by_expiry ON idempotency (expires_at);
+";
+
 /// Schema version N is reached by running the first N steps, in order.
-const MIGRATIONS: [&str; 3] = [SCHEMA, SCHEMA_2, SCHEMA_3];
+const MIGRATIONS: [&str; 4] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4];
+
+/// Expired idempotency records removed by each create that adds one: more
+/// than one, so the table shrinks back to the keys still in their window.
+const PURGE_PER_CREATE: u32 = 16;
 const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -373,6 +382,13 @@ impl RunStore for SqliteStore {
             }
             let encoded_len = insert_run_row(&transaction, &run)?;
             if let Some(claim) = &idempotency {
+                transaction
+                    .prepare_cached(
+                        "DELETE FROM idempotency WHERE (owner, key_hash) IN
+                         (SELECT owner, key_hash FROM idempotency WHERE expires_at <= ?1 LIMIT ?2)",
+                    )
+                    .and_then(|mut statement| statement.execute(params![claim.created_at.millis(), PURGE_PER_CREATE]))
+                    .map_err(unavailable)?;
                 transaction
                     .prepare_cached(
                         "INSERT OR REPLACE INTO idempotency
