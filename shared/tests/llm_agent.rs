@@ -523,6 +523,59 @@ async fn a_park_that_cannot_be_written_hands_the_run_back_as_it_was_before_the_s
     assert_eq!(fixture.stand_in.model_requests().len(), 2, "the park's step asks no model");
 }
 
+/// Lets the claim through, then fails every write.
+struct WritesFailAfterTheClaim {
+    updates: std::sync::atomic::AtomicUsize,
+}
+
+impl agent_runs_shared::faults::FaultPlan for WritesFailAfterTheClaim {
+    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
+        use std::sync::atomic::Ordering;
+        if operation == "update" && self.updates.fetch_add(1, Ordering::SeqCst) >= 1 {
+            agent_runs_shared::faults::Fault::FailBefore
+        } else {
+            agent_runs_shared::faults::Fault::None
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_step_whose_lease_lapsed_here_is_given_up_unless_it_reached_a_tool() {
+    let fixture = Fixture::new().await;
+    let policy = ExecutionPolicy { lease: Duration::from_millis(300), ..fixture.policy.clone() };
+    let worker = |plan| {
+        let faulty = agent_runs_shared::faults::FaultyStore::new(Arc::new(fixture.store.clone()), plan);
+        Worker::new(Arc::new(faulty), fixture.agents.clone(), fixture.clock.clone(), policy.clone())
+    };
+    // A slow model answer while no heartbeat gets through: another worker
+    // may have the run once the lease lapsed, so this one gives up.
+    fixture.stand_in.script(vec![text("Done.")]);
+    fixture.stand_in.delay_model(Duration::from_secs(20));
+    let message = fixture.create("Say done").await;
+    let started = std::time::Instant::now();
+    let outcome =
+        worker(Arc::new(WritesFailAfterTheClaim { updates: Default::default() })).process(&message, &running()).await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "given up long before the model answered");
+
+    // A tool call in flight is let finish even so: its outcome is wanted.
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_9", "delete_branch", r#"{"branch": "old"}"#), text("Deleted old.")]);
+    let message = fixture.create("Delete the branch old").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    fixture.decide(&message, Decision::Approve, None).await;
+    fixture.stand_in.delay_tools(Duration::from_millis(1_500));
+    let faulty = agent_runs_shared::faults::FaultyStore::new(
+        Arc::new(fixture.store.clone()),
+        Arc::new(WritesFailAfterTheClaim { updates: Default::default() }),
+    );
+    let worker = Worker::new(Arc::new(faulty), fixture.agents.clone(), fixture.clock.clone(), policy.clone());
+    let started = std::time::Instant::now();
+    assert!(worker.process(&message, &running()).await.is_err(), "the result cannot be saved");
+    assert!(started.elapsed() >= Duration::from_millis(1_500), "the tool's answer was waited for");
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1);
+}
+
 #[tokio::test]
 async fn a_stop_lets_a_tool_call_in_flight_end_and_records_its_result() {
     let fixture = Fixture::new().await;

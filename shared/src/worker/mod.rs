@@ -166,9 +166,9 @@ impl Worker {
                             letting_finish = true;
                         }
                         () = tokio::time::sleep(self.heartbeat_every) => {
-                            // A failed heartbeat does not give the step up:
-                            // the next one may succeed, and should the lease
-                            // lapse meanwhile, the write after the step says so.
+                            // A failed heartbeat does not give the step up at
+                            // once: the next one may succeed, and the write
+                            // after the step says whether the lease held.
                             match self
                                 .write(&mut attempt.run, &attempt.lease, |run, now, lease| {
                                     run.heartbeat(lease, None, now, &self.policy)
@@ -177,6 +177,12 @@ impl Worker {
                             {
                                 Ok(true) => last_heartbeat = Instant::now(),
                                 Ok(false) => return Ok(Outcome::LostLease),
+                                // Once the lease has lapsed here, another worker may
+                                // take the run over: give up a step that has not
+                                // reached out to a tool rather than run it twice.
+                                Err(error) if last_heartbeat.elapsed() >= self.policy.lease && !must_finish.is_set() => {
+                                    return Err(error);
+                                }
                                 Err(WorkerError::Transient(error)) => {
                                     tracing::warn!(run_id = %attempt.run.id, error = %crate::error_chain(&error), "heartbeat failed during a step");
                                 }

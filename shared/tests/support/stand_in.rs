@@ -44,6 +44,8 @@ struct State {
     tool_calls: Vec<RecordedCall>,
     /// How long a tool takes to answer, after recording the call.
     tool_delay: std::time::Duration,
+    /// How long the model takes to answer, after recording the request.
+    model_delay: std::time::Duration,
 }
 
 #[derive(Clone)]
@@ -109,6 +111,10 @@ impl StandIn {
         self.state.lock().unwrap().model_authorization.clone()
     }
 
+    pub fn delay_model(&self, delay: std::time::Duration) {
+        self.state.lock().unwrap().model_delay = delay;
+    }
+
     pub fn delay_tools(&self, delay: std::time::Duration) {
         self.state.lock().unwrap().tool_delay = delay;
     }
@@ -145,7 +151,7 @@ fn answer(
     let response = if target == "/v1/chat/completions" {
         state.model_requests.push(serde_json::from_str(&body).unwrap_or(Value::Null));
         state.model_authorization.push(authorization);
-        match state.turns.pop_front() {
+        let response = match state.turns.pop_front() {
             Some(Turn::Reply(completion)) => respond(200, completion.to_string()),
             Some(Turn::Fail(status, retry_after)) => {
                 let mut response = respond(status, json!({"error": {"message": "stand-in failure"}}).to_string());
@@ -155,7 +161,8 @@ fn answer(
                 response
             }
             None => respond(500, json!({"error": {"message": "the script ran out"}}).to_string()),
-        }
+        };
+        return (response, state.model_delay);
     } else if target.starts_with("/tools/big") {
         respond(200, "x".repeat(10_000))
     } else if target.starts_with("/tools/") {
