@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use agent_runs_shared::api::routes::{self, Resolved};
 use agent_runs_shared::api::{Api, Operation};
 use agent_runs_shared::aws::{AwsServices, sdk_config};
 use agent_runs_shared::lambda::{from_api_response, handle_batch, into_api_request};
@@ -46,22 +47,10 @@ pub struct GatewayArgs {
     visibility_secs: i32,
 }
 
-/// Which function API Gateway would invoke: the routes of template.yaml.
-fn route(method: &str, path: &str) -> (String, Option<Operation>) {
-    let segments: Vec<&str> = path.strip_prefix("/v1/agent/runs").map_or(vec!["x", "x", "x", "x", "x"], |rest| {
-        if rest.is_empty() { vec![] } else { rest.strip_prefix('/').map_or(vec!["x"; 5], |r| r.split('/').collect()) }
-    });
-    let one = |segment: &&str| !segment.is_empty();
-    match (method, segments.as_slice()) {
-        ("POST", []) => ("POST /v1/agent/runs".into(), Some(Operation::Create)),
-        ("GET", []) => ("GET /v1/agent/runs".into(), Some(Operation::List)),
-        ("GET", [run]) if one(run) => ("GET /v1/agent/runs/{run_id}".into(), Some(Operation::Get)),
-        ("POST", [run, "cancel"]) if one(run) => {
-            ("POST /v1/agent/runs/{run_id}/cancel".into(), Some(Operation::Cancel))
-        }
-        ("POST", [run, "approvals", approval]) if one(run) && one(approval) => {
-            ("POST /v1/agent/runs/{run_id}/approvals/{approval_id}".into(), Some(Operation::Decide))
-        }
+/// Which function API Gateway would invoke: the route table's, else `$default`.
+fn route(method: &http::Method, path: &str) -> (String, Option<Operation>) {
+    match routes::resolve(method, path) {
+        Resolved::Found(route, _) => (route.key(), Some(route.operation)),
         _ => ("$default".into(), None),
     }
 }
@@ -118,7 +107,7 @@ async fn invoke(api: &Api, request: Request<Incoming>, request_id: String) -> Re
     };
     let method = parts.method.as_str();
     let path = parts.uri.path();
-    let (route_key, operation) = route(method, path);
+    let (route_key, operation) = route(&parts.method, path);
     let event = event(&request_id, method, path, parts.uri.query().unwrap_or(""), &parts.headers, &body, &route_key);
     let request = match lambda_http::request::from_str(&event.to_string()) {
         Ok(request) => request,

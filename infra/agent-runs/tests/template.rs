@@ -7,6 +7,8 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use agent_runs_shared::api::ROUTES;
+use agent_runs_shared::api::routes::FALLBACK_FUNCTION;
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_yaml::Value;
 
@@ -156,11 +158,16 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
     assert_eq!(binaries, expected);
 }
 
+/// The binary a function of the template runs.
+fn binary<'a>(function: &'a Value) -> &'a str {
+    function["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap()
+}
+
 #[test]
-fn every_route_of_the_contract_goes_to_its_own_function() {
+fn every_route_of_the_table_goes_to_its_own_function_and_nothing_else_is_routed() {
     let template = template();
     let mut routes = BTreeMap::new();
-    for (name, function) in functions(&template) {
+    for (_, function) in functions(&template) {
         for (_, event) in function["Properties"]["Events"].as_mapping().into_iter().flatten() {
             if event["Type"] == "HttpApi" {
                 let route = format!(
@@ -168,22 +175,41 @@ fn every_route_of_the_contract_goes_to_its_own_function() {
                     event["Properties"]["Method"].as_str().unwrap(),
                     event["Properties"]["Path"].as_str().unwrap()
                 );
-                assert!(routes.insert(route, name.to_owned()).is_none());
+                assert!(routes.insert(route, binary(function).to_owned()).is_none());
             }
         }
     }
-    let expected: BTreeMap<String, String> = [
-        ("POST /v1/agent/runs", "CreateFunction"),
-        ("GET /v1/agent/runs", "ListFunction"),
-        ("GET /v1/agent/runs/{run_id}", "GetFunction"),
-        ("POST /v1/agent/runs/{run_id}/cancel", "CancelFunction"),
-        ("POST /v1/agent/runs/{run_id}/approvals/{approval_id}", "DecideFunction"),
-        ("ANY $default", "FallbackFunction"),
-    ]
-    .into_iter()
-    .map(|(route, function)| (route.to_owned(), function.to_owned()))
-    .collect();
-    assert_eq!(routes, expected);
+    let mut expected: BTreeMap<String, String> =
+        ROUTES.iter().map(|route| (route.key(), route.function.to_owned())).collect();
+    expected.insert("ANY $default".into(), FALLBACK_FUNCTION.into());
+    assert_eq!(routes, expected, "template.yaml's HttpApi events against api::routes::ROUTES");
+}
+
+#[test]
+fn the_cargo_lambda_watch_router_is_the_route_table() {
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml")).unwrap();
+    let manifest: toml::Value = toml::from_str(&manifest).unwrap();
+    let router = manifest["workspace"]["metadata"]["lambda"]["watch"]["router"].as_table().unwrap();
+    let mut routed = BTreeSet::new();
+    for (path, targets) in router {
+        for target in targets.as_array().unwrap() {
+            let method = target["method"].as_str().unwrap();
+            routed.insert((format!("{method} {path}"), target["function"].as_str().unwrap().to_owned()));
+        }
+    }
+    let expected: BTreeSet<(String, String)> =
+        ROUTES.iter().map(|route| (route.key(), route.function.to_owned())).collect();
+    assert_eq!(routed, expected, "[workspace.metadata.lambda.watch.router] against api::routes::ROUTES");
+}
+
+#[test]
+fn each_function_crate_serves_its_route() {
+    for route in &ROUTES {
+        let main = format!("{}/../../functions/{}/src/main.rs", env!("CARGO_MANIFEST_DIR"), route.function);
+        let source = std::fs::read_to_string(&main).unwrap_or_else(|_| panic!("no functions/{}", route.function));
+        let serves = format!("Operation::{:?}", route.operation);
+        assert!(source.contains(&serves), "functions/{} serves {serves}", route.function);
+    }
 }
 
 #[test]

@@ -19,7 +19,7 @@ pub enum ApiError {
     #[error("{0}")]
     NotFound(String),
     #[error("method not allowed")]
-    MethodNotAllowed { allow: &'static str },
+    MethodNotAllowed { allow: String },
     #[error("{0}")]
     Conflict(String),
     #[error("request body too large")]
@@ -115,7 +115,9 @@ impl ApiError {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
             ApiError::MethodNotAllowed { allow } => {
-                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+                if let Ok(allow) = HeaderValue::from_str(allow) {
+                    headers.insert(header::ALLOW, allow);
+                }
             }
             ApiError::RateLimited { retry_after_secs, .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
@@ -161,7 +163,7 @@ mod tests {
             (ApiError::invalid("input", "bad"), 400, "invalid_request", None),
             (ApiError::Unauthorized, 401, "unauthorized", Some(("www-authenticate", "Bearer"))),
             (ApiError::run_not_found(), 404, "not_found", None),
-            (ApiError::MethodNotAllowed { allow: "GET" }, 405, "method_not_allowed", Some(("allow", "GET"))),
+            (ApiError::MethodNotAllowed { allow: "GET".into() }, 405, "method_not_allowed", Some(("allow", "GET"))),
             (ApiError::Conflict("no".into()), 409, "conflict", None),
             (ApiError::RequestTooLarge, 413, "request_too_large", None),
             (ApiError::UnsupportedMediaType, 415, "unsupported_media_type", None),

@@ -14,6 +14,7 @@ mod list;
 pub mod openapi;
 mod rate_limit;
 mod response;
+pub mod routes;
 mod views;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
 pub use rate_limit::RateLimit;
 pub use response::ApiResponse;
+pub use routes::{Operation, ROUTES};
 
 use crate::agents::AgentRegistry;
 use crate::auth::{AuthError, Authenticator, Principal, bearer_token};
@@ -33,6 +35,7 @@ use crate::error_chain;
 use crate::queue::RunQueue;
 use crate::store::{RunStore, StoreError};
 use rate_limit::RateLimiter;
+use routes::Resolved;
 
 /// The request id every response carries in `x-request-id`; set by whatever
 /// serves the request (API Gateway's id on AWS, a generated one locally).
@@ -69,41 +72,6 @@ pub struct Api {
     limits: ApiLimits,
     rate_limiter: RateLimiter,
     openapi: Bytes,
-}
-
-/// The operations, found from method and path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Route<'a> {
-    Runs,
-    Run(&'a str),
-    Cancel(&'a str),
-    Decide(&'a str, &'a str),
-}
-
-impl Route<'_> {
-    fn parse(path: &str) -> Option<Route<'_>> {
-        let rest = path.strip_prefix("/v1/agent/runs")?;
-        if rest.is_empty() {
-            return Some(Route::Runs);
-        }
-        let segments: Vec<&str> = rest.strip_prefix('/')?.split('/').collect();
-        match segments.as_slice() {
-            [run] if !run.is_empty() => Some(Route::Run(run)),
-            [run, "cancel"] if !run.is_empty() => Some(Route::Cancel(run)),
-            [run, "approvals", approval] if !run.is_empty() && !approval.is_empty() => {
-                Some(Route::Decide(run, approval))
-            }
-            _ => None,
-        }
-    }
-
-    fn allow(&self) -> &'static str {
-        match self {
-            Route::Runs => "GET, POST",
-            Route::Run(_) => "GET",
-            Route::Cancel(_) | Route::Decide(..) => "POST",
-        }
-    }
 }
 
 impl Api {
@@ -170,7 +138,7 @@ impl Api {
         if request.uri().path() == openapi::PATH {
             // The API's description needs no key.
             if request.method() != Method::GET {
-                return Err(ApiError::MethodNotAllowed { allow: "GET" });
+                return Err(ApiError::MethodNotAllowed { allow: "GET".into() });
             }
             let mut response = http::Response::new(self.openapi.clone());
             response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -178,18 +146,14 @@ impl Api {
         }
         let principal = self.authenticate(&request).await?;
         self.rate_limiter.check(&principal.owner, self.clock.now())?;
-        let route = Route::parse(request.uri().path()).ok_or_else(not_found_path)?;
-        let operation = match (&route, request.method()) {
-            (Route::Runs, &Method::POST) => Operation::Create,
-            (Route::Runs, &Method::GET) => Operation::List,
-            (Route::Run(_), &Method::GET) => Operation::Get,
-            (Route::Cancel(_), &Method::POST) => Operation::Cancel,
-            (Route::Decide(..), &Method::POST) => Operation::Decide,
-            _ => return Err(ApiError::MethodNotAllowed { allow: route.allow() }),
+        let (route, params) = match routes::resolve(request.method(), request.uri().path()) {
+            Resolved::Found(route, params) => (route, params),
+            Resolved::WrongMethod { allow } => return Err(ApiError::MethodNotAllowed { allow }),
+            Resolved::NotFound => return Err(not_found_path()),
         };
         let served = match serving {
             Serving::All => true,
-            Serving::One(expected) => expected == operation,
+            Serving::One(expected) => expected == route.operation,
             Serving::Nothing => false,
         };
         if !served {
@@ -199,14 +163,13 @@ impl Api {
             return Err(ApiError::RequestTooLarge);
         }
         let owner = &principal.owner;
-        match route {
-            Route::Runs if operation == Operation::Create => create::handle(self, owner, &request).await,
-            Route::Runs => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
-            Route::Run(run_id) => get::handle(self.runs.as_ref(), owner, run_id).await,
-            Route::Cancel(run_id) => {
-                cancel::handle(self.runs.as_ref(), self.clock.as_ref(), owner, run_id, &request).await
-            }
-            Route::Decide(run_id, approval_id) => decide::handle(self, owner, run_id, approval_id, &request).await,
+        let run_id = params.get("run_id");
+        match route.operation {
+            Operation::Create => create::handle(self, owner, &request).await,
+            Operation::List => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
+            Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
+            Operation::Cancel => cancel::handle(self.runs.as_ref(), self.clock.as_ref(), owner, run_id, &request).await,
+            Operation::Decide => decide::handle(self, owner, run_id, params.get("approval_id"), &request).await,
         }
     }
 
@@ -230,16 +193,6 @@ enum Serving {
     One(Operation),
     /// The `$default` route: `404` and `405` only.
     Nothing,
-}
-
-/// The operations of the contract; each Lambda function serves one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Create,
-    List,
-    Get,
-    Cancel,
-    Decide,
 }
 
 fn not_found_path() -> ApiError {

@@ -7,6 +7,7 @@
 use serde_json::{Value, json};
 
 use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
+use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
 use crate::domain::{
     ApprovalStatus, MAX_COMMENT_CHARS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS,
@@ -24,7 +25,7 @@ pub fn error_codes() -> Vec<(u16, &'static str)> {
         ApiError::invalid(None, ""),
         ApiError::Unauthorized,
         ApiError::NotFound(String::new()),
-        ApiError::MethodNotAllowed { allow: "" },
+        ApiError::MethodNotAllowed { allow: String::new() },
         ApiError::Conflict(String::new()),
         ApiError::RequestTooLarge,
         ApiError::UnsupportedMediaType,
@@ -129,6 +130,108 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
             "total_tokens": {"type": "integer", "minimum": 0}
         }
     });
+    // The paths come from the route table: an operation without its
+    // description here does not compile.
+    let mut paths = serde_json::Map::new();
+    for route in &ROUTES {
+        let spec = match route.operation {
+            Operation::Create => operation(
+                route.operation_id,
+                "Create a run",
+                json!([{
+                    "name": "Idempotency-Key",
+                    "in": "header",
+                    "required": false,
+                    "description": "The same owner sending the same key within 24 hours gets the original run back; with a different body, 409.",
+                    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS, "pattern": "^[\\x20-\\x7E]+$"}
+                }]),
+                Some(
+                    json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateRun"}}}}),
+                ),
+                json!({
+                    "201": {
+                        "description": "The run, queued (or the original run of a replayed Idempotency-Key).",
+                        "headers": {
+                            "x-request-id": {"$ref": "#/components/headers/RequestId"},
+                            "Location": header("/v1/agent/runs/{id}", json!({"type": "string"})),
+                            "Idempotent-Replayed": header("`true` when this answers a replayed Idempotency-Key.", json!({"type": "string", "enum": ["true"]}))
+                        },
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
+                        "links": links
+                    },
+                    "409": error_response("The Idempotency-Key was used with a different request.", &[])
+                }),
+            ),
+            Operation::List => operation(
+                route.operation_id,
+                "List runs, newest first",
+                json!([
+                    {"name": "status", "in": "query", "required": false, "description": "Only runs in this state. Empty is the same as absent.", "schema": {"type": "string", "enum": statuses.iter().copied().chain([""]).collect::<Vec<_>>()}},
+                    {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, {"const": ""}], "default": DEFAULT_LIMIT}},
+                    {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status filter.", "schema": {"type": "string"}}
+                ]),
+                None,
+                json!({
+                    "200": {
+                        "description": "One page of runs.",
+                        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunList"}}}
+                    }
+                }),
+            ),
+            Operation::Get => operation(
+                route.operation_id,
+                "Get a run",
+                json!([run_id]),
+                None,
+                json!({
+                    "200": {
+                        "description": "The run.",
+                        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
+                        "links": {
+                            "DecideFirstApproval": {
+                                "operationId": "decideApproval",
+                                "parameters": {"run_id": "$response.body#/id", "approval_id": "$response.body#/pending_approvals/0/id"}
+                            }
+                        }
+                    },
+                    "404": not_found
+                }),
+            ),
+            Operation::Cancel => operation(
+                route.operation_id,
+                "Cancel a run",
+                json!([run_id]),
+                Some(
+                    json!({"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CancelRun"}}}}),
+                ),
+                json!({"200": run_response("The run, canceled.", json!({})), "404": not_found, "409": conflict.clone()}),
+            ),
+            Operation::Decide => operation(
+                route.operation_id,
+                "Approve or reject an approval",
+                json!([run_id, approval_id]),
+                Some(
+                    json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Decision"}}}}),
+                ),
+                json!({"200": run_response("The run as it is now.", json!({})), "404": not_found, "409": conflict}),
+            ),
+        };
+        let methods = paths.entry(route.path).or_insert_with(|| json!({}));
+        methods[route.method.as_str().to_ascii_lowercase()] = spec;
+    }
+    paths.insert(
+        PATH.into(),
+        json!({
+            "get": {
+                "operationId": "getOpenApi",
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}}
+            }
+        }),
+    );
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -138,100 +241,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
-        "paths": {
-            "/v1/agent/runs": {
-                "post": operation(
-                    "createRun",
-                    "Create a run",
-                    json!([{
-                        "name": "Idempotency-Key",
-                        "in": "header",
-                        "required": false,
-                        "description": "The same owner sending the same key within 24 hours gets the original run back; with a different body, 409.",
-                        "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS, "pattern": "^[\\x20-\\x7E]+$"}
-                    }]),
-                    Some(json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateRun"}}}})),
-                    json!({
-                        "201": {
-                            "description": "The run, queued (or the original run of a replayed Idempotency-Key).",
-                            "headers": {
-                                "x-request-id": {"$ref": "#/components/headers/RequestId"},
-                                "Location": header("/v1/agent/runs/{id}", json!({"type": "string"})),
-                                "Idempotent-Replayed": header("`true` when this answers a replayed Idempotency-Key.", json!({"type": "string", "enum": ["true"]}))
-                            },
-                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
-                            "links": links
-                        },
-                        "409": error_response("The Idempotency-Key was used with a different request.", &[])
-                    }),
-                ),
-                "get": operation(
-                    "listRuns",
-                    "List runs, newest first",
-                    json!([
-                        {"name": "status", "in": "query", "required": false, "description": "Only runs in this state. Empty is the same as absent.", "schema": {"type": "string", "enum": statuses.iter().copied().chain([""]).collect::<Vec<_>>()}},
-                        {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, {"const": ""}], "default": DEFAULT_LIMIT}},
-                        {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status filter.", "schema": {"type": "string"}}
-                    ]),
-                    None,
-                    json!({
-                        "200": {
-                            "description": "One page of runs.",
-                            "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
-                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunList"}}}
-                        }
-                    }),
-                )
-            },
-            "/v1/agent/runs/{run_id}": {
-                "get": operation(
-                    "getRun",
-                    "Get a run",
-                    json!([run_id]),
-                    None,
-                    json!({
-                        "200": {
-                            "description": "The run.",
-                            "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
-                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
-                            "links": {
-                                "DecideFirstApproval": {
-                                    "operationId": "decideApproval",
-                                    "parameters": {"run_id": "$response.body#/id", "approval_id": "$response.body#/pending_approvals/0/id"}
-                                }
-                            }
-                        },
-                        "404": not_found
-                    }),
-                )
-            },
-            "/v1/agent/runs/{run_id}/cancel": {
-                "post": operation(
-                    "cancelRun",
-                    "Cancel a run",
-                    json!([run_id]),
-                    Some(json!({"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CancelRun"}}}})),
-                    json!({"200": run_response("The run, canceled.", json!({})), "404": not_found, "409": conflict.clone()}),
-                )
-            },
-            "/v1/agent/runs/{run_id}/approvals/{approval_id}": {
-                "post": operation(
-                    "decideApproval",
-                    "Approve or reject an approval",
-                    json!([run_id, approval_id]),
-                    Some(json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Decision"}}}})),
-                    json!({"200": run_response("The run as it is now.", json!({})), "404": not_found, "409": conflict}),
-                )
-            },
-            PATH: {
-                "get": {
-                    "operationId": "getOpenApi",
-                    "summary": "This document",
-                    "security": [],
-                    "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}}
-                }
-            }
-        },
+        "paths": paths,
         "components": {
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "An API key: `ark_` and at least 40 base62 characters."}

@@ -1,0 +1,177 @@
+//! The route table: every operation of the contract, declared once. The
+//! router of [`super::Api`], the local gateway's routing, and the checks
+//! of `template.yaml`, the `cargo lambda watch` router and the OpenAPI
+//! document all come from [`ROUTES`]. Adding an endpoint is one entry here,
+//! one module under `api/`, and (when it gets its own Lambda function) one
+//! `functions/<function>` crate and its `template.yaml` resource; the
+//! tests name whatever was forgotten.
+
+use http::Method;
+
+/// The operations of the contract; each Lambda function serves one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Create,
+    List,
+    Get,
+    Cancel,
+    Decide,
+}
+
+/// Where an operation lives and what serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub operation: Operation,
+    pub method: Method,
+    /// The path template, `{name}` for a parameter (API Gateway's syntax).
+    pub path: &'static str,
+    /// The OpenAPI `operationId`.
+    pub operation_id: &'static str,
+    /// The Lambda function (the `functions/<function>` crate and binary).
+    pub function: &'static str,
+}
+
+pub const ROUTES: [Route; 5] = [
+    Route {
+        operation: Operation::Create,
+        method: Method::POST,
+        path: "/v1/agent/runs",
+        operation_id: "createRun",
+        function: "create",
+    },
+    Route {
+        operation: Operation::List,
+        method: Method::GET,
+        path: "/v1/agent/runs",
+        operation_id: "listRuns",
+        function: "list",
+    },
+    Route {
+        operation: Operation::Get,
+        method: Method::GET,
+        path: "/v1/agent/runs/{run_id}",
+        operation_id: "getRun",
+        function: "get",
+    },
+    Route {
+        operation: Operation::Cancel,
+        method: Method::POST,
+        path: "/v1/agent/runs/{run_id}/cancel",
+        operation_id: "cancelRun",
+        function: "cancel",
+    },
+    Route {
+        operation: Operation::Decide,
+        method: Method::POST,
+        path: "/v1/agent/runs/{run_id}/approvals/{approval_id}",
+        operation_id: "decideApproval",
+        function: "decide",
+    },
+];
+
+/// The function behind API Gateway's `$default` route: no operation, only
+/// the `404` and `405` answers.
+pub const FALLBACK_FUNCTION: &str = "fallback";
+
+impl Operation {
+    pub fn route(self) -> &'static Route {
+        ROUTES.iter().find(|route| route.operation == self).expect("every operation has a route")
+    }
+}
+
+impl Route {
+    /// API Gateway's route key, `POST /v1/agent/runs`.
+    pub fn key(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+}
+
+/// The path parameters of a matched route, by name.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PathParams<'a>(Vec<(&'static str, &'a str)>);
+
+impl<'a> PathParams<'a> {
+    /// The parameter's value; an empty string for a name the route lacks
+    /// (which no handler asks for: the route table and handlers agree).
+    pub fn get(&self, name: &str) -> &'a str {
+        self.0.iter().find(|(key, _)| *key == name).map_or("", |(_, value)| value)
+    }
+}
+
+/// Matches `path` against a template: same number of segments, literal
+/// segments equal, each `{name}` one non-empty segment.
+fn matches<'a>(template: &'static str, path: &'a str) -> Option<PathParams<'a>> {
+    let mut params = Vec::new();
+    let mut segments = path.split('/');
+    for expected in template.split('/') {
+        let segment = segments.next()?;
+        match expected.strip_prefix('{').and_then(|name| name.strip_suffix('}')) {
+            Some(name) if !segment.is_empty() => params.push((name, segment)),
+            Some(_) => return None,
+            None if expected == segment => {}
+            None => return None,
+        }
+    }
+    segments.next().is_none().then_some(PathParams(params))
+}
+
+/// What a request's method and path name.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Resolved<'a> {
+    Found(&'static Route, PathParams<'a>),
+    /// The path exists, but not with this method: these are allowed.
+    WrongMethod {
+        allow: String,
+    },
+    NotFound,
+}
+
+pub fn resolve<'a>(method: &Method, path: &'a str) -> Resolved<'a> {
+    let mut allowed = Vec::new();
+    for route in &ROUTES {
+        if let Some(params) = matches(route.path, path) {
+            if route.method == method {
+                return Resolved::Found(route, params);
+            }
+            allowed.push(route.method.as_str());
+        }
+    }
+    if allowed.is_empty() {
+        return Resolved::NotFound;
+    }
+    allowed.sort_unstable();
+    Resolved::WrongMethod { allow: allowed.join(", ") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_to_their_operation_and_parameters() {
+        let Resolved::Found(route, params) = resolve(&Method::POST, "/v1/agent/runs/r1/approvals/a1") else {
+            panic!("not found")
+        };
+        assert_eq!(route.operation, Operation::Decide);
+        assert_eq!((params.get("run_id"), params.get("approval_id")), ("r1", "a1"));
+        assert!(
+            matches!(resolve(&Method::GET, "/v1/agent/runs"), Resolved::Found(route, _) if route.operation == Operation::List)
+        );
+        assert_eq!(resolve(&Method::DELETE, "/v1/agent/runs"), Resolved::WrongMethod { allow: "GET, POST".into() });
+        assert_eq!(resolve(&Method::GET, "/v1/agent/runs/r1/cancel"), Resolved::WrongMethod { allow: "POST".into() });
+        for missing in ["/v1/agent/runs/", "/v1/agent/runs//cancel", "/v1/agent/runs/r1/approvals/", "/v1/agent", "/x"]
+        {
+            assert_eq!(resolve(&Method::GET, missing), Resolved::NotFound, "{missing}");
+            assert_eq!(resolve(&Method::POST, missing), Resolved::NotFound, "{missing}");
+        }
+    }
+
+    #[test]
+    fn each_operation_has_one_route_and_each_route_key_is_unique() {
+        for route in &ROUTES {
+            assert_eq!(route.operation.route(), route);
+            assert_eq!(ROUTES.iter().filter(|other| other.key() == route.key()).count(), 1);
+            assert_eq!(ROUTES.iter().filter(|other| other.function == route.function).count(), 1);
+        }
+    }
+}
