@@ -18,10 +18,6 @@ pub const KEY_PREFIX: &str = "ark_";
 const KEY_RANDOM_CHARS: usize = 43;
 const MIN_KEY_RANDOM_CHARS: usize = 40;
 const MAX_KEY_LEN: usize = 256;
-/// How long a verified key is trusted without asking the store again, where
-/// a lookup costs a network call; this bounds how long a revoked key keeps
-/// working (the contract allows 60 seconds).
-pub const REMOTE_STORE_CACHE_TTL: Duration = Duration::from_secs(30);
 const CACHE_CAPACITY: usize = 10_000;
 
 /// A key as issued: shown once, never stored.

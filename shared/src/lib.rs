@@ -11,6 +11,8 @@ pub mod domain;
 pub mod faults;
 pub mod lambda;
 pub mod queue;
+pub mod sdk;
+pub mod services;
 pub mod store;
 pub mod worker;
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_runs_shared::agents::AgentRegistry;
-use agent_runs_shared::api::{Api, ApiLimits};
+use agent_runs_shared::api::{Api, ApiLimits, ApiParts};
 use agent_runs_shared::auth::{Authenticator, generate_key};
 use agent_runs_shared::domain::{
     Clock, ExecutionPolicy, IdGenerator, KeyId, ManualClock, Owner, Run, RunId, RunStatus, Timestamp,
@@ -202,15 +202,15 @@ impl World {
     }
 
     fn api_with_queue(&self, plan: Arc<dyn FaultPlan>, queue: Arc<dyn RunQueue>) -> Api {
-        Api::new(
-            self.store_for(plan),
+        Api::new(ApiParts {
+            runs: self.store_for(plan),
             queue,
-            Authenticator::new(self.keys.clone(), Duration::ZERO),
-            self.agents.clone(),
-            self.clock.clone(),
-            self.policy.clone(),
-            ApiLimits::default(),
-        )
+            auth: Authenticator::new(self.keys.clone(), Duration::ZERO),
+            agents: self.agents.clone(),
+            clock: self.clock.clone(),
+            policy: self.policy.clone(),
+            limits: ApiLimits::default(),
+        })
     }
 
     fn worker(&self, plan: Arc<dyn FaultPlan>) -> Worker {

@@ -69,7 +69,7 @@ async fn serve_tls(certificate: &str) -> (u16, Arc<AtomicUsize>) {
 }
 
 async fn dynamodb_at(port: u16) -> aws_sdk_dynamodb::Client {
-    let sdk = agent_runs_shared::aws::sdk_config_loader()
+    let sdk = agent_runs_shared::sdk::sdk_config_loader()
         .endpoint_url(format!("https://localhost:{port}"))
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use agent_runs_shared::aws::sdk_config;
+use agent_runs_shared::sdk::sdk_config;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection, ProjectionType,
     ScalarAttributeType, TimeToLiveSpecification,

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use agent_runs_shared::api::routes::{self, Resolved};
 use agent_runs_shared::api::{Api, Operation};
-use agent_runs_shared::aws::{AwsServices, sdk_config};
+use agent_runs_shared::aws::AwsServices;
 use agent_runs_shared::lambda::{from_api_response, handle_batch, into_api_request};
+use agent_runs_shared::sdk::sdk_config;
 use aws_lambda_events::event::sqs::SqsEvent;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use base64::Engine;
@@ -125,14 +126,14 @@ async fn invoke(api: &Api, request: Request<Incoming>, request_id: String) -> Re
 /// The event source mapping: receive, invoke the worker handler, delete
 /// what it did not report as failed.
 async fn poll(
-    services: Arc<AwsServices>,
+    aws: Arc<AwsServices>,
     sqs: aws_sdk_sqs::Client,
     queue_url: String,
     visibility: i32,
     mut stop: watch::Receiver<bool>,
 ) {
-    let worker = services.worker();
-    let queue = services.queue();
+    let worker = aws.services.worker();
+    let queue = aws.services.adapters.queue.clone();
     loop {
         let received = tokio::select! {
             _ = stop.changed() => return,
@@ -194,15 +195,15 @@ async fn poll(
 }
 
 pub async fn run(args: GatewayArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), Error> {
-    let services = Arc::new(AwsServices::from_env().await?);
-    let queue_url = services.config.queue_url.clone().ok_or("AGENT_RUNS_QUEUE_URL is not set")?;
+    let aws = Arc::new(AwsServices::from_env().await?);
+    let queue_url = aws.services.config.queue_url.clone().ok_or("AGENT_RUNS_QUEUE_URL is not set")?;
     let sqs = aws_sdk_sqs::Client::new(&sdk_config().await);
     let (stop_sender, stop) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..args.pollers.max(1) {
-        tasks.spawn(poll(services.clone(), sqs.clone(), queue_url.clone(), args.visibility_secs, stop.clone()));
+        tasks.spawn(poll(aws.clone(), sqs.clone(), queue_url.clone(), args.visibility_secs, stop.clone()));
     }
-    let sweeper = services.sweeper();
+    let sweeper = aws.services.sweeper();
     let mut sweep_stop = stop.clone();
     let sweep_every = Duration::from_millis(args.sweep_ms.max(10));
     tasks.spawn(async move {
@@ -219,9 +220,9 @@ pub async fn run(args: GatewayArgs, shutdown: impl std::future::Future<Output = 
         }
     });
 
-    let api = Arc::new(services.api());
+    let api = Arc::new(aws.services.api());
     let listener = TcpListener::bind(args.addr).await?;
-    println!("Listening on http://{} (Lambda handlers on table {})", listener.local_addr()?, services.store.table());
+    println!("Listening on http://{} (Lambda handlers on table {})", listener.local_addr()?, aws.store.table());
     std::io::Write::flush(&mut std::io::stdout())?;
     let counter = Arc::new(AtomicU64::new(0));
     serve_with(listener, shutdown, move |request| {

@@ -3,9 +3,9 @@
 use std::path::Path;
 
 use agent_runs_shared::auth::generate_key;
-use agent_runs_shared::aws::sdk_config;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
+use agent_runs_shared::sdk::sdk_config;
 use agent_runs_shared::store::{AgentStore, Durability, DynamoStore, KeyStore, SqliteStore};
 use clap::Subcommand;
 

@@ -7,17 +7,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_runs_shared::agents::AgentRegistry;
-use agent_runs_shared::agents::llm::LlmRuntime;
-use agent_runs_shared::api::Api;
-use agent_runs_shared::auth::Authenticator;
-use agent_runs_shared::config::Config;
-use agent_runs_shared::config::MIN_WORKER_DEADLINE_MARGIN_MS;
-use agent_runs_shared::domain::{Clock, Owner, SystemClock};
+use agent_runs_shared::config::{Config, MIN_WORKER_DEADLINE_MARGIN_MS};
+use agent_runs_shared::domain::Owner;
 use agent_runs_shared::error_chain;
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
-use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
-use agent_runs_shared::worker::{PoolSettings, Sweeper, Worker, WorkerPool};
+use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
+use agent_runs_shared::store::{Durability, KeyStore, SqliteStore};
+use agent_runs_shared::worker::{PoolSettings, WorkerPool};
 use clap::Args;
 use tokio::net::TcpListener;
 
@@ -72,8 +68,6 @@ pub async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-const EMBEDDED_KEY_CACHE: Duration = Duration::from_secs(1);
-
 pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     init_logging();
     let config = Config::from_env()?;
@@ -86,43 +80,22 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
         println!("  export AGENT_RUNS_KEY={secret}");
     }
 
-    let runs: Arc<dyn RunStore> = Arc::new(store.clone());
-    let keys: Arc<dyn KeyStore> = Arc::new(store.clone());
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    // Definitions are local: by default, a change applies to the next run.
-    let agents = AgentRegistry::with_defined(
-        &config.default_agent,
-        Arc::new(store.clone()),
-        Some(Arc::new(LlmRuntime::from_process_env(config.max_checkpoint_bytes))),
-        config.agent_cache.unwrap_or(Duration::ZERO),
-    );
     let (queue, receiver) = InProcessQueue::new();
     let queue: Arc<dyn RunQueue> = Arc::new(queue);
-
-    let api = Arc::new(Api::new(
-        runs.clone(),
-        queue.clone(),
-        // A revocation is seen within a second (the contract allows 60),
-        // while a busy client does not pay a database read per request.
-        Authenticator::new(keys, config.key_cache.unwrap_or(EMBEDDED_KEY_CACHE)),
-        agents.clone(),
-        clock.clone(),
-        config.policy.clone(),
-        config.limits.clone(),
-    ));
-    let sweeper = Sweeper::new(runs.clone(), queue.clone(), clock.clone(), config.policy.clone());
+    let adapters = Adapters {
+        runs: Arc::new(store.clone()),
+        keys: Arc::new(store.clone()),
+        agents: Arc::new(store.clone()),
+        queue: queue.clone(),
+    };
+    let services = Services::new(config, adapters, CacheDefaults::LOCAL);
+    let api = Arc::new(services.api());
     let settings = PoolSettings {
         workers: args.workers.max(1),
         workers_per_owner: args.workers_per_owner.unwrap_or(args.workers.div_ceil(2)),
         sweep_every: Duration::from_millis(args.sweep_ms.max(10)),
     };
-    let pool = WorkerPool::start(
-        settings,
-        || Worker::new(runs.clone(), agents.clone(), clock.clone(), config.policy.clone()),
-        receiver,
-        queue,
-        sweeper,
-    );
+    let pool = WorkerPool::start(settings, || services.worker(), receiver, queue, services.sweeper());
 
     let listener =
         TcpListener::bind(args.addr).await.map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;

@@ -97,8 +97,8 @@ impl Aws {
             now,
         );
         services.store.put_key(&issued.stored).await.unwrap();
-        let api = services.api();
-        let worker = services.worker();
+        let api = services.services.api();
+        let worker = services.services.worker();
         calls.take();
         Aws {
             api,
@@ -193,7 +193,7 @@ impl Aws {
 
     async fn run_worker(&self, event: SqsEvent) -> Vec<String> {
         let (_stop_sender, stop) = watch::channel(false);
-        let response = handle_batch(&self.worker, self.services.queue().as_ref(), event, &stop).await;
+        let response = handle_batch(&self.worker, self.services.services.adapters.queue.as_ref(), event, &stop).await;
         response.batch_item_failures.into_iter().map(|failure| failure.item_identifier).collect()
     }
 }
@@ -376,7 +376,7 @@ async fn dead_lettered_runs_are_failed_unless_they_moved_on() {
     aws.run_worker(sqs_event(vec![message(&done)])).await;
 
     let event = sqs_event(vec![message(&stuck), message(&done), "not json".into()]);
-    let response = handle_dead_letters(&aws.services.store, aws.services.clock.as_ref(), event).await;
+    let response = handle_dead_letters(&aws.services.store, aws.services.services.clock.as_ref(), event).await;
     assert!(response.batch_item_failures.is_empty());
     let (_, failed) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&stuck)), None).await;
     assert_eq!(failed["status"], "failed");
@@ -519,7 +519,7 @@ async fn transaction_conflicts_that_persist_answer_503() {
 /// `Unavailable`, instead of holding a worker past its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_without_an_answer_ends_at_the_call_timeout() {
-    use agent_runs_shared::aws::{STORE_ATTEMPT_TIMEOUT, STORE_CALL_TIMEOUT};
+    use agent_runs_shared::sdk::{STORE_ATTEMPT_TIMEOUT, STORE_CALL_TIMEOUT};
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", silent.local_addr().unwrap());
     let accepted = tokio::spawn(async move {

@@ -74,17 +74,20 @@ pub struct Api {
     openapi: Bytes,
 }
 
+/// What [`Api`] is made of; [`crate::services::Services::api`] builds it.
+pub struct ApiParts {
+    pub runs: Arc<dyn RunStore>,
+    pub queue: Arc<dyn RunQueue>,
+    pub auth: Authenticator,
+    pub agents: AgentRegistry,
+    pub clock: Arc<dyn Clock>,
+    pub policy: ExecutionPolicy,
+    pub limits: ApiLimits,
+}
+
 impl Api {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        runs: Arc<dyn RunStore>,
-        queue: Arc<dyn RunQueue>,
-        auth: Authenticator,
-        agents: AgentRegistry,
-        clock: Arc<dyn Clock>,
-        policy: ExecutionPolicy,
-        limits: ApiLimits,
-    ) -> Self {
+    pub fn new(parts: ApiParts) -> Self {
+        let ApiParts { runs, queue, auth, agents, clock, policy, limits } = parts;
         let rate_limiter = RateLimiter::new(limits.rate);
         let document = openapi::document(&agents.names_list(), agents.default_name());
         let openapi = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());

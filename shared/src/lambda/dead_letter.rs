@@ -33,9 +33,8 @@ pub async fn handle_dead_letters(runs: &dyn RunStore, clock: &dyn Clock, event: 
 
 pub async fn run_dead_letter() -> Result<(), super::Error> {
     super::init_logging();
-    let services = AwsServices::from_env().await?;
-    let store = services.store.clone();
-    let (store, clock) = (&store, services.clock.as_ref());
+    let aws = AwsServices::from_env().await?;
+    let (store, clock) = (&aws.store, aws.services.clock.as_ref());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         Ok::<_, super::Error>(handle_dead_letters(store, clock, event.payload).await)
     }))

@@ -38,9 +38,9 @@ pub fn from_api_response(response: ApiResponse) -> lambda_http::Response<Body> {
 /// Serves one operation (`None`: the `$default` route's 404/405 fallback).
 pub async fn run_http(operation: Option<Operation>) -> Result<(), super::Error> {
     super::init_logging();
-    let services = AwsServices::from_env().await?;
-    services.warm_up();
-    let api = services.api();
+    let aws = AwsServices::from_env().await?;
+    aws.warm_up();
+    let api = aws.services.api();
     let api = &api;
     lambda_http::run(service_fn(move |request: lambda_http::Request| async move {
         let response = api.handle_as(operation, into_api_request(request)).await;

@@ -8,8 +8,8 @@ const SWEEP_DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_sec
 /// Invoked on a schedule: one pass over every run whose due time has come.
 pub async fn run_sweeper() -> Result<(), super::Error> {
     super::init_logging();
-    let services = AwsServices::from_env().await?;
-    let sweeper = services.sweeper();
+    let aws = AwsServices::from_env().await?;
+    let sweeper = aws.services.sweeper();
     let sweeper = &sweeper;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| async move {
         // Stop in time to answer; the next invocation goes on from there.

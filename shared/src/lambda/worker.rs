@@ -55,11 +55,11 @@ pub async fn handle_batch(
 
 pub async fn run_worker() -> Result<(), super::Error> {
     super::init_logging();
-    let services = AwsServices::from_env().await?;
-    services.warm_up();
-    let worker = services.worker();
-    let queue = services.queue();
-    let margin = services.config.worker_deadline_margin;
+    let aws = AwsServices::from_env().await?;
+    aws.warm_up();
+    let worker = aws.services.worker();
+    let queue = aws.services.adapters.queue.clone();
+    let margin = aws.services.config.worker_deadline_margin;
     let (worker, queue) = (&worker, queue.as_ref());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         // Hand runs back before the invocation's deadline rather than be cut off.

@@ -59,7 +59,7 @@ pub fn aws_env() -> Vec<(String, String)> {
 /// SDK configuration for the emulator, without touching the process environment.
 pub async fn aws_sdk_config() -> aws_config::SdkConfig {
     let credentials = aws_sdk_dynamodb::config::Credentials::new("testing", "testing", None, None, "tests");
-    agent_runs_shared::aws::sdk_config_loader()
+    agent_runs_shared::sdk::sdk_config_loader()
         .endpoint_url(aws_endpoint())
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(credentials)
@@ -324,6 +324,6 @@ impl Reply {
 /// reqwest's TLS (compiled in for the agents' providers) needs the crypto
 /// provider the AWS SDK also uses.
 pub fn http_client() -> reqwest::blocking::ClientBuilder {
-    agent_runs_shared::aws::use_ring_for_rustls();
+    agent_runs_shared::sdk::use_ring_for_rustls();
     Client::builder()
 }

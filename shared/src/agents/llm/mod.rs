@@ -59,7 +59,7 @@ impl LlmRuntime {
     pub fn http(&self) -> reqwest::Client {
         self.http
             .get_or_init(|| {
-                crate::aws::use_ring_for_rustls();
+                crate::sdk::use_ring_for_rustls();
                 let builder = || reqwest::Client::builder().user_agent(concat!("agent-runs/", env!("CARGO_PKG_VERSION")));
                 // The build fails only when the trust store (the system's, or
                 // `SSL_CERT_FILE` / `SSL_CERT_DIR`) holds no readable
@@ -93,7 +93,7 @@ impl LlmRuntime {
             .get_or_init(|| async {
                 let sdk = match &self.sdk {
                     Some(sdk) => sdk.clone(),
-                    None => crate::aws::sdk_config().await,
+                    None => crate::sdk::sdk_config().await,
                 };
                 // Retries are ours (inside the step's budget), not the SDK's too.
                 let config = aws_sdk_bedrockruntime::config::Builder::from(&sdk)

@@ -1,0 +1,115 @@
+//! The composition root: the API, the workers and the sweeper, built the
+//! same way for every way of running. Only the [`Adapters`] differ:
+//! DynamoDB and SQS on AWS ([`crate::aws`]), SQLite and the in-process
+//! queue in `agent-runs serve`, fault-injecting wrappers in tests.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+
+use crate::agents::AgentRegistry;
+use crate::agents::llm::LlmRuntime;
+use crate::api::{Api, ApiParts};
+use crate::auth::Authenticator;
+use crate::config::Config;
+use crate::domain::{Clock, SystemClock};
+use crate::queue::RunQueue;
+use crate::store::{AgentStore, KeyStore, RunStore};
+use crate::worker::{Sweeper, Worker};
+
+/// The ports, as one deployment implements them.
+#[derive(Clone)]
+pub struct Adapters {
+    pub runs: Arc<dyn RunStore>,
+    pub keys: Arc<dyn KeyStore>,
+    pub agents: Arc<dyn AgentStore>,
+    pub queue: Arc<dyn RunQueue>,
+}
+
+/// How long API keys and agent definitions are trusted without a read,
+/// where the configuration does not say.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheDefaults {
+    pub keys: Duration,
+    pub agents: Duration,
+}
+
+impl CacheDefaults {
+    /// A store across the network: a read saved is worth a short delay
+    /// before a revocation or a changed definition is seen.
+    pub const REMOTE: CacheDefaults = CacheDefaults { keys: Duration::from_secs(30), agents: Duration::from_secs(30) };
+    /// A local file: a revocation is seen within a second (the contract
+    /// allows 60) without a read per request, and a changed definition
+    /// applies to the next run.
+    pub const LOCAL: CacheDefaults = CacheDefaults { keys: Duration::from_secs(1), agents: Duration::ZERO };
+}
+
+pub struct Services {
+    pub config: Config,
+    pub adapters: Adapters,
+    pub clock: Arc<dyn Clock>,
+    caches: CacheDefaults,
+    /// The AWS configuration for Bedrock, where the process loaded one
+    /// (otherwise it is loaded on first use).
+    sdk: Option<SdkConfig>,
+    /// The agents the workers execute, made once and shared, so their
+    /// definition cache and model clients are too.
+    worker_agents: OnceLock<AgentRegistry>,
+}
+
+impl Services {
+    pub fn new(config: Config, adapters: Adapters, caches: CacheDefaults) -> Self {
+        Services { config, adapters, clock: Arc::new(SystemClock), caches, sdk: None, worker_agents: OnceLock::new() }
+    }
+
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn with_sdk_config(mut self, sdk: SdkConfig) -> Self {
+        self.sdk = Some(sdk);
+        self
+    }
+
+    /// Built-in agents and defined ones (cached like API keys); with a
+    /// runtime, the defined ones can also be executed.
+    fn agents(&self, runtime: Option<Arc<LlmRuntime>>) -> AgentRegistry {
+        let cache_for = self.config.agent_cache.unwrap_or(self.caches.agents);
+        AgentRegistry::with_defined(&self.config.default_agent, self.adapters.agents.clone(), runtime, cache_for)
+    }
+
+    pub fn api(&self) -> Api {
+        let key_cache = self.config.key_cache.unwrap_or(self.caches.keys);
+        Api::new(ApiParts {
+            runs: self.adapters.runs.clone(),
+            queue: self.adapters.queue.clone(),
+            auth: Authenticator::new(self.adapters.keys.clone(), key_cache),
+            agents: self.agents(None),
+            clock: self.clock.clone(),
+            policy: self.config.policy.clone(),
+            limits: self.config.limits.clone(),
+        })
+    }
+
+    pub fn worker(&self) -> Worker {
+        let agents = self.worker_agents.get_or_init(|| {
+            let mut runtime = LlmRuntime::from_process_env(self.config.max_checkpoint_bytes);
+            if let Some(sdk) = &self.sdk {
+                runtime = runtime.with_sdk_config(sdk.clone());
+            }
+            self.agents(Some(Arc::new(runtime)))
+        });
+        Worker::new(self.adapters.runs.clone(), agents.clone(), self.clock.clone(), self.config.policy.clone())
+    }
+
+    pub fn sweeper(&self) -> Sweeper {
+        Sweeper::new(
+            self.adapters.runs.clone(),
+            self.adapters.queue.clone(),
+            self.clock.clone(),
+            self.config.policy.clone(),
+        )
+    }
+}

@@ -1,0 +1,104 @@
+//! The crate's layers, read from its sources: which top-level modules name
+//! which (`crate::<module>`), that the domain and the SDK set-up name none,
+//! and that no modules name each other in a circle. Run with
+//! `cargo test -p agent-runs-shared --test layers -- --nocapture` to print
+//! the graph.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, found);
+        } else if path.extension().is_some_and(|extension| extension == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+/// Top-level module -> the top-level modules its files name.
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&root).unwrap();
+        let first = relative.components().next().unwrap().as_os_str().to_string_lossy();
+        let module = first.trim_end_matches(".rs").to_owned();
+        if module == "lib" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        // Only the code, not its tests (a test module may reach anywhere)
+        // nor its comments.
+        let code: String = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap()
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let uses = graph.entry(module.clone()).or_default();
+        for (at, _) in code.match_indices("crate::") {
+            let name: String =
+                code[at + "crate::".len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            let is_module = root.join(format!("{name}.rs")).exists() || root.join(&name).is_dir();
+            if is_module && name != module {
+                uses.insert(name);
+            }
+        }
+    }
+    graph
+}
+
+/// A circle of modules, if there is one.
+fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|seen| seen == node) {
+            let mut found = path[at..].to_vec();
+            found.push(node.to_owned());
+            return Some(found);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(found) = visit(next, graph, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph.keys().find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_modules_form_layers_without_a_circle() {
+    let graph = graph();
+    for (module, uses) in &graph {
+        println!("{module} -> {}", uses.iter().cloned().collect::<Vec<_>>().join(", "));
+    }
+    assert!(graph.len() > 10, "the sources were read: {graph:?}");
+    assert!(graph["api"].contains("domain"), "an edge is seen");
+    assert_eq!(circle(&graph), None, "modules that name each other in a circle");
+    assert!(graph["domain"].is_empty(), "the domain is pure: {:?}", graph["domain"]);
+    assert!(graph["sdk"].is_empty(), "the SDK set-up stands alone: {:?}", graph["sdk"]);
+    for adapter_level in ["domain", "store", "queue", "agents", "api", "worker"] {
+        for above in ["aws", "services", "lambda"] {
+            assert!(!graph[adapter_level].contains(above), "{adapter_level} must not reach up to {above}");
+        }
+    }
+}
