@@ -10,6 +10,7 @@ pub mod config;
 pub mod domain;
 pub mod faults;
 pub mod lambda;
+pub mod lifecycle;
 pub mod queue;
 pub mod sdk;
 pub mod services;

@@ -4,13 +4,12 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 
 use super::body::{json_object, reject_unknown_fields};
-use super::{ApiError, ApiResponse, modify_run, parse_run_id, run_response};
-use crate::domain::{Changed, Clock, Owner, TransitionError};
-use crate::store::RunStore;
+use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
+use crate::domain::{Owner, TransitionError};
+use crate::store::ChangeError;
 
 pub(super) async fn handle(
-    runs: &dyn RunStore,
-    clock: &dyn Clock,
+    api: &Api,
     owner: &Owner,
     run_id: &str,
     request: &Request<Bytes>,
@@ -18,14 +17,14 @@ pub(super) async fn handle(
     let run_id = parse_run_id(run_id)?;
     let body = json_object(request.headers(), request.body(), true)?;
     reject_unknown_fields(&body, &[])?;
-    let (run, ()) = modify_run(runs, owner, run_id, |run| match run.cancel(clock.now()) {
-        Ok(changed) => Ok(((), changed == Changed::Yes)),
-        Err(TransitionError::InvalidState(status)) => Err(ApiError::Conflict(format!(
+    match api.lifecycle.cancel(owner, run_id).await {
+        Ok(run) => Ok(run_response(StatusCode::OK, &run)),
+        Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
+        Err(ChangeError::Refused(TransitionError::InvalidState(status))) => Err(ApiError::Conflict(format!(
             "The run has already {}; only queued, running or awaiting_approval runs can be canceled.",
             status.as_str()
         ))),
-        Err(other) => Err(ApiError::Internal(format!("unexpected cancel refusal: {other}"))),
-    })
-    .await?;
-    Ok(run_response(StatusCode::OK, &run))
+        Err(ChangeError::Refused(other)) => Err(ApiError::Internal(format!("unexpected cancel refusal: {other}"))),
+        Err(ChangeError::Store(error)) => Err(error.into()),
+    }
 }

@@ -1,6 +1,5 @@
 //! `POST /v1/agent/runs`: validate, store the run, queue it, answer `201`.
 
-use crate::error_chain;
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode, header};
 use serde_json::{Map, Value};
@@ -8,12 +7,10 @@ use sha2::{Digest, Sha256};
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, run_response};
-use crate::domain::{IdempotencyKey, Metadata, Owner, Run, RunId, RunInput};
-use crate::queue::RunMessage;
-use crate::store::{IdempotencyClaim, InsertOutcome, StoreError};
+use crate::domain::{IdempotencyKey, Metadata, Owner, Run, RunInput};
+use crate::lifecycle::{self, IdempotencyRequest, StartError, Started};
 
 const FIELDS: &[&str] = &["input", "agent", "metadata"];
-const IDEMPOTENCY_WINDOW: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
 const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
 
 /// A create request, parsed.
@@ -102,102 +99,39 @@ fn created(run: &Run, replayed: bool) -> ApiResponse {
     response
 }
 
-/// A created run is sent to the queue; when the send fails the create is
-/// undone, unless the run has moved on meanwhile (a worker claimed it, so
-/// the send was delivered after all, or a replay answered `201` with it):
-/// then it stays, and this request answers `201` too.
-async fn enqueue_created(api: &Api, run: &Run, key_hash: Option<&str>) -> Result<ApiResponse, ApiError> {
-    let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
-    let Err(queue_error) = api.queue.enqueue(&message).await else {
-        return Ok(created(run, false));
-    };
-    match api.runs.undo_create(run, key_hash).await {
-        Ok(true) => Err(queue_error.into()),
-        Ok(false) => {
-            tracing::info!(run_id = %run.id, "enqueue failed but the run had moved on; it is kept");
-            Ok(created(run, false))
-        }
-        Err(store_error) => {
-            // The undo may or may not have happened: a run that is still
-            // there is kept (the sweeper enqueues it), so it is answered 201.
-            tracing::error!(run_id = %run.id, error = %error_chain(&store_error), "could not undo a create whose enqueue failed");
-            match api.runs.get(&run.owner, run.id).await {
-                Ok(Some(kept)) => Ok(created(&kept, false)),
-                Ok(None) | Err(_) => Err(queue_error.into()),
-            }
-        }
-    }
-}
-
-/// Answers a repeated `Idempotency-Key` with the run it created, or `None`
-/// when that create was undone meanwhile (the key is free again).
-async fn replay(api: &Api, owner: &Owner, run_id: RunId) -> Result<Option<ApiResponse>, ApiError> {
-    loop {
-        let Some(mut run) = api.runs.get(owner, run_id).await? else {
-            return Ok(None);
-        };
-        if !run.is_as_created() {
-            return Ok(Some(created(&run, true)));
-        }
-        // The first request may still be waiting on its send, and would undo
-        // the create should the send fail. Pin the run with a write (which
-        // that undo's condition refuses) before answering 201, and send it
-        // ourselves: a duplicate message is harmless, a missing one is not.
-        match api.runs.update(&mut run).await {
-            Ok(()) => {}
-            Err(StoreError::Conflict) => continue,
-            Err(error) => return Err(error.into()),
-        }
-        api.queue.enqueue(&RunMessage { run_id, owner: owner.clone() }).await?;
-        return Ok(Some(created(&run, true)));
-    }
-}
-
 pub(super) async fn handle(api: &Api, owner: &Owner, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
     let new_run = parse_body(api, object).await?;
     let key = idempotency_key(request)?;
-    let request_hash = request_hash(&new_run);
+    let idempotency = key.map(|key| IdempotencyRequest {
+        key_hash: sha256_hex(key.as_str().as_bytes()),
+        request_hash: request_hash(&new_run),
+    });
     let NewRun { input, agent, metadata } = new_run;
-    let (input, metadata) = (input.into_string(), metadata.into_map());
-
-    // A replay can find its run undone a moment after it found the key
-    // taken; the key is free again then, so the create starts over.
-    for _ in 0..3 {
-        let now = api.clock.now();
-        let run_id = RunId::from_ulid(api.ids.ulid_at(now));
-        let claim = key.as_ref().map(|key| IdempotencyClaim {
-            key_hash: sha256_hex(key.as_str().as_bytes()),
-            request_hash: request_hash.clone(),
-            created_at: now,
-            expires_at: now.plus(IDEMPOTENCY_WINDOW),
-        });
-        let run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &api.policy);
-        match api.runs.insert(&run, claim.as_ref(), api.limits.max_active_runs).await? {
-            InsertOutcome::Inserted => {
-                return enqueue_created(api, &run, claim.as_ref().map(|claim| claim.key_hash.as_str())).await;
-            }
-            InsertOutcome::IdempotencyKeyTaken(record) => {
-                if record.request_hash != request_hash {
-                    return Err(ApiError::Conflict(
-                        "This Idempotency-Key was already used with a different request. Use a new key for a new run."
-                            .into(),
-                    ));
-                }
-                if let Some(response) = replay(api, owner, record.run_id).await? {
-                    return Ok(response);
-                }
-            }
-            InsertOutcome::TooManyActiveRuns => {
-                return Err(ApiError::RateLimited {
-                    message: format!(
-                        "This owner already has {} runs that are queued, running or awaiting approval. Wait for some to finish.",
-                        api.limits.max_active_runs
-                    ),
-                    retry_after_secs: ACTIVE_RUNS_RETRY_AFTER_SECS,
-                });
-            }
-        }
+    let started = api
+        .lifecycle
+        .start(lifecycle::NewRun {
+            owner: owner.clone(),
+            agent,
+            input: input.into_string(),
+            metadata: metadata.into_map(),
+            idempotency,
+        })
+        .await;
+    match started {
+        Ok(Started::Created(run)) => Ok(created(&run, false)),
+        Ok(Started::Replayed(run)) => Ok(created(&run, true)),
+        Err(StartError::KeyReused) => Err(ApiError::Conflict(
+            "This Idempotency-Key was already used with a different request. Use a new key for a new run.".into(),
+        )),
+        Err(StartError::TooManyActiveRuns { max }) => Err(ApiError::RateLimited {
+            message: format!(
+                "This owner already has {max} runs that are queued, running or awaiting approval. Wait for some to finish."
+            ),
+            retry_after_secs: ACTIVE_RUNS_RETRY_AFTER_SECS,
+        }),
+        Err(StartError::NotQueued(error)) => Err(error.into()),
+        Err(error @ StartError::KeyChurn) => Err(ApiError::Unavailable(Box::new(error))),
+        Err(StartError::Store(error)) => Err(error.into()),
     }
-    Err(ApiError::Unavailable("an idempotency key kept being taken and released".into()))
 }

@@ -1,14 +1,14 @@
 //! `POST /v1/agent/runs/{run_id}/approvals/{approval_id}`: approve or reject.
 
-use crate::error_chain;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use serde_json::Value;
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
-use super::{Api, ApiError, ApiResponse, modify_run, parse_run_id, run_response};
-use crate::domain::{ApprovalId, Comment, DecideOutcome, Decision, Owner, TransitionError};
-use crate::queue::RunMessage;
+use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
+use crate::domain::{ApprovalId, Comment, Decision, Owner, TransitionError};
+use crate::lifecycle::DecideRefused;
+use crate::store::ChangeError;
 
 fn approval_not_found() -> ApiError {
     ApiError::NotFound("The run has no approval with that id.".into())
@@ -42,35 +42,25 @@ pub(super) async fn handle(
         .transpose()?
         .map(Comment::into_string);
 
-    let (run, outcome) = modify_run(api.runs.as_ref(), owner, run_id, |run| {
-        let now = api.clock.now();
-        if run.expire_if_due(approval_id, now, &api.policy) {
-            return Ok((None, true));
+    match api.lifecycle.decide(owner, run_id, approval_id, decision, comment).await {
+        Ok(run) => Ok(run_response(StatusCode::OK, &run)),
+        Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
+        Err(ChangeError::Refused(DecideRefused::Expired)) => {
+            Err(ApiError::Conflict("The approval expired before this decision arrived; the run has failed.".into()))
         }
-        match run.decide(approval_id, decision, comment.clone(), now, &api.policy) {
-            Ok(outcome) => Ok((Some(outcome), outcome != DecideOutcome::Unchanged)),
-            Err(TransitionError::NoSuchApproval) => Err(approval_not_found()),
-            Err(TransitionError::ApprovalAlreadyResolved(status)) => Err(ApiError::Conflict(format!(
+        Err(ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval))) => {
+            Err(approval_not_found())
+        }
+        Err(ChangeError::Refused(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(status)))) => {
+            Err(ApiError::Conflict(format!(
                 "The approval is already {}; it can no longer be {}.",
                 status.as_str(),
                 if decision == Decision::Approve { "approved" } else { "rejected" }
-            ))),
-            Err(other) => Err(ApiError::Conflict(format!("The approval cannot be decided: {other}."))),
+            )))
         }
-    })
-    .await?;
-
-    let Some(outcome) = outcome else {
-        return Err(ApiError::Conflict(
-            "The approval expired before this decision arrived; the run has failed.".into(),
-        ));
-    };
-    if outcome == DecideOutcome::Requeued {
-        let message = RunMessage { run_id: run.id, owner: owner.clone() };
-        // The decision is stored; a lost message is recovered by the sweeper.
-        if let Err(error) = api.queue.enqueue(&message).await {
-            tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
+        Err(ChangeError::Refused(DecideRefused::Transition(other))) => {
+            Err(ApiError::Conflict(format!("The approval cannot be decided: {other}.")))
         }
+        Err(ChangeError::Store(error)) => Err(error.into()),
     }
-    Ok(run_response(StatusCode::OK, &run))
 }

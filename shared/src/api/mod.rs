@@ -32,8 +32,9 @@ use crate::agents::AgentRegistry;
 use crate::auth::{AuthError, Authenticator, Principal, bearer_token};
 use crate::domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId};
 use crate::error_chain;
+use crate::lifecycle::Lifecycle;
 use crate::queue::RunQueue;
-use crate::store::{RunStore, StoreError};
+use crate::store::RunStore;
 use rate_limit::RateLimiter;
 use routes::Resolved;
 
@@ -63,13 +64,11 @@ impl Default for ApiLimits {
 /// Everything the operations need, built once per process.
 pub struct Api {
     runs: Arc<dyn RunStore>,
-    queue: Arc<dyn RunQueue>,
+    lifecycle: Lifecycle,
     auth: Authenticator,
     agents: AgentRegistry,
     clock: Arc<dyn Clock>,
     ids: IdGenerator,
-    policy: ExecutionPolicy,
-    limits: ApiLimits,
     rate_limiter: RateLimiter,
     openapi: Bytes,
 }
@@ -91,7 +90,8 @@ impl Api {
         let rate_limiter = RateLimiter::new(limits.rate);
         let document = openapi::document(&agents.names_list(), agents.default_name());
         let openapi = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
-        Api { runs, queue, auth, agents, clock, ids: IdGenerator::default(), policy, limits, rate_limiter, openapi }
+        let lifecycle = Lifecycle::new(runs.clone(), queue, clock.clone(), policy, limits.max_active_runs);
+        Api { runs, lifecycle, auth, agents, clock, ids: IdGenerator::default(), rate_limiter, openapi }
     }
 
     /// Answers one request, of any operation. Never fails: every error
@@ -171,7 +171,7 @@ impl Api {
             Operation::Create => create::handle(self, owner, &request).await,
             Operation::List => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
             Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
-            Operation::Cancel => cancel::handle(self.runs.as_ref(), self.clock.as_ref(), owner, run_id, &request).await,
+            Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
             Operation::Decide => decide::handle(self, owner, run_id, params.get("approval_id"), &request).await,
         }
     }
@@ -205,31 +205,6 @@ fn not_found_path() -> ApiError {
 /// A run id from a path; a malformed one names no run, so it is a `404`.
 fn parse_run_id(text: &str) -> Result<RunId, ApiError> {
     text.parse().map_err(|_| ApiError::run_not_found())
-}
-
-/// Reads the run, applies `change` and writes it back, again from a fresh
-/// read when another writer came first. `change` returns whether it changed
-/// anything; an unchanged run is not written.
-async fn modify_run<T>(
-    runs: &dyn RunStore,
-    owner: &crate::domain::Owner,
-    run_id: RunId,
-    mut change: impl FnMut(&mut Run) -> Result<(T, bool), ApiError>,
-) -> Result<(Run, T), ApiError> {
-    const ATTEMPTS: usize = 16;
-    for _ in 0..ATTEMPTS {
-        let mut run = runs.get(owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
-        let (outcome, changed) = change(&mut run)?;
-        if !changed {
-            return Ok((run, outcome));
-        }
-        match runs.update(&mut run).await {
-            Ok(()) => return Ok((run, outcome)),
-            Err(StoreError::Conflict) => continue,
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Err(ApiError::Unavailable("the run kept changing under concurrent writes".into()))
 }
 
 fn run_response(status: http::StatusCode, run: &Run) -> ApiResponse {

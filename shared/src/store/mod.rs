@@ -1,5 +1,6 @@
 //! The ports to persistence: runs, idempotency records and API keys.
 
+mod change;
 mod dynamodb;
 mod sqlite;
 
@@ -8,6 +9,7 @@ use async_trait::async_trait;
 use crate::domain::{AgentDefinition, KeyId, Owner, RunId, RunStatus, Timestamp};
 
 pub use crate::domain::Run;
+pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if};
 pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, STATUS_INDEX};
 pub use sqlite::{Durability, SqliteStore};
 
@@ -130,35 +132,6 @@ pub trait RunStore: Send + Sync + 'static {
     /// for an operator to inspect. `Ok(false)` when already ended or gone.
     async fn set_aside_unreadable(&self, key: &RunKey) -> Result<bool, StoreError>;
 }
-
-/// Reads the run, lets `change` alter it, and writes it back when `change`
-/// says it changed anything, starting over from a fresh read when another
-/// write came first (a bounded number of times). `Ok(false)` when the run
-/// is gone or nothing changed.
-pub async fn change_run(
-    runs: &dyn RunStore,
-    owner: &Owner,
-    run_id: RunId,
-    mut change: impl FnMut(&mut Run) -> bool,
-) -> Result<bool, StoreError> {
-    for _ in 0..CHANGE_ATTEMPTS {
-        let Some(mut run) = runs.get(owner, run_id).await? else {
-            return Ok(false);
-        };
-        if !change(&mut run) {
-            return Ok(false);
-        }
-        match runs.update(&mut run).await {
-            Ok(()) => return Ok(true),
-            Err(StoreError::Conflict) => continue,
-            Err(error) => return Err(error),
-        }
-    }
-    Err(StoreError::Unavailable("the run kept changing under concurrent writes".into()))
-}
-
-/// How often a read-change-write starts over before it gives up.
-pub const CHANGE_ATTEMPTS: usize = 16;
 
 /// An API key as stored: never the key itself, only its SHA-256 hash.
 #[derive(Debug, Clone, PartialEq, Eq)]

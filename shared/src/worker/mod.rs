@@ -13,11 +13,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::agents::{AgentRegistry, MustFinish, Step, StepInput};
-use crate::domain::{
-    ApprovalId, ClaimOutcome, ClaimRefused, Clock, ExecutionPolicy, IdGenerator, Run, TransitionError,
-};
+use crate::domain::{ApprovalId, ClaimOutcome, Clock, ExecutionPolicy, IdGenerator, Run, TransitionError};
 use crate::queue::RunMessage;
-use crate::store::{RunStore, StoreError, change_run};
+use crate::store::{ChangeError, RunStore, StoreError, Transition, change_run, change_run_if};
 
 pub use pool::{MAX_DELIVERIES, PoolSettings, WorkerPool};
 pub use sweeper::{MAX_SWEEP_FAILURES, SweepReport, Sweeper};
@@ -266,27 +264,25 @@ impl Worker {
 
     /// Takes the run under `lease`, or `None` when there is nothing to do.
     async fn claim(&self, message: &RunMessage, lease: &str) -> Result<Option<Run>, WorkerError> {
-        loop {
-            let Some(mut run) = self.runs.get(&message.owner, message.run_id).await? else {
-                tracing::warn!(run_id = %message.run_id, "message for a run that does not exist");
-                return Ok(None);
-            };
-            let outcome = match run.claim(lease, self.clock.now(), &self.policy) {
-                Ok(outcome) => outcome,
-                Err(reason @ (ClaimRefused::Terminal | ClaimRefused::AwaitingApproval | ClaimRefused::LeaseHeld)) => {
-                    tracing::debug!(run_id = %run.id, ?reason, "message dropped");
-                    return Ok(None);
-                }
-            };
-            match self.runs.update(&mut run).await {
-                Ok(()) if outcome == ClaimOutcome::Claimed => return Ok(Some(run)),
-                Ok(()) => {
-                    tracing::warn!(run_id = %run.id, "run failed: attempts exhausted");
-                    return Ok(None);
-                }
-                Err(StoreError::Conflict) => continue,
-                Err(error) => return Err(error.into()),
+        let claimed = change_run(self.runs.as_ref(), &message.owner, message.run_id, None, |run| {
+            run.claim(lease, self.clock.now(), &self.policy).map(Transition::Write)
+        })
+        .await;
+        match claimed {
+            Ok((run, ClaimOutcome::Claimed)) => Ok(Some(run)),
+            Ok((run, ClaimOutcome::AttemptsExhausted)) => {
+                tracing::warn!(run_id = %run.id, "run failed: attempts exhausted");
+                Ok(None)
             }
+            Err(ChangeError::Gone) => {
+                tracing::warn!(run_id = %message.run_id, "message for a run that does not exist");
+                Ok(None)
+            }
+            Err(ChangeError::Refused(reason)) => {
+                tracing::debug!(run_id = %message.run_id, ?reason, "message dropped");
+                Ok(None)
+            }
+            Err(ChangeError::Store(error)) => Err(error.into()),
         }
     }
 
@@ -300,22 +296,18 @@ impl Worker {
     ) -> Result<bool, WorkerError> {
         // Only the attempt holding the run counts its tokens.
         let usage = run.usage;
-        loop {
-            let mut next = Run { usage, ..run.clone() };
-            if change(&mut next, self.clock.now(), lease).is_err() {
-                return Ok(false);
+        let written = change_run(self.runs.as_ref(), &run.owner, run.id, Some(run.clone()), |next| {
+            next.usage = usage;
+            change(next, self.clock.now(), lease).map(Transition::Write)
+        })
+        .await;
+        match written {
+            Ok((next, ())) => {
+                *run = next;
+                Ok(true)
             }
-            match self.runs.update(&mut next).await {
-                Ok(()) => {
-                    *run = next;
-                    return Ok(true);
-                }
-                Err(StoreError::Conflict) => match self.runs.get(&run.owner, run.id).await? {
-                    Some(current) => *run = current,
-                    None => return Ok(false),
-                },
-                Err(error) => return Err(error.into()),
-            }
+            Err(ChangeError::Gone | ChangeError::Refused(_)) => Ok(false),
+            Err(ChangeError::Store(error)) => Err(error.into()),
         }
     }
 
@@ -345,5 +337,5 @@ pub async fn abandon_dead_letter(
     clock: &dyn Clock,
     message: &RunMessage,
 ) -> Result<bool, StoreError> {
-    change_run(runs, &message.owner, message.run_id, |run| run.abandon(clock.now())).await
+    change_run_if(runs, &message.owner, message.run_id, |run| run.abandon(clock.now())).await
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::domain::{Clock, ExecutionPolicy, RunStatus, SweepAction, Timestamp};
 use crate::error_chain;
 use crate::queue::{RunMessage, RunQueue};
-use crate::store::{DueRun, RunKey, RunStore, StoreError, change_run};
+use crate::store::{DueRun, RunKey, RunStore, StoreError, change_run_if};
 
 const PAGE: u32 = 100;
 /// Passes in a row that may fail on one run before the run is failed.
@@ -108,7 +108,7 @@ impl Sweeper {
 
     async fn sweep_one(&self, due: &DueRun) -> Result<SweepAction, SweepError> {
         let mut action = SweepAction::Nothing;
-        let written = change_run(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| {
+        let written = change_run_if(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| {
             action = run.sweep(self.clock.now(), &self.policy);
             action != SweepAction::Nothing
         })
@@ -142,7 +142,8 @@ impl Sweeper {
         }
         let now = self.clock.now();
         let failed =
-            match change_run(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| run.fail_unsweepable(now)).await
+            match change_run_if(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| run.fail_unsweepable(now))
+                .await
             {
                 // A record that cannot even be read is set aside as it is.
                 Err(StoreError::Defect(_)) => self.runs.set_aside_unreadable(&due.key).await,

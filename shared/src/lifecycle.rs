@@ -1,0 +1,220 @@
+//! What the API asks of runs, apart from HTTP: start one (store it, queue
+//! it, undo a create whose send failed, answer a repeated idempotency key),
+//! cancel one, decide one of its approvals (and queue it again when the
+//! last decision is in). `api/` parses requests into these calls and
+//! formats what they return.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::domain::{
+    ApprovalId, Changed, Clock, DecideOutcome, Decision, ExecutionPolicy, IdGenerator, Owner, Run, RunId,
+    TransitionError,
+};
+use crate::error_chain;
+use crate::queue::{QueueError, RunMessage, RunQueue};
+use crate::store::{ChangeError, IdempotencyClaim, InsertOutcome, RunStore, StoreError, Transition, change_run};
+
+/// How long an idempotency key names the run it created.
+pub const IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
+/// A replay can find its run undone a moment after it found the key
+/// taken; the key is free again then, so the create starts over, this
+/// many times at most.
+const CREATE_ATTEMPTS: usize = 3;
+
+pub struct Lifecycle {
+    runs: Arc<dyn RunStore>,
+    queue: Arc<dyn RunQueue>,
+    clock: Arc<dyn Clock>,
+    ids: IdGenerator,
+    policy: ExecutionPolicy,
+    max_active_runs: u32,
+}
+
+/// A run to start, as a client asked for it.
+pub struct NewRun {
+    pub owner: Owner,
+    pub agent: String,
+    pub input: String,
+    pub metadata: BTreeMap<String, String>,
+    pub idempotency: Option<IdempotencyRequest>,
+}
+
+/// The hashes of an `Idempotency-Key` and of the request that carried it.
+pub struct IdempotencyRequest {
+    pub key_hash: String,
+    pub request_hash: String,
+}
+
+#[derive(Debug)]
+pub enum Started {
+    Created(Run),
+    /// The run an earlier request with the same key created.
+    Replayed(Run),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the idempotency key was used with a different request")]
+    KeyReused,
+    #[error("the owner has {max} active runs")]
+    TooManyActiveRuns { max: u32 },
+    #[error("the run could not be queued")]
+    NotQueued(#[source] QueueError),
+    #[error("an idempotency key kept being taken and released")]
+    KeyChurn,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why a decision was not recorded.
+#[derive(Debug)]
+pub enum DecideRefused {
+    /// The approval had expired: it is now, and the run has failed.
+    Expired,
+    Transition(TransitionError),
+}
+
+impl Lifecycle {
+    pub fn new(
+        runs: Arc<dyn RunStore>,
+        queue: Arc<dyn RunQueue>,
+        clock: Arc<dyn Clock>,
+        policy: ExecutionPolicy,
+        max_active_runs: u32,
+    ) -> Self {
+        Lifecycle { runs, queue, clock, ids: IdGenerator::default(), policy, max_active_runs }
+    }
+
+    pub fn max_active_runs(&self) -> u32 {
+        self.max_active_runs
+    }
+
+    pub async fn start(&self, new_run: NewRun) -> Result<Started, StartError> {
+        let NewRun { owner, agent, input, metadata, idempotency } = new_run;
+        for _ in 0..CREATE_ATTEMPTS {
+            let now = self.clock.now();
+            let run_id = RunId::from_ulid(self.ids.ulid_at(now));
+            let claim = idempotency.as_ref().map(|request| IdempotencyClaim {
+                key_hash: request.key_hash.clone(),
+                request_hash: request.request_hash.clone(),
+                created_at: now,
+                expires_at: now.plus(IDEMPOTENCY_WINDOW),
+            });
+            let run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &self.policy);
+            match self.runs.insert(&run, claim.as_ref(), self.max_active_runs).await? {
+                InsertOutcome::Inserted => {
+                    let key_hash = claim.as_ref().map(|claim| claim.key_hash.as_str());
+                    return self.enqueue_created(run, key_hash).await.map(Started::Created);
+                }
+                InsertOutcome::IdempotencyKeyTaken(record) => {
+                    if idempotency.as_ref().is_some_and(|request| request.request_hash != record.request_hash) {
+                        return Err(StartError::KeyReused);
+                    }
+                    if let Some(run) = self.replay(&owner, record.run_id).await? {
+                        return Ok(Started::Replayed(run));
+                    }
+                }
+                InsertOutcome::TooManyActiveRuns => {
+                    return Err(StartError::TooManyActiveRuns { max: self.max_active_runs });
+                }
+            }
+        }
+        Err(StartError::KeyChurn)
+    }
+
+    /// A created run is sent to the queue; when the send fails the create
+    /// is undone, unless the run has moved on meanwhile (a worker claimed
+    /// it, so the send was delivered after all, or a replay answered with
+    /// it): then it stays, and is answered as created too.
+    async fn enqueue_created(&self, run: Run, key_hash: Option<&str>) -> Result<Run, StartError> {
+        let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
+        let Err(queue_error) = self.queue.enqueue(&message).await else {
+            return Ok(run);
+        };
+        match self.runs.undo_create(&run, key_hash).await {
+            Ok(true) => Err(StartError::NotQueued(queue_error)),
+            Ok(false) => {
+                tracing::info!(run_id = %run.id, "enqueue failed but the run had moved on; it is kept");
+                Ok(run)
+            }
+            Err(store_error) => {
+                // The undo may or may not have happened: a run that is still
+                // there is kept (the sweeper enqueues it) and answered.
+                tracing::error!(run_id = %run.id, error = %error_chain(&store_error), "could not undo a create whose enqueue failed");
+                match self.runs.get(&run.owner, run.id).await {
+                    Ok(Some(kept)) => Ok(kept),
+                    Ok(None) | Err(_) => Err(StartError::NotQueued(queue_error)),
+                }
+            }
+        }
+    }
+
+    /// The run a repeated idempotency key created, or `None` when that
+    /// create was undone meanwhile (the key is free again).
+    async fn replay(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StartError> {
+        // The first request may still be waiting on its send, and would
+        // undo the create should the send fail. Pin a run no worker has
+        // touched with a write (which that undo's condition refuses) before
+        // answering with it, and send it ourselves: a duplicate message is
+        // harmless, a missing one is not.
+        let pinned = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
+            Ok::<_, std::convert::Infallible>(Transition::write_if(run.is_as_created(), run.is_as_created()))
+        })
+        .await;
+        let (run, pinned) = match pinned {
+            Ok(found) => found,
+            Err(ChangeError::Gone) => return Ok(None),
+            Err(ChangeError::Store(error)) => return Err(error.into()),
+            Err(ChangeError::Refused(never)) => match never {},
+        };
+        if pinned {
+            let message = RunMessage { run_id, owner: owner.clone() };
+            self.queue.enqueue(&message).await.map_err(StartError::NotQueued)?;
+        }
+        Ok(Some(run))
+    }
+
+    pub async fn cancel(&self, owner: &Owner, run_id: RunId) -> Result<Run, ChangeError<TransitionError>> {
+        let (run, ()) = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
+            run.cancel(self.clock.now()).map(|changed| Transition::write_if(changed == Changed::Yes, ()))
+        })
+        .await?;
+        Ok(run)
+    }
+
+    /// Records a decision. When it was the last one the run waited for, the
+    /// run is queued again (should that send fail, the sweeper sends it).
+    pub async fn decide(
+        &self,
+        owner: &Owner,
+        run_id: RunId,
+        approval_id: ApprovalId,
+        decision: Decision,
+        comment: Option<String>,
+    ) -> Result<Run, ChangeError<DecideRefused>> {
+        let (run, outcome) = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
+            let now = self.clock.now();
+            if run.expire_if_due(approval_id, now, &self.policy) {
+                return Ok(Transition::Write(None));
+            }
+            let outcome = run
+                .decide(approval_id, decision, comment.clone(), now, &self.policy)
+                .map_err(DecideRefused::Transition)?;
+            Ok(Transition::write_if(outcome != DecideOutcome::Unchanged, Some(outcome)))
+        })
+        .await?;
+        match outcome {
+            None => Err(ChangeError::Refused(DecideRefused::Expired)),
+            Some(DecideOutcome::Requeued) => {
+                let message = RunMessage { run_id: run.id, owner: owner.clone() };
+                if let Err(error) = self.queue.enqueue(&message).await {
+                    tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
+                }
+                Ok(run)
+            }
+            Some(_) => Ok(run),
+        }
+    }
+}
