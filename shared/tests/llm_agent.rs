@@ -176,7 +176,7 @@ async fn a_harmless_tool_call_then_an_answer() {
     assert!(
         fixture.stand_in.model_authorization().iter().all(|auth| auth.as_deref() == Some("Bearer sk-test-secret-4f9a"))
     );
-    assert!(!serde_json::to_string(&run).unwrap().contains(API_KEY));
+    assert!(!format!("{run:?}").contains(API_KEY));
 }
 
 #[tokio::test]

@@ -7,12 +7,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::{ApprovalId, Owner, RunId, Timestamp};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RunStatus {
     Queued,
     Running,
@@ -52,8 +51,7 @@ impl RunStatus {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApprovalStatus {
     Pending,
     Approved,
@@ -72,10 +70,21 @@ impl ApprovalStatus {
             ApprovalStatus::Expired => "expired",
         }
     }
+
+    pub fn parse(text: &str) -> Option<ApprovalStatus> {
+        [
+            ApprovalStatus::Pending,
+            ApprovalStatus::Approved,
+            ApprovalStatus::Rejected,
+            ApprovalStatus::Canceled,
+            ApprovalStatus::Expired,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == text)
+    }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     Approve,
     Reject,
@@ -90,7 +99,7 @@ impl Decision {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Approval {
     pub id: ApprovalId,
     pub action: String,
@@ -100,13 +109,12 @@ pub struct Approval {
     pub comment: Option<String>,
     /// When a pending approval expires; `None` for records from before
     /// approvals expired.
-    #[serde(default)]
     pub expires_at: Option<Timestamp>,
 }
 
 /// A worker's claim on a running run. Another claim may take the run over
 /// only once `expires_at` has passed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     /// Names one claim, not a process: a worker takes a new token for every
     /// claim, so its own earlier, dead attempt never blocks a takeover.
@@ -142,8 +150,9 @@ impl Default for ExecutionPolicy {
     }
 }
 
-/// A run as stored: the fields clients see and the worker's bookkeeping.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A run: the fields clients see and the worker's bookkeeping. Stored as
+/// the store's own record (`store/record.rs`), shown as the API's view.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Run {
     pub id: RunId,
     pub owner: Owner,
@@ -167,21 +176,17 @@ pub struct Run {
     /// The agent's opaque state, saved at heartbeats and when parked.
     pub checkpoint: Option<serde_json::Value>,
     /// Execution time used before the current claim, in milliseconds.
-    #[serde(default)]
     pub execution_ms: u64,
     /// When the current claim started executing.
-    #[serde(default)]
     pub running_since: Option<Timestamp>,
     /// Tokens the agent's model calls used, when the provider reports them.
-    #[serde(default)]
     pub usage: Option<Usage>,
     /// How often the sweeper sent the run again in its current stretch of
     /// `queued`: each wait before the next send is twice the last.
-    #[serde(default)]
     pub resends: u32,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,

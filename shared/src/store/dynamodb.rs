@@ -31,6 +31,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Up
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+use super::record::StoredRun;
 use super::{
     AgentStore, DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run,
     RunKey, RunStore, StoreError, StoredKey,
@@ -132,7 +133,8 @@ fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
 }
 
 fn run_item(run: &Run) -> Result<Item, StoreError> {
-    let mut item: Item = serde_dynamo::to_item(run).map_err(|error| defect(format!("cannot encode run: {error}")))?;
+    let mut item: Item =
+        serde_dynamo::to_item(StoredRun::from(run)).map_err(|error| defect(format!("cannot encode run: {error}")))?;
     item.insert("pk".into(), s(owner_pk(&run.owner)));
     item.insert("sk".into(), s(run_sk(run.id)));
     item.insert("gsi1pk".into(), s(format!("OWNER#{}#STATUS#{}", run.owner, run.status.as_str())));
@@ -148,7 +150,9 @@ fn decode_run(mut item: Item) -> Result<Run, StoreError> {
     for key in ["pk", "sk", "gsi1pk", "gsi1sk", "gsi2pk", "gsi2sk", CHECKPOINT_APART] {
         item.remove(key);
     }
-    serde_dynamo::from_item(item).map_err(|error| defect(format!("cannot decode stored run: {error}")))
+    serde_dynamo::from_item::<_, StoredRun>(item)
+        .map_err(|error| defect(format!("cannot decode stored run: {error}")))?
+        .try_into()
 }
 
 /// A due index entry and its sort key, by which entries are merged.

@@ -2,6 +2,7 @@
 
 mod change;
 mod dynamodb;
+mod record;
 mod sqlite;
 
 use async_trait::async_trait;

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
+use super::record::StoredRun;
 use super::{
     AgentStore, DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run,
     RunKey, RunStore, StoreError, StoredKey,
@@ -221,11 +222,14 @@ fn take_owner_lock(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 fn encode_run(run: &Run) -> Result<String, StoreError> {
-    serde_json::to_string(run).map_err(|error| StoreError::Defect(format!("cannot encode run: {error}")))
+    serde_json::to_string(&StoredRun::from(run))
+        .map_err(|error| StoreError::Defect(format!("cannot encode run: {error}")))
 }
 
 fn decode_run(body: &str) -> Result<Run, StoreError> {
-    serde_json::from_str(body).map_err(|error| StoreError::Defect(format!("cannot decode stored run: {error}")))
+    serde_json::from_str::<StoredRun>(body)
+        .map_err(|error| StoreError::Defect(format!("cannot decode stored run: {error}")))?
+        .try_into()
 }
 
 impl SqliteStore {

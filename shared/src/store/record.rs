@@ -1,0 +1,230 @@
+//! A run as both stores keep it: SQLite's JSON body and DynamoDB's item
+//! attributes are this record, not the domain's [`Run`]. The field names
+//! and encodings here are the stored format; renaming a domain field
+//! changes nothing stored, and a record that does not read back as a run is
+//! a [`StoreError::Defect`], never a silently different run. A field added
+//! later must read as its default from older records (`#[serde(default)]`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+use crate::domain::{Approval, ApprovalStatus, Lease, Owner, Run, RunStatus, Timestamp, Usage};
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct StoredRun {
+    id: String,
+    owner: String,
+    status: String,
+    agent: String,
+    input: String,
+    output: Option<String>,
+    error: Option<String>,
+    approvals: Vec<StoredApproval>,
+    metadata: BTreeMap<String, String>,
+    /// Times are milliseconds since the Unix epoch.
+    created_at: i64,
+    started_at: Option<i64>,
+    completed_at: Option<i64>,
+    version: u64,
+    due_at: Option<i64>,
+    attempts: u32,
+    lease: Option<StoredLease>,
+    checkpoint: Option<serde_json::Value>,
+    #[serde(default)]
+    execution_ms: u64,
+    #[serde(default)]
+    running_since: Option<i64>,
+    #[serde(default)]
+    usage: Option<StoredUsage>,
+    #[serde(default)]
+    resends: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredApproval {
+    id: String,
+    action: String,
+    status: String,
+    requested_at: i64,
+    resolved_at: Option<i64>,
+    comment: Option<String>,
+    /// Absent from records made before approvals expired.
+    #[serde(default)]
+    expires_at: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredLease {
+    worker: String,
+    expires_at: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredUsage {
+    input_tokens: u64,
+    output_tokens: u64,
+    total_tokens: u64,
+}
+
+fn millis(at: Timestamp) -> i64 {
+    at.millis()
+}
+
+impl From<&Run> for StoredRun {
+    fn from(run: &Run) -> Self {
+        StoredRun {
+            id: run.id.to_string(),
+            owner: run.owner.to_string(),
+            status: run.status.as_str().to_owned(),
+            agent: run.agent.clone(),
+            input: run.input.clone(),
+            output: run.output.clone(),
+            error: run.error.clone(),
+            approvals: run
+                .approvals
+                .iter()
+                .map(|approval| StoredApproval {
+                    id: approval.id.to_string(),
+                    action: approval.action.clone(),
+                    status: approval.status.as_str().to_owned(),
+                    requested_at: approval.requested_at.millis(),
+                    resolved_at: approval.resolved_at.map(millis),
+                    comment: approval.comment.clone(),
+                    expires_at: approval.expires_at.map(millis),
+                })
+                .collect(),
+            metadata: run.metadata.clone(),
+            created_at: run.created_at.millis(),
+            started_at: run.started_at.map(millis),
+            completed_at: run.completed_at.map(millis),
+            version: run.version,
+            due_at: run.due_at.map(millis),
+            attempts: run.attempts,
+            lease: run
+                .lease
+                .as_ref()
+                .map(|lease| StoredLease { worker: lease.worker.clone(), expires_at: lease.expires_at.millis() }),
+            checkpoint: run.checkpoint.clone(),
+            execution_ms: run.execution_ms,
+            running_since: run.running_since.map(millis),
+            usage: run.usage.map(|usage| StoredUsage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                total_tokens: usage.total_tokens,
+            }),
+            resends: run.resends,
+        }
+    }
+}
+
+fn malformed(what: &str) -> StoreError {
+    StoreError::Defect(format!("stored run: malformed {what}"))
+}
+
+fn at(millis: Option<i64>) -> Option<Timestamp> {
+    millis.map(Timestamp::from_millis)
+}
+
+impl TryFrom<StoredRun> for Run {
+    type Error = StoreError;
+
+    fn try_from(stored: StoredRun) -> Result<Run, StoreError> {
+        let approvals = stored
+            .approvals
+            .into_iter()
+            .map(|approval| {
+                Ok(Approval {
+                    id: approval.id.parse().map_err(|_| malformed("approval id"))?,
+                    action: approval.action,
+                    status: ApprovalStatus::parse(&approval.status).ok_or_else(|| malformed("approval status"))?,
+                    requested_at: Timestamp::from_millis(approval.requested_at),
+                    resolved_at: at(approval.resolved_at),
+                    comment: approval.comment,
+                    expires_at: at(approval.expires_at),
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Run {
+            id: stored.id.parse().map_err(|_| malformed("id"))?,
+            owner: Owner::parse(&stored.owner).map_err(|_| malformed("owner"))?,
+            status: RunStatus::parse(&stored.status).ok_or_else(|| malformed("status"))?,
+            agent: stored.agent,
+            input: stored.input,
+            output: stored.output,
+            error: stored.error,
+            approvals,
+            metadata: stored.metadata,
+            created_at: Timestamp::from_millis(stored.created_at),
+            started_at: at(stored.started_at),
+            completed_at: at(stored.completed_at),
+            version: stored.version,
+            due_at: at(stored.due_at),
+            attempts: stored.attempts,
+            lease: stored
+                .lease
+                .map(|lease| Lease { worker: lease.worker, expires_at: Timestamp::from_millis(lease.expires_at) }),
+            checkpoint: stored.checkpoint,
+            execution_ms: stored.execution_ms,
+            running_since: at(stored.running_since),
+            usage: stored.usage.map(|usage| Usage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                total_tokens: usage.total_tokens,
+            }),
+            resends: stored.resends,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bodies as the store wrote them before this record existed (the
+    /// domain's `Run` was serialized directly): they must read back, and a
+    /// run must be written exactly the same way.
+    const EARLIER_BODIES: [&str; 3] = [
+        r#"{"id":"run_01KAB0000000000000000000AA","owner":"acme","status":"queued","agent":"ops","input":"do it","output":null,"error":null,"approvals":[{"id":"apr_01KAB0000000000000000000BB","action":"Call the tool","status":"rejected","requested_at":1795303479123,"resolved_at":1795303480123,"comment":"no","expires_at":1795389879123}],"metadata":{"ticket":"OPS-1"},"created_at":1763453173760,"started_at":1795303478123,"completed_at":null,"version":7,"due_at":1795303540123,"attempts":0,"lease":null,"checkpoint":{"messages":[1,"two"],"n":3},"execution_ms":1000,"running_since":null,"usage":{"input_tokens":10,"output_tokens":5,"total_tokens":15},"resends":0}"#,
+        r#"{"id":"run_01KAB0000000000000000000AA","owner":"acme","status":"queued","agent":"echo","input":"hi","output":null,"error":null,"approvals":[],"metadata":{},"created_at":1795303478123,"started_at":null,"completed_at":null,"version":0,"due_at":1763453233760,"attempts":0,"lease":null,"checkpoint":null,"execution_ms":0,"running_since":null,"usage":null,"resends":0}"#,
+        r#"{"id":"run_01KAB0000000000000000000AA","owner":"acme","status":"running","agent":"echo","input":"hi","output":null,"error":null,"approvals":[],"metadata":{},"created_at":1795303478123,"started_at":1795303478123,"completed_at":null,"version":0,"due_at":1795303508123,"attempts":1,"lease":{"worker":"wrk_2.def","expires_at":1795303508123},"checkpoint":null,"execution_ms":0,"running_since":1795303478123,"usage":null,"resends":0}"#,
+    ];
+
+    fn read(body: &str) -> Run {
+        Run::try_from(serde_json::from_str::<StoredRun>(body).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn earlier_records_read_back_and_are_written_the_same_way() {
+        for body in EARLIER_BODIES {
+            let run = read(body);
+            assert_eq!(serde_json::to_string(&StoredRun::from(&run)).unwrap(), body);
+        }
+        let run = read(EARLIER_BODIES[0]);
+        assert_eq!(
+            (run.status, run.version, run.approvals[0].status),
+            (RunStatus::Queued, 7, ApprovalStatus::Rejected)
+        );
+        assert_eq!(run.approvals[0].comment.as_deref(), Some("no"));
+        assert_eq!(run.usage.map(|usage| usage.total_tokens), Some(15));
+        assert_eq!(read(EARLIER_BODIES[2]).lease.unwrap().worker, "wrk_2.def");
+    }
+
+    #[test]
+    fn records_from_before_later_fields_read_with_their_defaults() {
+        let oldest = r#"{"id":"run_01KAB0000000000000000000AA","owner":"acme","status":"awaiting_approval","agent":"echo","input":"hi","output":null,"error":null,"approvals":[{"id":"apr_01KAB0000000000000000000BB","action":"x","status":"pending","requested_at":5,"resolved_at":null,"comment":null}],"metadata":{},"created_at":1,"started_at":2,"completed_at":null,"version":3,"due_at":null,"attempts":1,"lease":null,"checkpoint":null}"#;
+        let run = read(oldest);
+        assert_eq!((run.execution_ms, run.running_since, run.usage, run.resends), (0, None, None, 0));
+        assert_eq!(run.approvals[0].expires_at, None);
+    }
+
+    #[test]
+    fn a_record_that_is_not_a_run_is_a_defect_not_a_different_run() {
+        for (from, to) in [("\"queued\"", "\"paused\""), ("run_01KAB", "xyz_01KAB"), ("\"acme\"", "\"a b\"")] {
+            let body = EARLIER_BODIES[1].replacen(from, to, 1);
+            let stored: StoredRun = serde_json::from_str(&body).unwrap();
+            assert!(matches!(Run::try_from(stored), Err(StoreError::Defect(_))), "{to}");
+        }
+    }
+}
