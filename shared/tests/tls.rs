@@ -126,6 +126,17 @@ async fn clients_speak_tls_and_check_the_certificate() {
     assert!(error.is_connect(), "{error:?}");
     assert_eq!(requests.load(Ordering::SeqCst), 0);
 
+    // The tools' client too (with the private network opt-in: the server is local).
+    let tools = LlmRuntime::new(Arc::new(|_| None), 1024).tool_http(true).client;
+    let (port, requests) = serve_tls("trusted-localhost").await;
+    let response = tools.get(format!("https://localhost:{port}/")).send().await.expect("reached over TLS");
+    assert_eq!(response.status(), 400);
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+    let (port, requests) = serve_tls("untrusted-localhost").await;
+    let error = tools.get(format!("https://localhost:{port}/")).send().await.expect_err("untrusted");
+    assert!(error.is_connect(), "{error:?}");
+    assert_eq!(requests.load(Ordering::SeqCst), 0);
+
     // A trust store with no readable certificate: the client is still built
     // (no panic), and it trusts nobody.
     let junk = tempfile::NamedTempFile::new().unwrap();

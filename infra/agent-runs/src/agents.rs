@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use agent_runs_shared::agents::llm::public_network;
 use agent_runs_shared::domain::{AgentDefinition, Clock, SystemClock};
 use clap::Subcommand;
 
@@ -26,7 +27,23 @@ pub fn read_definition(file: &Path) -> Result<AgentDefinition, Error> {
     let text = std::fs::read_to_string(file).map_err(|error| format!("cannot read {}: {error}", file.display()))?;
     let definition: AgentDefinition = toml::from_str(&text)
         .map_err(|error| format!("{} is not a valid agent definition: {error}", file.display()))?;
-    Ok(definition.parse().map_err(|error| format!("{}: {error}", file.display()))?)
+    let definition = definition.parse().map_err(|error| format!("{}: {error}", file.display()))?;
+    // A tool whose URL names this machine or a private address could never
+    // be called without the opt-in: say so now rather than at each call.
+    if !definition.allow_private_network {
+        for tool in &definition.tools {
+            if public_network::check_url(&tool.url).is_err() {
+                return Err(format!(
+                    "{}: tool `{}`: its URL names a local or private address, which tool calls may not reach; \
+                     if the tool runs on a private network, set `allow_private_network = true` (README, \"Defined agents\").",
+                    file.display(),
+                    tool.name
+                )
+                .into());
+            }
+        }
+    }
+    Ok(definition)
 }
 
 pub async fn run(command: AgentsCommand, db: &Path) -> Result<(), Error> {
@@ -41,6 +58,9 @@ pub async fn run(command: AgentsCommand, db: &Path) -> Result<(), Error> {
             let definition = definition.expect("read above");
             store.put_agent(&definition, SystemClock.now()).await?;
             eprintln!("Saved agent `{}` ({} tools).", definition.name, definition.tools.len());
+            if definition.allow_private_network {
+                eprintln!("Its tools may reach private and local network addresses (allow_private_network).");
+            }
         }
         AgentsCommand::List => {
             println!("{:<24}  {:<8}  {:<40}  TOOLS", "NAME", "PROVIDER", "MODEL");

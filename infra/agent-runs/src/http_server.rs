@@ -4,20 +4,54 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use agent_runs_shared::api::{Api, BodyTooLarge, MAX_BODY_BYTES};
+use agent_runs_shared::api::{Api, BodyTimedOut, BodyTooLarge, MAX_BODY_BYTES};
 use bytes::Bytes;
 use http::{Request, Response, header};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
-/// Reads the body up to the limit; a longer one is marked, not read.
-async fn into_api_request(request: Request<Incoming>) -> Request<Bytes> {
+/// What one client may hold of the server: connections and time.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// A connection that has not sent a whole request head (request line and
+    /// headers) this long after it opened, or after its previous answer, is
+    /// closed: this covers idle keep-alive connections too.
+    pub header_timeout: Duration,
+    /// Reading a request's body may take this long; beyond it the request is
+    /// answered `408` and the connection closed.
+    pub body_timeout: Duration,
+    /// Connections open at once; when all are taken, no more are accepted
+    /// (they wait in the listen backlog) until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self { header_timeout: Duration::from_secs(10), body_timeout: Duration::from_secs(30), max_connections: 512 }
+    }
+}
+
+/// The first wait after a failed `accept` (for example out of file
+/// descriptors), doubled at each failure in a row up to [`ACCEPT_BACKOFF_MAX`].
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The wait after `failures` failed accepts in a row (at least one).
+fn accept_backoff(failures: u32) -> Duration {
+    ACCEPT_BACKOFF_MIN.saturating_mul(1 << failures.clamp(1, 8).saturating_sub(1)).min(ACCEPT_BACKOFF_MAX)
+}
+
+/// Reads the body up to the limit and within `timeout`; a longer one is
+/// marked, not read, and so is one that took too long.
+async fn into_api_request(request: Request<Incoming>, timeout: Duration) -> Request<Bytes> {
     let (mut parts, body) = request.into_parts();
     let declared_too_large = parts
         .headers
@@ -27,10 +61,14 @@ async fn into_api_request(request: Request<Incoming>) -> Request<Bytes> {
     let bytes = if declared_too_large {
         None
     } else {
-        match Limited::new(body, MAX_BODY_BYTES).collect().await {
-            Ok(collected) => Some(collected.to_bytes()),
-            Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => None,
-            Err(_) => Some(Bytes::new()),
+        match tokio::time::timeout(timeout, Limited::new(body, MAX_BODY_BYTES).collect()).await {
+            Ok(Ok(collected)) => Some(collected.to_bytes()),
+            Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => None,
+            Ok(Err(_)) => Some(Bytes::new()),
+            Err(_) => {
+                parts.extensions.insert(BodyTimedOut);
+                Some(Bytes::new())
+            }
         }
     };
     if bytes.is_none() {
@@ -40,14 +78,15 @@ async fn into_api_request(request: Request<Incoming>) -> Request<Bytes> {
 }
 
 /// Serves the embedded API.
-pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: impl Future<Output = ()>) {
-    serve_with(listener, shutdown, move |request| {
+pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimits, shutdown: impl Future<Output = ()>) {
+    serve_with_limits(listener, limits, shutdown, move |request| {
         let api = api.clone();
         async move {
-            let request = into_api_request(request).await;
-            // The rest of an oversized body is never read: tell the client
-            // not to send another request on this connection.
-            let unread_body = request.extensions().get::<BodyTooLarge>().is_some();
+            let request = into_api_request(request, limits.body_timeout).await;
+            // The rest of an oversized or stalled body is never read: tell
+            // the client not to send another request on this connection.
+            let extensions = request.extensions();
+            let unread_body = extensions.get::<BodyTooLarge>().is_some() || extensions.get::<BodyTimedOut>().is_some();
             let mut response = api.handle(request).await.map(Full::new);
             if unread_body {
                 response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
@@ -58,25 +97,61 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: impl Future<O
     .await
 }
 
-/// Serves HTTP/1.1 on `listener` with `handler` until `shutdown`, then lets
-/// open connections finish for up to 10 seconds.
+/// Serves HTTP/1.1 on `listener` with `handler` until `shutdown`, with the
+/// default [`ConnectionLimits`].
 pub async fn serve_with<H, F>(listener: TcpListener, shutdown: impl Future<Output = ()>, handler: H)
 where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
+    serve_with_limits(listener, ConnectionLimits::default(), shutdown, handler).await
+}
+
+/// Serves HTTP/1.1 on `listener` with `handler` until `shutdown`, then lets
+/// open connections finish for up to 10 seconds. At most
+/// `limits.max_connections` are open at once; a connection that is slow to
+/// send its request head is closed after `limits.header_timeout` (reading
+/// the body is the handler's to bound).
+pub async fn serve_with_limits<H, F>(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+    handler: H,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(error = %error, "accept failed");
-                    continue;
-                }
-            },
+    let slots = Arc::new(Semaphore::new(limits.max_connections.clamp(1, Semaphore::MAX_PERMITS)));
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    'serving: loop {
+        // A free slot first: while every slot is taken, connections wait in
+        // the listen backlog instead of being accepted and dropped.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
             _ = &mut shutdown => break,
+        };
+        let mut failures = 0;
+        let stream = loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => break stream,
+                    Err(error) => {
+                        // Out of file descriptors (EMFILE) and the like: wait
+                        // for some to be freed instead of spinning.
+                        failures += 1;
+                        let wait = accept_backoff(failures);
+                        tracing::warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "accept failed");
+                        tokio::select! {
+                            _ = tokio::time::sleep(wait) => {}
+                            _ = &mut shutdown => break 'serving,
+                        }
+                    }
+                },
+                _ = &mut shutdown => break 'serving,
+            }
         };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
@@ -84,16 +159,29 @@ where
             let response = handler(request);
             async move { Ok::<_, Infallible>(response.await) }
         });
-        let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(error = %error, "connection ended with an error");
             }
+            drop(slot);
         });
     }
     drop(listener);
     if tokio::time::timeout(std::time::Duration::from_secs(10), graceful.shutdown()).await.is_err() {
         tracing::warn!("open connections did not finish within 10 s");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_accept_is_retried_ever_more_slowly_up_to_a_second() {
+        let waits: Vec<u64> = (1..=8).map(|failures| accept_backoff(failures).as_millis() as u64).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000, 1000, 1000]);
+        assert_eq!(accept_backoff(u32::MAX), ACCEPT_BACKOFF_MAX);
     }
 }

@@ -37,6 +37,16 @@ pub struct ServeArgs {
     /// `full` adds an fsync per write, for power-loss durability.
     #[arg(long, env = "AGENT_RUNS_SQLITE_SYNC", default_value = "normal", value_parser = ["normal", "full"])]
     sqlite_sync: String,
+    /// Seconds a connection may take to send a request's line and headers
+    /// (also how long an idle connection is kept open).
+    #[arg(long, env = "AGENT_RUNS_HEADER_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_secs: u64,
+    /// Seconds a request's body may take to arrive; beyond them it is answered 408.
+    #[arg(long, env = "AGENT_RUNS_BODY_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_secs: u64,
+    /// Connections open at once; beyond them new ones wait to be accepted.
+    #[arg(long, env = "AGENT_RUNS_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
 }
 
 pub fn init_logging() {
@@ -104,7 +114,12 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     std::io::stdout().flush()?;
     tracing::info!(%addr, db = %store.path().display(), workers = args.workers, "serving");
 
-    http_server::serve(listener, api, shutdown_signal()).await;
+    let limits = http_server::ConnectionLimits {
+        header_timeout: Duration::from_secs(args.header_timeout_secs),
+        body_timeout: Duration::from_secs(args.body_timeout_secs),
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+    };
+    http_server::serve(listener, api, limits, shutdown_signal()).await;
     tracing::info!("shutting down: handing running runs back to the queue");
     // A tool call in flight is let finish (up to its timeout) so its outcome
     // is saved; other work is handed back at once.

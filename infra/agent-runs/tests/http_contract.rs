@@ -695,6 +695,7 @@ provider = "openai"
 model = "stand-in-1"
 base_url = "{url}/v1"
 system_prompt = "You keep the repository tidy."
+allow_private_network = true   # the stand-in's tool listens on 127.0.0.1
 
 [[tools]]
 name = "delete_branch"
@@ -706,6 +707,13 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
 "#,
         url = model.url
     );
+    // Without the opt-in, a tool on 127.0.0.1 could never be called: refused.
+    std::fs::write(&file, toml.replace("allow_private_network = true", "")).unwrap();
+    let refused = server.admin_output(&["agents", "put", "--file", file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("allow_private_network = true"), "{stderr}");
+    assert!(!server.admin(&["agents", "list"]).contains("janitor"));
+
     std::fs::write(&file, toml).unwrap();
     server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
     assert!(
@@ -716,6 +724,7 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     );
     let shown: Value = serde_json::from_str(&server.admin(&["agents", "get", "janitor"])).unwrap();
     assert_eq!(shown["tools"][0]["requires_approval"], true);
+    assert_eq!(shown["allow_private_network"], true);
 
     let run = server.create(&key, json!({"agent": "janitor", "input": "Delete the branch old"}));
     assert_eq!(run["agent"], "janitor");

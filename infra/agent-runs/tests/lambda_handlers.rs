@@ -428,7 +428,7 @@ async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once() {
     let model = stand_in::StandIn::start().await;
     let definition: AgentDefinition = serde_json::from_value(json!({
         "name": "janitor", "provider": "openai", "model": "stand-in-1", "base_url": format!("{}/v1", model.url),
-        "system_prompt": "You keep the repository tidy.",
+        "system_prompt": "You keep the repository tidy.", "allow_private_network": true,
         "tools": [{"name": "delete_branch", "description": "Deletes a branch.", "method": "POST",
                    "url": format!("{}/tools/delete", model.url), "requires_approval": true,
                    "parameters": {"type": "object", "properties": {"branch": {"type": "string"}}, "required": ["branch"]}}]

@@ -302,7 +302,7 @@ async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<
 
 fn agent(name: &str, model: &str) -> AgentDefinition {
     serde_json::from_value::<AgentDefinition>(serde_json::json!({
-        "name": name, "provider": "openai", "model": model, "system_prompt": "Be brief.",
+        "name": name, "provider": "openai", "model": model, "system_prompt": "Be brief.", "allow_private_network": true,
         "tools": [{"name": "t", "description": "A tool.", "method": "POST", "url": "http://127.0.0.1:9/t",
                    "requires_approval": true, "headers_from_env": {"X-Key": "TOOL_KEY"}}]
     }))

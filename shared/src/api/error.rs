@@ -24,6 +24,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("request body too large")]
     RequestTooLarge,
+    /// The body did not arrive within the server's time for it.
+    #[error("request body timed out")]
+    RequestTimeout,
     #[error("unsupported media type")]
     UnsupportedMediaType,
     #[error("{message}")]
@@ -57,6 +60,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -72,6 +76,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Conflict(_) => "conflict",
             ApiError::RequestTooLarge => "request_too_large",
+            ApiError::RequestTimeout => "request_timeout",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
@@ -91,6 +96,9 @@ impl ApiError {
                 format!("This path does not support that method. Allowed: {allow}.")
             }
             ApiError::RequestTooLarge => "The request body is larger than 256 KiB.".into(),
+            ApiError::RequestTimeout => {
+                "The request body did not arrive in time. Send it whole, without pauses, and retry.".into()
+            }
             ApiError::UnsupportedMediaType => {
                 "Send the request body as JSON with `Content-Type: application/json`.".into()
             }
@@ -166,6 +174,7 @@ mod tests {
             (ApiError::MethodNotAllowed { allow: "GET".into() }, 405, "method_not_allowed", Some(("allow", "GET"))),
             (ApiError::Conflict("no".into()), 409, "conflict", None),
             (ApiError::RequestTooLarge, 413, "request_too_large", None),
+            (ApiError::RequestTimeout, 408, "request_timeout", None),
             (ApiError::UnsupportedMediaType, 415, "unsupported_media_type", None),
             (
                 ApiError::RateLimited { message: "slow".into(), retry_after_secs: 7 },

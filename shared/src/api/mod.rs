@@ -48,6 +48,11 @@ pub struct RequestId(pub String);
 #[derive(Debug, Clone, Copy)]
 pub struct BodyTooLarge;
 
+/// Set by the server when the body did not arrive in the time it allows;
+/// the request is answered `408 request_timeout`.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimedOut;
+
 /// Limits on what one owner may do.
 #[derive(Debug, Clone)]
 pub struct ApiLimits {
@@ -164,6 +169,9 @@ impl Api {
         }
         if request.extensions().get::<BodyTooLarge>().is_some() || request.body().len() > MAX_BODY_BYTES {
             return Err(ApiError::RequestTooLarge);
+        }
+        if request.extensions().get::<BodyTimedOut>().is_some() {
+            return Err(ApiError::RequestTimeout);
         }
         let owner = &principal.owner;
         let run_id = params.get("run_id");

@@ -27,6 +27,7 @@ pub fn error_codes() -> Vec<(u16, &'static str)> {
         ApiError::NotFound(String::new()),
         ApiError::MethodNotAllowed { allow: String::new() },
         ApiError::Conflict(String::new()),
+        ApiError::RequestTimeout,
         ApiError::RequestTooLarge,
         ApiError::UnsupportedMediaType,
         ApiError::RateLimited { message: String::new(), retry_after_secs: 0 },
@@ -81,6 +82,8 @@ fn common_errors(responses: &mut Value, with_body: bool) {
     responses["500"] = error_response("A defect; retry later and quote the x-request-id.", &[]);
     responses["503"] = error_response("A dependency failed; safe to retry.", &[("Retry-After", retry_after)]);
     if with_body {
+        responses["408"] =
+            error_response("The body did not arrive in time (embedded server); the connection is closed.", &[]);
         responses["413"] = error_response(&format!("The body is larger than {} KiB.", MAX_BODY_BYTES / 1024), &[]);
         responses["415"] = error_response("The body is not sent as application/json.", &[]);
     }
@@ -413,7 +416,7 @@ mod tests {
     fn every_error_code_and_status_filter_is_listed() {
         let document = builtin();
         let codes = &document["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"];
-        assert_eq!(codes.as_array().unwrap().len(), 10);
+        assert_eq!(codes.as_array().unwrap().len(), 11);
         let statuses = &document["paths"]["/v1/agent/runs"]["get"]["parameters"][0]["schema"]["enum"];
         assert_eq!(statuses.as_array().unwrap().len(), RunStatus::ALL.len() + 1, "the six states and empty");
         let agents = &document["components"]["schemas"]["CreateRun"]["properties"]["agent"]["examples"];

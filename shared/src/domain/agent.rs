@@ -114,6 +114,14 @@ pub struct AgentDefinition {
     pub max_tokens: Option<u32>,
     #[serde(default)]
     pub tools: Vec<ToolDefinition>,
+    /// Lets the tools reach loopback, private and link-local addresses
+    /// (127.0.0.1, 10.0.0.0/8, 169.254.169.254 ...), which are refused
+    /// otherwise. Only for tools that really run on a private network: the
+    /// model chooses the arguments, so a prompt-injected call could then
+    /// reach anything that network serves. Left out of the stored
+    /// definition when false, so a definition without it reads as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_private_network: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -259,6 +267,23 @@ mod tests {
         assert_eq!(agent.max_steps, 10);
         assert_eq!(agent.tools[0].timeout_ms, 10_000);
         assert!(!agent.tools[0].requires_approval);
+        assert!(!agent.allow_private_network);
+    }
+
+    #[test]
+    fn private_networks_are_allowed_only_when_asked_for_and_stored_only_then() {
+        let agent = parse(definition()).unwrap();
+        assert!(serde_json::to_value(&agent).unwrap().get("allow_private_network").is_none());
+        let mut document = definition();
+        document["allow_private_network"] = serde_json::json!(true);
+        let agent = parse(document).unwrap();
+        assert!(agent.allow_private_network);
+        let stored = serde_json::to_value(&agent).unwrap();
+        assert_eq!(stored["allow_private_network"], true);
+        assert_eq!(serde_json::from_value::<AgentDefinition>(stored).unwrap(), agent);
+        let mut document = definition();
+        document["allow_private_network"] = serde_json::json!("yes");
+        assert!(parse(document).is_err());
     }
 
     #[test]

@@ -46,6 +46,8 @@ struct State {
     tool_delay: std::time::Duration,
     /// How long the model takes to answer, after recording the request.
     model_delay: std::time::Duration,
+    /// When set, tools answer `302 Found` to this URL (after recording the call).
+    tool_redirect: Option<String>,
 }
 
 #[derive(Clone)]
@@ -119,6 +121,11 @@ impl StandIn {
         self.state.lock().unwrap().tool_delay = delay;
     }
 
+    /// Tools answer `302 Found` with `Location: <location>`.
+    pub fn redirect_tools_to(&self, location: &str) {
+        self.state.lock().unwrap().tool_redirect = Some(location.to_owned());
+    }
+
     pub fn tool_calls(&self) -> Vec<RecordedCall> {
         self.state.lock().unwrap().tool_calls.clone()
     }
@@ -168,6 +175,10 @@ fn answer(
     } else if target.starts_with("/tools/") {
         let call = RecordedCall { method, target: target.clone(), body, idempotency_key, authorization };
         state.tool_calls.push(call);
+        if let Some(location) = &state.tool_redirect {
+            let response = Response::builder().status(302).header("location", location).body(Full::new(Bytes::new()));
+            return (response, state.tool_delay);
+        }
         return (respond(200, json!({"ok": true, "call": state.tool_calls.len()}).to_string()), state.tool_delay);
     } else {
         respond(404, "{}".into())

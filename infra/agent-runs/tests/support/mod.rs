@@ -187,16 +187,21 @@ impl Server {
 
     /// Runs `agent-runs <args> --db <this server's database>` and returns stdout.
     pub fn admin(&self, args: &[&str]) -> String {
-        let output = Command::new(BIN)
+        let output = self.admin_output(args);
+        assert!(output.status.success(), "agent-runs {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// Runs `agent-runs <args> --db <this server's database>`, which may fail.
+    pub fn admin_output(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
             .args(args)
             .arg("--db")
             .arg(Self::db(&self.dir))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
-            .expect("run agent-runs");
-        assert!(output.status.success(), "agent-runs {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8(output.stdout).unwrap()
+            .expect("run agent-runs")
     }
 
     /// Issues a key for `owner` with the admin command.

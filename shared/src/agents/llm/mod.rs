@@ -6,6 +6,7 @@
 mod bedrock;
 mod model;
 mod openai;
+pub mod public_network;
 mod tools;
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use crate::domain::{AgentDefinition, ApprovalStatus, ProviderKind};
 pub use bedrock::{BedrockModel, to_document, to_value};
 pub use model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, RetryPolicy, ToolCall, ToolSpec};
 pub use openai::OpenAiModel;
-pub use tools::{EnvLookup, Tool, ToolOutcome};
+pub use tools::{EnvLookup, Tool, ToolHttp, ToolOutcome};
 
 /// The default largest checkpoint (the transcript as JSON).
 pub const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 256 * 1024;
@@ -34,6 +35,10 @@ pub struct LlmRuntime {
     /// milliseconds that a cold start of a function without defined agents
     /// should not pay.
     http: std::sync::OnceLock<reqwest::Client>,
+    /// The tools' clients: public addresses only, and any address (for
+    /// definitions with `allow_private_network`). Neither follows redirects.
+    tools_public: std::sync::OnceLock<reqwest::Client>,
+    tools_private: std::sync::OnceLock<reqwest::Client>,
     bedrock: OnceCell<aws_sdk_bedrockruntime::Client>,
     /// Where the Bedrock client's configuration comes from; the default
     /// chain when absent.
@@ -47,6 +52,8 @@ impl LlmRuntime {
     pub fn new(env: EnvLookup, max_checkpoint_bytes: usize) -> Self {
         Self {
             http: std::sync::OnceLock::new(),
+            tools_public: std::sync::OnceLock::new(),
+            tools_private: std::sync::OnceLock::new(),
             bedrock: OnceCell::new(),
             sdk: None,
             env,
@@ -55,22 +62,31 @@ impl LlmRuntime {
         }
     }
 
-    /// The HTTP client of OpenAI-compatible providers and HTTP tools.
+    /// The HTTP client of OpenAI-compatible providers (whose address the
+    /// operator sets, and the model cannot change).
     pub fn http(&self) -> reqwest::Client {
-        self.http
-            .get_or_init(|| {
-                crate::sdk::use_ring_for_rustls();
-                let builder = || reqwest::Client::builder().user_agent(concat!("agent-runs/", env!("CARGO_PKG_VERSION")));
-                // The build fails only when the trust store (the system's, or
-                // `SSL_CERT_FILE` / `SSL_CERT_DIR`) holds no readable
-                // certificate. Then every HTTPS call fails as a provider or
-                // tool error; the process and the other agents go on.
-                builder().build().unwrap_or_else(|error| {
-                    tracing::error!(%error, "no trusted root certificate could be read; HTTPS calls of agents will fail");
-                    builder().tls_built_in_root_certs(false).build().expect("a client that reads no certificates builds")
+        self.http.get_or_init(|| build_client(|builder| builder)).clone()
+    }
+
+    /// The HTTP client of a definition's tools. It follows no redirect (a
+    /// `3xx` goes back to the model as the tool's answer, and the tool's
+    /// secret headers go nowhere else). Unless `allow_private_network`, it
+    /// connects only to public addresses: names are resolved by
+    /// [`public_network::PublicAddressResolver`], and environment proxies
+    /// are not used (a proxy would resolve the name itself, out of sight of
+    /// the check).
+    pub fn tool_http(&self, allow_private_network: bool) -> ToolHttp {
+        let no_redirects = |builder: reqwest::ClientBuilder| builder.redirect(reqwest::redirect::Policy::none());
+        let client = if allow_private_network {
+            self.tools_private.get_or_init(|| build_client(no_redirects))
+        } else {
+            self.tools_public.get_or_init(|| {
+                build_client(|builder| {
+                    no_redirects(builder).no_proxy().dns_resolver(Arc::new(public_network::PublicAddressResolver))
                 })
             })
-            .clone()
+        };
+        ToolHttp { client: client.clone(), public_only: !allow_private_network }
     }
 
     /// Reads secrets from the process environment.
@@ -125,6 +141,22 @@ impl LlmRuntime {
             .collect();
         Ok(LlmAgent { definition, model, tools, specs, runtime: self.clone() })
     }
+}
+
+/// A client with this process's settings (user agent, root certificates),
+/// as `configure` adjusts it.
+fn build_client(configure: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder) -> reqwest::Client {
+    crate::sdk::use_ring_for_rustls();
+    let builder =
+        || configure(reqwest::Client::builder().user_agent(concat!("agent-runs/", env!("CARGO_PKG_VERSION"))));
+    // The build fails only when the trust store (the system's, or
+    // `SSL_CERT_FILE` / `SSL_CERT_DIR`) holds no readable certificate. Then
+    // every HTTPS call fails as a provider or tool error; the process and
+    // the other agents go on.
+    builder().build().unwrap_or_else(|error| {
+        tracing::error!(%error, "no trusted root certificate could be read; HTTPS calls of agents will fail");
+        builder().tls_built_in_root_certs(false).build().expect("a client that reads no certificates builds")
+    })
 }
 
 pub struct LlmAgent {
@@ -244,7 +276,8 @@ impl LlmAgent {
             Ok((tool, arguments)) => {
                 must_finish.set();
                 let idempotency_key = format!("{run_id}/{}", call.id);
-                tool.call(&self.runtime.http(), &arguments, &idempotency_key, &self.runtime.env).await
+                let http = self.runtime.tool_http(self.definition.allow_private_network);
+                tool.call(&http, &arguments, &idempotency_key, &self.runtime.env).await
             }
             Err(problem) => ToolOutcome::error(problem),
         }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::public_network::{self, NotPublic};
 use crate::domain::ToolDefinition;
 
 /// A definition's tool with its compiled argument schema.
@@ -24,6 +25,31 @@ impl ToolOutcome {
     pub fn error(content: impl Into<String>) -> Self {
         Self { content: content.into(), is_error: true }
     }
+}
+
+/// The client a tool call goes through, and whether it reaches public
+/// addresses only ([`super::LlmRuntime::tool_http`]).
+#[derive(Clone)]
+pub struct ToolHttp {
+    pub client: reqwest::Client,
+    pub public_only: bool,
+}
+
+/// What the model is told when a tool's address is refused; which address,
+/// and why, is for the log only.
+const NOT_PUBLIC: &str =
+    "The tool's address is not allowed: it resolves to a private or local network address. The call was not made.";
+
+/// Whether a failed request failed because its destination is not public.
+fn refused_as_not_public(error: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(cause) = source {
+        if cause.downcast_ref::<NotPublic>().is_some() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Reads an environment variable (the process's, or a test's).
@@ -67,14 +93,21 @@ impl Tool {
     /// attempt at this call, so an endpoint can drop a repeat.
     pub async fn call(
         &self,
-        http: &reqwest::Client,
+        http: &ToolHttp,
         arguments: &Value,
         idempotency_key: &str,
         env: &EnvLookup,
     ) -> ToolOutcome {
         let tool = &self.definition;
         let method = reqwest::Method::from_bytes(tool.method.as_str().as_bytes()).unwrap_or(reqwest::Method::POST);
+        // An IP address in the URL is never resolved, so the resolver
+        // cannot refuse it: it is looked at here, as is `localhost`.
+        if http.public_only && public_network::check_url(&tool.url).is_err() {
+            tracing::warn!(tool = %tool.name, "a tool call to a private or local address was refused");
+            return ToolOutcome::error(NOT_PUBLIC);
+        }
         let mut request = http
+            .client
             .request(method, &tool.url)
             .timeout(Duration::from_millis(tool.timeout_ms))
             .header("Idempotency-Key", idempotency_key);
@@ -102,6 +135,10 @@ impl Tool {
             Err(error) if error.is_timeout() => {
                 return ToolOutcome::error(timed_out(tool));
             }
+            Err(error) if refused_as_not_public(&error) => {
+                tracing::warn!(tool = %tool.name, "a tool call to a name that resolves only to private or local addresses was refused");
+                return ToolOutcome::error(NOT_PUBLIC);
+            }
             Err(error) => {
                 tracing::warn!(tool = %tool.name, error = %crate::error_chain(&error.without_url()), "tool call failed");
                 return ToolOutcome::error("The tool could not be reached.");
@@ -128,6 +165,11 @@ impl Tool {
         let status = response.status();
         if status.is_success() {
             ToolOutcome { content: text, is_error: false }
+        } else if status.is_redirection() {
+            ToolOutcome::error(format!(
+                "The tool answered HTTP {}, a redirect; tool calls do not follow redirects: {text}",
+                status.as_u16()
+            ))
         } else {
             ToolOutcome::error(format!("The tool answered HTTP {}: {text}", status.as_u16()))
         }
