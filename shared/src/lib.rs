@@ -8,6 +8,7 @@ pub mod auth;
 pub mod aws;
 pub mod config;
 pub mod domain;
+#[cfg(any(test, feature = "faults"))]
 pub mod faults;
 pub mod lambda;
 pub mod lifecycle;

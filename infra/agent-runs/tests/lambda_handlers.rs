@@ -219,6 +219,9 @@ fn id(run: &Value) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_then_worker_then_get_through_the_handlers() {
+    if support::without_emulator("create_then_worker_then_get_through_the_handlers") {
+        return;
+    }
     let aws = Aws::new().await;
     let (status, run) =
         aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "Summarise"}))).await;
@@ -238,6 +241,9 @@ async fn create_then_worker_then_get_through_the_handlers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_and_a_cancel_through_the_handlers() {
+    if support::without_emulator("an_approval_and_a_cancel_through_the_handlers") {
+        return;
+    }
     let aws = Aws::new().await;
     let body = json!({"agent": "script", "input": "say start\napprove Rotate the keys\nsay end"});
     let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(body)).await;
@@ -272,6 +278,9 @@ async fn an_approval_and_a_cancel_through_the_handlers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_messages_are_reported_and_runs_that_are_done_are_acknowledged() {
+    if support::without_emulator("unreadable_messages_are_reported_and_runs_that_are_done_are_acknowledged") {
+        return;
+    }
     let aws = Aws::new().await;
     let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "x"}))).await;
     let (delivered, _) = aws.deliver().await;
@@ -288,6 +297,9 @@ async fn unreadable_messages_are_reported_and_runs_that_are_done_are_acknowledge
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_operation_keeps_its_aws_call_budget() {
+    if support::without_emulator("each_operation_keeps_its_aws_call_budget") {
+        return;
+    }
     let aws = Aws::new().await;
     let create = Some(json!({"input": "budget"}));
     let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", create.clone()).await;
@@ -350,6 +362,9 @@ async fn each_operation_keeps_its_aws_call_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_lettered_runs_are_failed_unless_they_moved_on() {
+    if support::without_emulator("dead_lettered_runs_are_failed_unless_they_moved_on") {
+        return;
+    }
     let aws = Aws::new().await;
     let (_, stuck) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "stuck"}))).await;
     let (_, done) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "done"}))).await;
@@ -387,6 +402,9 @@ async fn dead_lettered_runs_are_failed_unless_they_moved_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_throttling_is_retried_then_answered_503_and_nothing_is_lost() {
+    if support::without_emulator("dynamodb_throttling_is_retried_then_answered_503_and_nothing_is_lost") {
+        return;
+    }
     let throttling = RandomFailures::new(0.0, 1);
     let aws = Aws::with_faults(throttling.clone(), AwsError::Throttling).await;
     let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "kept"}))).await;
@@ -424,6 +442,9 @@ async fn dynamodb_throttling_is_retried_then_answered_503_and_nothing_is_lost() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once() {
+    if support::without_emulator("a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once") {
+        return;
+    }
     let aws = Aws::new().await;
     let model = stand_in::StandIn::start().await;
     let definition: AgentDefinition = serde_json::from_value(json!({
@@ -477,6 +498,9 @@ async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once() {
 /// does not hand back a run it just finished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_conflicts_are_sent_again() {
+    if support::without_emulator("transaction_conflicts_are_sent_again") {
+        return;
+    }
     let conflicts = FailNext::new();
     let aws = Aws::with_faults(conflicts.clone(), AwsError::TransactionConflict).await;
     conflicts.fail_next(2);
@@ -503,6 +527,9 @@ async fn transaction_conflicts_are_sent_again() {
 /// outcome is known here: nothing was written), never 500.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_conflicts_that_persist_answer_503() {
+    if support::without_emulator("transaction_conflicts_that_persist_answer_503") {
+        return;
+    }
     let conflicts = FailNext::new();
     let aws = Aws::with_faults(conflicts.clone(), AwsError::TransactionConflict).await;
     conflicts.fail_next(usize::MAX);
@@ -519,6 +546,9 @@ async fn transaction_conflicts_that_persist_answer_503() {
 /// `Unavailable`, instead of holding a worker past its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_without_an_answer_ends_at_the_call_timeout() {
+    if support::without_emulator("a_call_without_an_answer_ends_at_the_call_timeout") {
+        return;
+    }
     use agent_runs_shared::sdk::{STORE_ATTEMPT_TIMEOUT, STORE_CALL_TIMEOUT};
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", silent.local_addr().unwrap());

@@ -59,6 +59,9 @@ impl Partition {
 
 #[test]
 fn an_outage_answers_503_with_retry_after_and_loses_nothing() {
+    if support::without_emulator("an_outage_answers_503_with_retry_after_and_loses_nothing") {
+        return;
+    }
     let partition = Partition::start(support::aws_endpoint());
     let endpoint = format!("http://127.0.0.1:{}", partition.port);
     let server =

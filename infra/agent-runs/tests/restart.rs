@@ -141,6 +141,9 @@ fn kill_9_during_a_load_of_mixed_runs_then_every_accepted_run_completes() {
 
 #[test]
 fn on_the_aws_path_a_worker_killed_mid_run_is_taken_over_after_its_lease() {
+    if support::without_emulator("on_the_aws_path_a_worker_killed_mid_run_is_taken_over_after_its_lease") {
+        return;
+    }
     let server = Server::start_on(Target::Lambda, &[("AGENT_RUNS_LEASE_MS", "1500"), ("AGENT_RUNS_SWEEP_MS", "250")]);
     let key = server.dev_key.clone().unwrap();
     let run = id(&server.create_script(&key, "say a\nsleep 1000\nsay b"));

@@ -465,6 +465,9 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_store_keeps_the_contract() {
+    if support::without_emulator("dynamodb_store_keeps_the_contract") {
+        return;
+    }
     let resources = support::create_aws_resources();
     let table = resources.iter().find(|(name, _)| name == "AGENT_RUNS_TABLE").unwrap().1.clone();
     let sdk = support::aws_sdk_config().await;
