@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::domain::{Owner, Run, RunId, Timestamp};
 use crate::queue::{QueueError, RunMessage, RunQueue};
-use crate::store::{DueRun, IdempotencyClaim, InsertOutcome, ListPage, ListRequest, RunKey, RunStore, StoreError};
+use crate::store::{DueRun, IdempotencyClaim, InsertOutcome, ListPage, ListRequest, RunStore, StoreError};
 
 /// What happens to one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,10 +183,6 @@ impl RunStore for FaultyStore {
 
     async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
         faulty(self.plan.as_ref(), "active_runs", store_fault, self.inner.active_runs(owner)).await
-    }
-
-    async fn set_aside_unreadable(&self, key: &RunKey) -> Result<bool, StoreError> {
-        faulty(self.plan.as_ref(), "set_aside_unreadable", store_fault, self.inner.set_aside_unreadable(key)).await
     }
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {

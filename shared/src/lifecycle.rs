@@ -140,11 +140,17 @@ impl Lifecycle {
                 Ok(run)
             }
             Err(store_error) => {
-                // The undo may or may not have happened: a run that is still
-                // there is kept (the sweeper enqueues it) and answered.
+                // The undo may or may not happen yet (a write that timed out
+                // can still land). Only a conditional write settles it: a
+                // pin the undo's condition refuses keeps the run, and it is
+                // answered; a run gone, or a pin that fails, is a 503.
                 tracing::error!(run_id = %run.id, error = %error_chain(&store_error), "could not undo a create whose enqueue failed");
-                match self.runs.get(&run.owner, run.id).await {
-                    Ok(Some(kept)) => Ok(kept),
+                match self.pin(&run.owner, run.id).await {
+                    Ok(Some((kept, _))) => {
+                        // The sweeper sends it if this send fails too.
+                        let _ = self.queue.enqueue(&message).await;
+                        Ok(kept)
+                    }
                     Ok(None) | Err(_) => Err(StartError::NotQueued(queue_error)),
                 }
             }
@@ -155,25 +161,33 @@ impl Lifecycle {
     /// create was undone meanwhile (the key is free again).
     async fn replay(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StartError> {
         // The first request may still be waiting on its send, and would
-        // undo the create should the send fail. Pin a run no worker has
-        // touched with a write (which that undo's condition refuses) before
+        // undo the create should the send fail. Pin the run before
         // answering with it, and send it ourselves: a duplicate message is
         // harmless, a missing one is not.
-        let pinned = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
-            Ok::<_, std::convert::Infallible>(Transition::write_if(run.is_as_created(), run.is_as_created()))
-        })
-        .await;
-        let (run, pinned) = match pinned {
-            Ok(found) => found,
-            Err(ChangeError::Gone) => return Ok(None),
-            Err(ChangeError::Store(error)) => return Err(error.into()),
-            Err(ChangeError::Refused(never)) => match never {},
+        let Some((run, pinned)) = self.pin(owner, run_id).await? else {
+            return Ok(None);
         };
         if pinned {
             let message = RunMessage { run_id, owner: owner.clone() };
             self.queue.enqueue(&message).await.map_err(StartError::NotQueued)?;
         }
         Ok(Some(run))
+    }
+
+    /// Makes a run no worker has touched yet safe from an undo of its
+    /// create: a write (a version bump) that the undo's condition refuses.
+    /// The run and whether it needed the pin; `None` when it is gone.
+    async fn pin(&self, owner: &Owner, run_id: RunId) -> Result<Option<(Run, bool)>, StoreError> {
+        let pinned = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
+            Ok::<_, std::convert::Infallible>(Transition::write_if(run.is_as_created(), run.is_as_created()))
+        })
+        .await;
+        match pinned {
+            Ok(found) => Ok(Some(found)),
+            Err(ChangeError::Gone) => Ok(None),
+            Err(ChangeError::Store(error)) => Err(error),
+            Err(ChangeError::Refused(never)) => match never {},
+        }
     }
 
     pub async fn cancel(&self, owner: &Owner, run_id: RunId) -> Result<Run, ChangeError<TransitionError>> {

@@ -730,3 +730,18 @@ async fn a_stop_lets_a_tool_call_in_flight_end_and_records_its_result() {
     assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
     assert_eq!(fixture.stand_in.tool_calls().len(), 1, "the tool is called exactly once");
 }
+
+#[tokio::test]
+async fn a_model_that_never_answers_cannot_keep_the_run_past_its_time_limit() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![text("Too late.")]);
+    fixture.stand_in.delay_model(Duration::from_secs(20));
+    let message = fixture.create("Say something").await;
+    let policy = ExecutionPolicy { max_run_time: Duration::from_millis(500), ..fixture.policy.clone() };
+    let worker = Worker::new(Arc::new(fixture.store.clone()), fixture.agents.clone(), fixture.clock.clone(), policy);
+    let started = std::time::Instant::now();
+    assert_eq!(worker.process(&message, &running()).await.unwrap(), Outcome::Failed);
+    assert!(started.elapsed() < Duration::from_secs(10), "failed at the limit, not when the model answered");
+    let run = fixture.run(&message).await;
+    assert!(run.error.as_deref().unwrap_or_default().contains("time limit"), "{:?}", run.error);
+}

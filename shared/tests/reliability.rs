@@ -131,9 +131,6 @@ impl RunStore for Observed {
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
         self.inner.due(until, after, limit).await
     }
-    async fn set_aside_unreadable(&self, key: &agent_runs_shared::store::RunKey) -> Result<bool, StoreError> {
-        self.inner.set_aside_unreadable(key).await
-    }
 }
 
 /// Which process crashes, and where.

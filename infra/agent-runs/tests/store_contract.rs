@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use agent_runs_shared::domain::{AgentDefinition, ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
 use agent_runs_shared::store::{
-    AgentStore, DueRun, Durability, DynamoStore, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunKey,
-    RunStore, SqliteStore, StoreError, StoredKey,
+    AgentStore, DueRun, Durability, DynamoStore, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunStore,
+    SqliteStore, StoreError, StoredKey,
 };
 use ulid::Ulid;
 
@@ -359,28 +359,7 @@ async fn large_checkpoints_round_trip(store: &dyn RunStore) {
     assert_eq!((done.status, done.checkpoint), (RunStatus::Succeeded, None));
 }
 
-/// A run that cannot be read is set aside: off the due schedule, out of
-/// the active count, once.
-async fn an_unreadable_run_can_be_set_aside(store: &dyn RunStore) {
-    let who = owner("aside");
-    let run = new_run("aside", 0, 40);
-    insert(store, &run).await;
-    let key = RunKey { owner: who.clone(), run_id: run.id };
-    assert_eq!(store.active_runs(&who).await.unwrap(), 1);
-    assert!(store.set_aside_unreadable(&key).await.unwrap());
-    assert_eq!(store.active_runs(&who).await.unwrap(), 0);
-    let due = store.due(Timestamp::MAX, None, 100).await.unwrap();
-    assert!(due.iter().all(|due| due.key != key), "no longer due");
-    assert!(!store.set_aside_unreadable(&key).await.unwrap(), "only once");
-    assert_eq!(store.active_runs(&who).await.unwrap(), 0);
-    let gone = RunKey { owner: who.clone(), run_id: RunId::from_ulid(Ulid::from_parts(T0, 41)) };
-    assert!(!store.set_aside_unreadable(&gone).await.unwrap(), "nothing to set aside");
-    let listed = store.list(&who, ListRequest { status: None, before: None, limit: 10 }).await.unwrap();
-    assert_eq!(listed.runs.len(), 1, "nothing else was written");
-}
-
 async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
-    an_unreadable_run_can_be_set_aside(runs.as_ref()).await;
     undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;
     agents_are_put_replaced_listed_and_deleted(agents).await;
     large_checkpoints_round_trip(runs.as_ref()).await;
@@ -515,15 +494,40 @@ async fn sqlite_purges_expired_idempotency_records_as_new_ones_come_in() {
         assert!(matches!(store.insert(&run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
     }
     assert_eq!(records(), 40);
-    // Later, after they expired, each new key takes several old ones away.
+    // An hour after they expired, each new key takes several old ones away.
+    let later = T0 + 3_604_000;
+    let one = new_run("purge", 2_000, 699);
+    assert!(matches!(
+        store.insert(&one, Some(&claim("early", "r", T0 + 2_000)), 1_000).await.unwrap(),
+        InsertOutcome::Inserted
+    ));
+    assert_eq!(records(), 41, "not purged within the hour after they expired");
     for i in 0..3u64 {
-        let run = new_run("purge", 10_000 + i, 700 + u128::from(i));
-        let claim = claim(&format!("new{i}"), "r", T0 + 10_000);
+        let run = new_run("purge", 3_604_000 + i, 700 + u128::from(i));
+        let claim = claim(&format!("new{i}"), "r", later);
         assert!(matches!(store.insert(&run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
     }
-    assert_eq!(records(), 3, "the expired 40 are gone, the 3 live ones stay");
+    assert_eq!(records(), 3, "the expired 41 are gone, the 3 live ones stay");
     // A live record is never purged: its key still replays.
-    let again = new_run("purge", 10_010, 710);
-    let outcome = store.insert(&again, Some(&claim("new0", "r", T0 + 10_010)), 1_000).await.unwrap();
+    let again = new_run("purge", 3_604_010, 710);
+    let outcome = store.insert(&again, Some(&claim("new0", "r", later + 10)), 1_000).await.unwrap();
     assert!(matches!(outcome, InsertOutcome::IdempotencyKeyTaken(_)));
+}
+
+#[tokio::test]
+async fn sqlite_due_pages_go_past_a_malformed_row_without_coming_up_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    let runs: Vec<Run> = (0..5u64).map(|i| new_run("due", i, 800 + u128::from(i))).collect();
+    for run in &runs {
+        insert(&store, run).await;
+    }
+    let file = rusqlite::Connection::open(&path).unwrap();
+    file.execute("UPDATE runs SET id = 'garbled' WHERE id = ?1", [runs[1].id.to_string()]).unwrap();
+    let page = store.due(Timestamp::MAX, None, 2).await.unwrap();
+    let ids: Vec<RunId> = page.iter().map(|due| due.key.run_id).collect();
+    assert_eq!(ids, [runs[0].id, runs[2].id], "the malformed row is left out and the page is still full");
+    let rest = store.due(Timestamp::MAX, page.last(), 10).await.unwrap();
+    assert_eq!(rest.iter().map(|due| due.key.run_id).collect::<Vec<_>>(), [runs[3].id, runs[4].id]);
 }

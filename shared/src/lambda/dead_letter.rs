@@ -5,7 +5,7 @@ use crate::aws::AwsServices;
 use crate::domain::Clock;
 use crate::error_chain;
 use crate::queue::RunMessage;
-use crate::store::RunStore;
+use crate::store::{RunStore, StoreError};
 use crate::worker::abandon_dead_letter;
 
 /// Fails the runs of dead-lettered messages that are still stuck, so no run
@@ -22,6 +22,11 @@ pub async fn handle_dead_letters(runs: &dyn RunStore, clock: &dyn Clock, event: 
         match abandon_dead_letter(runs, clock, &message).await {
             Ok(true) => tracing::error!(run_id = %message.run_id, "run failed: its message was dead-lettered"),
             Ok(false) => tracing::info!(run_id = %message.run_id, "dead-lettered message for a run that moved on"),
+            // A run that cannot be read is no better on another try: the
+            // sweeper logs it for an operator.
+            Err(error @ StoreError::Defect(_)) => {
+                tracing::error!(run_id = %message.run_id, error = %error_chain(&error), "dead-lettered message for a run that cannot be read");
+            }
             Err(error) => {
                 tracing::warn!(run_id = %message.run_id, error = %error_chain(&error), "will retry");
                 response.add_failure(id);

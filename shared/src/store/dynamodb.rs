@@ -629,10 +629,14 @@ impl RunStore for DynamoStore {
                     .send()
                     .await
                     .map_err(unavailable)?;
+                // A malformed entry is left out and does not count, so the
+                // page still holds `limit` runs when there are that many.
                 for item in output.items.unwrap_or_default() {
-                    from_shard += 1;
                     match decode_due(&item) {
-                        Ok(due) => merged.push(due),
+                        Ok(due) => {
+                            merged.push(due);
+                            from_shard += 1;
+                        }
                         Err(error) => {
                             tracing::error!(error = %error, "a due index entry is malformed; the sweeper leaves it out")
                         }
@@ -646,35 +650,6 @@ impl RunStore for DynamoStore {
         }
         merged.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(merged.into_iter().take(limit as usize).map(|(_, due)| due).collect())
-    }
-
-    async fn set_aside_unreadable(&self, key: &RunKey) -> Result<bool, StoreError> {
-        let mark_failed = Update::builder()
-            .table_name(&self.table)
-            .key("pk", s(owner_pk(&key.owner)))
-            .key("sk", s(run_sk(key.run_id)))
-            .update_expression(
-                "SET #status = :failed, gsi1pk = :listed, version = version + :one REMOVE gsi2pk, gsi2sk",
-            )
-            .condition_expression("#status IN (:queued, :running, :awaiting)")
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_values(":failed", s("failed"))
-            .expression_attribute_values(":listed", s(format!("OWNER#{}#STATUS#failed", key.owner)))
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":queued", s("queued"))
-            .expression_attribute_values(":running", s("running"))
-            .expression_attribute_values(":awaiting", s("awaiting_approval"))
-            .build()
-            .map_err(defect)?;
-        let items = vec![
-            TransactWriteItem::builder().update(mark_failed).build(),
-            TransactWriteItem::builder().update(self.active_counter(&key.owner, -1, None)?).build(),
-        ];
-        match self.transact(items).await {
-            Ok(()) => Ok(true),
-            Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
-            Err(TransactFailure::Store(error)) => Err(error),
-        }
     }
 }
 

@@ -125,13 +125,6 @@ pub trait RunStore: Send + Sync + 'static {
     /// after `after` (exclusive) when paging. An index entry that cannot be
     /// read is logged and left out, never a reason to fail the page.
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError>;
-
-    /// Ends a run whose stored record cannot be decoded, without decoding
-    /// it: marks it failed where the store indexes it, takes it off the due
-    /// schedule and out of the active count, so the sweeper stops meeting it
-    /// and it no longer holds its owner's place. The record itself is left
-    /// for an operator to inspect. `Ok(false)` when already ended or gone.
-    async fn set_aside_unreadable(&self, key: &RunKey) -> Result<bool, StoreError>;
 }
 
 /// An API key as stored: never the key itself, only its SHA-256 hash.

@@ -104,6 +104,9 @@ const MIGRATIONS: [&str; 4] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4];
 /// Expired idempotency records removed by each create that adds one: more
 /// than one, so the table shrinks back to the keys still in their window.
 const PURGE_PER_CREATE: u32 = 16;
+/// Records are purged only this long after they expired, so a clock that
+/// jumps forward for a while cannot remove records still in their window.
+const PURGE_AFTER: i64 = 60 * 60 * 1000;
 const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -391,7 +394,9 @@ impl RunStore for SqliteStore {
                         "DELETE FROM idempotency WHERE (owner, key_hash) IN
                          (SELECT owner, key_hash FROM idempotency WHERE expires_at <= ?1 LIMIT ?2)",
                     )
-                    .and_then(|mut statement| statement.execute(params![claim.created_at.millis(), PURGE_PER_CREATE]))
+                    .and_then(|mut statement| {
+                        statement.execute(params![claim.created_at.millis() - PURGE_AFTER, PURGE_PER_CREATE])
+                    })
                     .map_err(unavailable)?;
                 transaction
                     .prepare_cached(
@@ -549,7 +554,7 @@ impl RunStore for SqliteStore {
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
         let after = after.map(|due| (due.due_at.millis(), due.key.owner.to_string(), due.key.run_id.to_string()));
         self.read(move |connection| {
-            let (after_due, after_owner, after_id) = after.unwrap_or((i64::MIN, String::new(), String::new()));
+            let mut cursor = after.unwrap_or((i64::MIN, String::new(), String::new()));
             let mut statement = connection
                 .prepare_cached(
                     "SELECT due_at, owner, id FROM runs
@@ -557,41 +562,32 @@ impl RunStore for SqliteStore {
                      ORDER BY due_at, owner, id LIMIT ?5",
                 )
                 .map_err(unavailable)?;
-            let rows = statement
-                .query_map(params![until.millis(), after_due, after_owner, after_id, limit], |row| {
-                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?))
-                })
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(unavailable)?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|(due_at, owner, id)| match (Owner::parse(&owner), id.parse()) {
-                    (Ok(owner), Ok(run_id)) => {
-                        Some(DueRun { due_at: Timestamp::from_millis(due_at), key: RunKey { owner, run_id } })
+            // A malformed row is left out and does not count, so the page
+            // still holds `limit` runs when there are that many.
+            let mut found = Vec::new();
+            loop {
+                let rows = statement
+                    .query_map(params![until.millis(), cursor.0, cursor.1, cursor.2, limit], |row| {
+                        Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?))
+                    })
+                    .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                    .map_err(unavailable)?;
+                let last_rows = rows.len() < limit as usize;
+                for (due_at, owner, id) in rows {
+                    match (Owner::parse(&owner), id.parse()) {
+                        (Ok(owner), Ok(run_id)) if found.len() < limit as usize => {
+                            found
+                                .push(DueRun { due_at: Timestamp::from_millis(due_at), key: RunKey { owner, run_id } });
+                        }
+                        (Ok(_), Ok(_)) => {}
+                        _ => tracing::error!(owner, id, "a due run's key is malformed; the sweeper leaves it out"),
                     }
-                    _ => {
-                        tracing::error!(owner, id, "a due run's key is malformed; the sweeper leaves it out");
-                        None
-                    }
-                })
-                .collect())
-        })
-        .await
-    }
-
-    async fn set_aside_unreadable(&self, key: &RunKey) -> Result<bool, StoreError> {
-        let RunKey { owner, run_id } = key.clone();
-        let store = self.clone();
-        self.write(move |connection| {
-            let changed = connection
-                .execute(
-                    "UPDATE runs SET status = 'failed', version = version + 1, due_at = NULL
-                     WHERE owner = ?1 AND id = ?2 AND status IN ('queued', 'running', 'awaiting_approval')",
-                    params![owner.as_str(), run_id.to_string()],
-                )
-                .map_err(unavailable)?;
-            store.forget(&owner, run_id);
-            Ok(changed == 1)
+                    cursor = (due_at, owner, id);
+                }
+                if last_rows || found.len() >= limit as usize {
+                    return Ok(found);
+                }
+            }
         })
         .await
     }

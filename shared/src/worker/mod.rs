@@ -78,6 +78,9 @@ struct Attempt {
     /// The agent's latest state, saved or not yet: whatever hands the run
     /// back hands this back, so nothing the agent did is done again.
     checkpoint: Option<serde_json::Value>,
+    /// When the last write that renewed the lease was sent (the claim's,
+    /// at first): the lease runs from no later than this.
+    renewed_at: Instant,
 }
 
 impl Worker {
@@ -96,6 +99,7 @@ impl Worker {
             return Ok(Outcome::Released);
         }
         let lease = format!("{}.{}", self.id, self.ids.ulid_at(self.clock.now()));
+        let renewed_at = Instant::now();
         let run = match self.claim(message, &lease).await {
             Ok(Some(run)) => run,
             Ok(None) => return Ok(Outcome::Dropped),
@@ -103,7 +107,7 @@ impl Worker {
         };
         tracing::debug!(run_id = %run.id, %lease, attempt = run.attempts, "claimed");
         let claimed = run.checkpoint.clone();
-        let mut attempt = Attempt { lease, checkpoint: run.checkpoint.clone(), run };
+        let mut attempt = Attempt { lease, checkpoint: run.checkpoint.clone(), run, renewed_at };
         match self.execute(&mut attempt, stop).await {
             Ok(outcome) => Ok(outcome),
             Err(WorkerError::Transient(error)) => {
@@ -111,7 +115,8 @@ impl Worker {
                 // if the store lets us, so the attempt is not used up.
                 // Otherwise the lease expires as after a crash.
                 let _ = self.hand_back(&mut attempt).await;
-                Err(Interrupted { error, progressed: attempt.checkpoint != claimed })
+                // Progress counts only once stored (`run` is as last written).
+                Err(Interrupted { error, progressed: attempt.run.checkpoint != claimed })
             }
         }
     }
@@ -125,7 +130,6 @@ impl Worker {
         };
 
         let mut usage = attempt.run.usage;
-        let mut last_heartbeat = Instant::now();
         let mut last_check = Instant::now();
         loop {
             let run = &attempt.run;
@@ -153,7 +157,12 @@ impl Worker {
                     }
                 };
                 tokio::pin!(stopped);
-                let mut letting_finish = false;
+                // A step that hangs (a provider that never answers) must not
+                // keep the run past its time limit.
+                let time_left = self.policy.max_run_time.saturating_sub(attempt.run.execution_time(self.clock.now()));
+                let over_time = tokio::time::sleep(time_left);
+                tokio::pin!(over_time);
+                let (mut letting_finish, mut over_time_seen) = (false, false);
                 loop {
                     tokio::select! {
                         step = &mut stepping => break Some(step),
@@ -163,22 +172,33 @@ impl Worker {
                             }
                             letting_finish = true;
                         }
+                        () = &mut over_time, if !over_time_seen => {
+                            if !must_finish.is_set() {
+                                break Some(Step::Failed(crate::domain::time_limit_message(self.policy.max_run_time)));
+                            }
+                            over_time_seen = true;
+                        }
                         () = tokio::time::sleep(self.heartbeat_every) => {
                             // A failed heartbeat does not give the step up at
                             // once: the next one may succeed, and the write
                             // after the step says whether the lease held.
+                            let sent = Instant::now();
                             match self
                                 .write(&mut attempt.run, &attempt.lease, |run, now, lease| {
                                     run.heartbeat(lease, None, now, &self.policy)
                                 })
                                 .await
                             {
-                                Ok(true) => last_heartbeat = Instant::now(),
+                                Ok(true) => attempt.renewed_at = sent,
                                 Ok(false) => return Ok(Outcome::LostLease),
-                                // Once the lease has lapsed here, another worker may
-                                // take the run over: give up a step that has not
-                                // reached out to a tool rather than run it twice.
-                                Err(error) if last_heartbeat.elapsed() >= self.policy.lease && !must_finish.is_set() => {
+                                // The lease lapses before the next heartbeat, and
+                                // another worker may then take the run over: give
+                                // up a step that has not reached out to a tool
+                                // rather than have it run twice.
+                                Err(error)
+                                    if attempt.renewed_at.elapsed() + self.heartbeat_every >= self.policy.lease
+                                        && !must_finish.is_set() =>
+                                {
                                     return Err(error);
                                 }
                                 Err(WorkerError::Transient(error)) => {
@@ -229,8 +249,9 @@ impl Worker {
                 return self.hand_back(attempt).await;
             }
             // Between steps: a cancel or takeover ends the work here.
-            if save_now || last_heartbeat.elapsed() >= self.heartbeat_every {
+            if save_now || attempt.renewed_at.elapsed() >= self.heartbeat_every {
                 let saved = attempt.checkpoint.clone();
+                let sent = Instant::now();
                 let renewed = self
                     .write(&mut attempt.run, &attempt.lease, |run, now, lease| {
                         run.heartbeat(lease, saved.clone(), now, &self.policy)
@@ -239,8 +260,8 @@ impl Worker {
                 if !renewed {
                     return Ok(Outcome::LostLease);
                 }
-                last_heartbeat = Instant::now();
-                last_check = last_heartbeat;
+                attempt.renewed_at = sent;
+                last_check = Instant::now();
             } else if last_check.elapsed() >= CANCEL_CHECK_EVERY {
                 match self.runs.get(&attempt.run.owner, attempt.run.id).await? {
                     Some(current) if current.held_by(&attempt.lease) => attempt.run = Run { usage, ..current },
@@ -254,7 +275,20 @@ impl Worker {
     /// Stopping: the run goes back to the queue with the agent's latest state.
     async fn hand_back(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
         let checkpoint = attempt.checkpoint.clone();
-        self.finish(attempt, |run, now, lease| run.release(lease, checkpoint.clone(), now, &self.policy)).await
+        let outcome =
+            self.finish(attempt, |run, now, lease| run.release(lease, checkpoint.clone(), now, &self.policy)).await?;
+        if outcome == Outcome::LostLease {
+            // A release whose answer was lost (it landed, and the retry
+            // found the lease gone) reads as a lost lease; what matters is
+            // that the run is back in the queue.
+            if let Some(current) = self.runs.get(&attempt.run.owner, attempt.run.id).await? {
+                if current.status == crate::domain::RunStatus::Queued {
+                    attempt.run = current;
+                    return Ok(Outcome::Released);
+                }
+            }
+        }
+        Ok(outcome)
     }
 
     /// Fails the run of a message that kept failing, unless it has moved on.
@@ -265,6 +299,10 @@ impl Worker {
     /// Takes the run under `lease`, or `None` when there is nothing to do.
     async fn claim(&self, message: &RunMessage, lease: &str) -> Result<Option<Run>, WorkerError> {
         let claimed = change_run(self.runs.as_ref(), &message.owner, message.run_id, None, |run| {
+            // A claim whose answer was lost, and whose retry found it made.
+            if run.held_by(lease) {
+                return Ok(Transition::Keep(ClaimOutcome::Claimed));
+            }
             run.claim(lease, self.clock.now(), &self.policy).map(Transition::Write)
         })
         .await;

@@ -141,15 +141,11 @@ impl Sweeper {
             return false;
         }
         let now = self.clock.now();
-        let failed =
-            match change_run_if(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| run.fail_unsweepable(now))
-                .await
-            {
-                // A record that cannot even be read is set aside as it is.
-                Err(StoreError::Defect(_)) => self.runs.set_aside_unreadable(&due.key).await,
-                other => other,
-            };
-        match failed {
+        // A record that cannot even be read cannot be failed either: it is
+        // logged at every pass for an operator, and holds its owner's place
+        // (ending it unread could count it twice should a later version read
+        // it). It never blocks the runs after it.
+        match change_run_if(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| run.fail_unsweepable(now)).await {
             Ok(failed) => {
                 crate::lock(&self.failing).remove(&due.key);
                 tracing::error!(run_id = %due.key.run_id, passes, "sweeper failed a run it could not handle");

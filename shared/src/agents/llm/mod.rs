@@ -111,9 +111,13 @@ impl LlmRuntime {
                     Some(sdk) => sdk.clone(),
                     None => crate::sdk::sdk_config().await,
                 };
-                // Retries are ours (inside the step's budget), not the SDK's too.
+                // Retries are ours (inside the step's budget), not the SDK's
+                // too; a call that hangs ends like an OpenAI-compatible one.
+                let timeouts =
+                    aws_config::timeout::TimeoutConfig::builder().operation_timeout(openai::REQUEST_TIMEOUT).build();
                 let config = aws_sdk_bedrockruntime::config::Builder::from(&sdk)
                     .retry_config(aws_config::retry::RetryConfig::disabled())
+                    .timeout_config(timeouts)
                     .build();
                 aws_sdk_bedrockruntime::Client::from_conf(config)
             })
