@@ -791,3 +791,61 @@ async fn the_default_route_serves_no_operation_only_404_and_405() {
     assert_eq!(other_method.status(), 405);
     assert_eq!(other_method.headers()["allow"], "GET, POST");
 }
+
+/// Collects what the service logs, for a test to read.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_request_and_a_run_log_their_cause_with_request_owner_and_run() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let world = World::new().await;
+    let (_, created) =
+        world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/agent/runs", json!({"input": "hi"}), None).await;
+    let id = created["id"].as_str().unwrap().to_owned();
+
+    // A store outage while reading the run: a 503, its cause in the log.
+    let plan = agent_runs_shared::faults::FailNext::new();
+    let api = world.api(plan.clone());
+    plan.fail_next(1);
+    let request = http::Request::builder()
+        .uri(format!("/v1/agent/runs/{id}"))
+        .header("authorization", format!("Bearer {}", world.key))
+        .body(Bytes::new())
+        .unwrap();
+    let response = api.handle(request).await;
+    assert_eq!(response.status(), 503);
+    let request_id = response.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let (_stop, stop) = watch::channel(false);
+    for (message_id, message) in world.queue.receive() {
+        world.worker(Arc::new(Healthy)).process(&message, &stop).await.unwrap();
+        world.queue.ack(message_id);
+    }
+
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let failed = text.lines().find(|line| line.contains("request failed")).expect("the failure is logged");
+    for expected in [request_id.as_str(), "owner=sim", id.as_str(), "injected"] {
+        assert!(failed.contains(expected), "{expected} in: {failed}");
+    }
+    assert!(
+        text.lines().any(|line| line.contains("run{") && line.contains(&id) && line.contains("owner=sim")),
+        "the worker's lines carry the run and its owner:\n{text}"
+    );
+}

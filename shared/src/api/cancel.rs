@@ -24,7 +24,7 @@ pub(super) async fn handle(
             "The run has already {}; only queued, running or awaiting_approval runs can be canceled.",
             status.as_str()
         ))),
-        Err(ChangeError::Refused(other)) => Err(ApiError::Internal(format!("unexpected cancel refusal: {other}"))),
+        Err(ChangeError::Refused(other)) => Err(ApiError::Internal(Box::new(other))),
         Err(ChangeError::Store(error)) => Err(error.into()),
     }
 }

@@ -118,6 +118,9 @@ pub(super) async fn handle(api: &Api, owner: &Owner, request: &Request<Bytes>) -
             idempotency,
         })
         .await;
+    if let Ok(Started::Created(run) | Started::Replayed(run)) = &started {
+        tracing::Span::current().record("run_id", tracing::field::display(run.id));
+    }
     match started {
         Ok(Started::Created(run)) => Ok(created(&run, false)),
         Ok(Started::Replayed(run)) => Ok(created(&run, true)),

@@ -35,8 +35,8 @@ pub enum ApiError {
     #[error("a dependency is unavailable")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A defect; the cause is logged, never shown.
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error")]
+    Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl ApiError {
@@ -143,8 +143,7 @@ impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::Unavailable(source) => ApiError::Unavailable(source),
-            StoreError::Conflict => ApiError::Internal("an unexpected write conflict escaped a retry loop".into()),
-            StoreError::Defect(message) => ApiError::Internal(message),
+            StoreError::Conflict | StoreError::Defect(_) => ApiError::Internal(Box::new(error)),
         }
     }
 }

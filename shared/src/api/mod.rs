@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, header};
+use tracing::Instrument;
 
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
@@ -119,20 +120,25 @@ impl Api {
             .get::<RequestId>()
             .map(|id| id.0.clone())
             .unwrap_or_else(|| self.ids.ulid_at(self.clock.now()).to_string());
-        let method = request.method().clone();
-        let path = request.uri().path().to_owned();
-        let mut response = match self.dispatch(serving, request).await {
+        // Every line logged while answering carries these; the owner and
+        // run are filled in once known.
+        let span = tracing::info_span!(
+            "request",
+            request_id = %request_id,
+            method = %request.method(),
+            path = %request.uri().path(),
+            owner = tracing::field::Empty,
+            run_id = tracing::field::Empty,
+        );
+        let mut response = match self.dispatch(serving, request).instrument(span.clone()).await {
             Ok(response) => response,
             Err(error) => {
-                match &error {
-                    ApiError::Internal(_) | ApiError::Unavailable(_) => tracing::error!(
-                        request_id = %request_id, %method, %path,
-                        error = %error_chain(&error), "request failed"
-                    ),
-                    _ => {
-                        tracing::debug!(request_id = %request_id, %method, %path, code = error.code(), "request refused")
+                span.in_scope(|| match &error {
+                    ApiError::Internal(_) | ApiError::Unavailable(_) => {
+                        tracing::error!(error = %error_chain(&error), "request failed")
                     }
-                }
+                    _ => tracing::debug!(code = error.code(), "request refused"),
+                });
                 error.into_response()
             }
         };
@@ -153,6 +159,7 @@ impl Api {
             return Ok(response);
         }
         let principal = self.authenticate(&request).await?;
+        tracing::Span::current().record("owner", tracing::field::display(&principal.owner));
         self.rate_limiter.check(&principal.owner, self.clock.now())?;
         let (route, params) = match routes::resolve(request.method(), request.uri().path()) {
             Resolved::Found(route, params) => (route, params),
@@ -175,6 +182,9 @@ impl Api {
         }
         let owner = &principal.owner;
         let run_id = params.get("run_id");
+        if !run_id.is_empty() {
+            tracing::Span::current().record("run_id", tracing::field::display(run_id));
+        }
         match route.operation {
             Operation::Create => create::handle(self, owner, &request).await,
             Operation::List => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,

@@ -31,7 +31,7 @@ pub fn error_codes() -> Vec<(u16, &'static str)> {
         ApiError::RequestTooLarge,
         ApiError::UnsupportedMediaType,
         ApiError::RateLimited { message: String::new(), retry_after_secs: 0 },
-        ApiError::Internal(String::new()),
+        ApiError::Internal("".into()),
         ApiError::Unavailable("".into()),
     ]
     .iter()

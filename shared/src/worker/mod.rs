@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::agents::{AgentRegistry, MustFinish, Step, StepInput};
 use crate::domain::{ApprovalId, ClaimOutcome, Clock, ExecutionPolicy, IdGenerator, Run, TransitionError};
@@ -94,6 +95,16 @@ impl Worker {
     /// Handles one message to the end. `stop` asks the worker to hand the
     /// run back after the step in flight (shutdown, or the Lambda deadline).
     pub async fn process(&self, message: &RunMessage, stop: &watch::Receiver<bool>) -> Result<Outcome, Interrupted> {
+        // Every line logged for this message carries the run and its owner.
+        let span = tracing::info_span!("run", run_id = %message.run_id, owner = %message.owner);
+        self.process_in_span(message, stop).instrument(span).await
+    }
+
+    async fn process_in_span(
+        &self,
+        message: &RunMessage,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Outcome, Interrupted> {
         if *stop.borrow() {
             // Not even claimed: whoever stops us sends the message again.
             return Ok(Outcome::Released);

@@ -11,6 +11,7 @@ use crate::domain::{Clock, ExecutionPolicy, RunStatus, SweepAction, Timestamp};
 use crate::error_chain;
 use crate::queue::{RunMessage, RunQueue};
 use crate::store::{DueRun, RunKey, RunStore, StoreError, change_run_if};
+use tracing::Instrument;
 
 const PAGE: u32 = 100;
 /// Passes in a row that may fail on one run before the run is failed.
@@ -79,7 +80,8 @@ impl Sweeper {
                     report.unfinished = true;
                     return Ok(report);
                 }
-                match self.sweep_one(&due).await {
+                let span = tracing::info_span!("sweep", run_id = %due.key.run_id, owner = %due.key.owner);
+                match self.sweep_one(&due).instrument(span).await {
                     Ok(action) => {
                         crate::lock(&self.failing).remove(&due.key);
                         match action {
