@@ -6,6 +6,8 @@ pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod aws;
+#[cfg(feature = "aws-setup")]
+pub mod aws_setup;
 pub mod config;
 pub mod domain;
 #[cfg(any(test, feature = "faults"))]

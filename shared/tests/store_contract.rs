@@ -2,7 +2,8 @@
 //! Each check is a function over the traits, run against SQLite and against
 //! DynamoDB (the AWS API emulator, table created from template.yaml).
 
-mod support;
+#[path = "support/emulator.rs"]
+mod emulator;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -444,12 +445,11 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_store_keeps_the_contract() {
-    if support::without_emulator("dynamodb_store_keeps_the_contract") {
+    if emulator::without_emulator("dynamodb_store_keeps_the_contract") {
         return;
     }
-    let resources = support::create_aws_resources();
-    let table = resources.iter().find(|(name, _)| name == "AGENT_RUNS_TABLE").unwrap().1.clone();
-    let sdk = support::aws_sdk_config().await;
+    let sdk = emulator::sdk_config().await;
+    let table = emulator::create_table(&sdk).await;
     let client = aws_sdk_dynamodb::Client::new(&sdk);
     let store = DynamoStore::new(client.clone(), table.clone());
     run_contract(Arc::new(store.clone()), &store, &store).await;
