@@ -162,7 +162,7 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
 }
 
 /// The binary a function of the template runs.
-fn binary<'a>(function: &'a Value) -> &'a str {
+fn binary(function: &Value) -> &str {
     function["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap()
 }
 

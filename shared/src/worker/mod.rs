@@ -292,11 +292,11 @@ impl Worker {
             // A release whose answer was lost (it landed, and the retry
             // found the lease gone) reads as a lost lease; what matters is
             // that the run is back in the queue.
-            if let Some(current) = self.runs.get(&attempt.run.owner, attempt.run.id).await? {
-                if current.status == crate::domain::RunStatus::Queued {
-                    attempt.run = current;
-                    return Ok(Outcome::Released);
-                }
+            if let Some(current) = self.runs.get(&attempt.run.owner, attempt.run.id).await?
+                && current.status == crate::domain::RunStatus::Queued
+            {
+                attempt.run = current;
+                return Ok(Outcome::Released);
             }
         }
         Ok(outcome)
