@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::{
-    ApprovalId, Changed, Clock, DecideOutcome, Decision, ExecutionPolicy, IdGenerator, Owner, Run, RunId,
-    TransitionError,
+    ApprovalId, ApprovalStatus, Changed, Clock, DecideOutcome, Decision, ExecutionPolicy, IdGenerator, Owner, Run,
+    RunId, RunStatus, TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -167,7 +167,9 @@ impl Lifecycle {
         let Some((run, pinned)) = self.pin(owner, run_id).await? else {
             return Ok(None);
         };
-        if pinned {
+        // Also a run pinned just now by a write whose answer was lost.
+        let just_pinned = run.status == RunStatus::Queued && run.attempts == 0 && run.version == 1;
+        if pinned || just_pinned {
             let message = RunMessage { run_id, owner: owner.clone() };
             self.queue.enqueue(&message).await.map_err(StartError::NotQueued)?;
         }
@@ -219,8 +221,18 @@ impl Lifecycle {
             Ok(Transition::write_if(outcome != DecideOutcome::Unchanged, Some(outcome)))
         })
         .await?;
+        // A last decision whose answer was lost reads back as unchanged:
+        // the run queued with nothing pending is sent all the same.
+        let requeued_unseen = outcome == Some(DecideOutcome::Unchanged)
+            && run.status == RunStatus::Queued
+            && run.approvals.iter().all(|approval| approval.status != ApprovalStatus::Pending);
         match outcome {
             None => Err(ChangeError::Refused(DecideRefused::Expired)),
+            _ if requeued_unseen => {
+                let message = RunMessage { run_id: run.id, owner: owner.clone() };
+                let _ = self.queue.enqueue(&message).await;
+                Ok(run)
+            }
             Some(DecideOutcome::Requeued) => {
                 let message = RunMessage { run_id: run.id, owner: owner.clone() };
                 if let Err(error) = self.queue.enqueue(&message).await {

@@ -61,11 +61,12 @@ pub async fn change_run<T, E>(
             Transition::Keep(value) => return Ok((run, value)),
             Transition::Write(value) => match runs.update(&mut run).await {
                 Ok(()) => return Ok((run, value)),
-                Err(StoreError::Conflict) => {
-                    let cap = (100u64 << attempt).min(MAX_BACKOFF.as_micros() as u64);
+                Err(StoreError::Conflict) if attempt + 1 < CHANGE_ATTEMPTS => {
+                    let cap = (100u64 << attempt.min(20)).min(MAX_BACKOFF.as_micros() as u64);
                     let wait = Duration::from_micros(rand::rng().random_range(0..=cap));
                     tokio::time::sleep(wait).await;
                 }
+                Err(StoreError::Conflict) => {}
                 Err(error) => return Err(error.into()),
             },
         }

@@ -174,6 +174,10 @@ impl Worker {
                 let over_time = tokio::time::sleep(time_left);
                 tokio::pin!(over_time);
                 let (mut letting_finish, mut over_time_seen) = (false, false);
+                // One timer across the loop: a stop or the time limit seen
+                // while a tool call finishes must not push the heartbeat back.
+                let heartbeat = tokio::time::sleep(self.heartbeat_every);
+                tokio::pin!(heartbeat);
                 loop {
                     tokio::select! {
                         step = &mut stepping => break Some(step),
@@ -189,7 +193,8 @@ impl Worker {
                             }
                             over_time_seen = true;
                         }
-                        () = tokio::time::sleep(self.heartbeat_every) => {
+                        () = &mut heartbeat => {
+                            heartbeat.as_mut().reset(tokio::time::Instant::now() + self.heartbeat_every);
                             // A failed heartbeat does not give the step up at
                             // once: the next one may succeed, and the write
                             // after the step says whether the lease held.
@@ -292,8 +297,10 @@ impl Worker {
             // A release whose answer was lost (it landed, and the retry
             // found the lease gone) reads as a lost lease; what matters is
             // that the run is back in the queue.
+            // Ours only if it is the one write after the version we held.
             if let Some(current) = self.runs.get(&attempt.run.owner, attempt.run.id).await?
                 && current.status == crate::domain::RunStatus::Queued
+                && current.version == attempt.run.version + 1
             {
                 attempt.run = current;
                 return Ok(Outcome::Released);

@@ -138,8 +138,13 @@ impl Sweeper {
             *passes += 1;
             *passes
         };
-        tracing::warn!(run_id = %due.key.run_id, passes, error = %error_chain(error), "sweeper skipped a run");
         if passes < MAX_SWEEP_FAILURES {
+            tracing::warn!(run_id = %due.key.run_id, passes, error = %error_chain(error), "sweeper skipped a run");
+            return false;
+        }
+        // Past that, try (and log) again only at passes 5, 8, 16, 32 ...:
+        // a record nobody can read is not worth a line every second.
+        if passes > MAX_SWEEP_FAILURES && !passes.is_power_of_two() {
             return false;
         }
         let now = self.clock.now();

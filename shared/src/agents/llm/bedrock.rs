@@ -137,7 +137,9 @@ fn classify(error: SdkError<ConverseError>) -> ProviderError {
                 ))
             }
         },
-        SdkError::TimeoutError(_) => ProviderError::retryable("the request timed out"),
+        // Not tried again: the limit is long, and a model that needed longer
+        // would need it again (each try paid for).
+        SdkError::TimeoutError(_) => ProviderError::Permanent("Bedrock did not answer within 10 minutes.".into()),
         SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             ProviderError::retryable("could not reach Bedrock")
         }

@@ -4,6 +4,10 @@
 //! number of invocations or approvals.
 
 mod bedrock;
+
+/// The longest one Bedrock call may take.
+const BEDROCK_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 mod model;
 mod openai;
 pub mod public_network;
@@ -112,9 +116,10 @@ impl LlmRuntime {
                     None => crate::sdk::sdk_config().await,
                 };
                 // Retries are ours (inside the step's budget), not the SDK's
-                // too; a call that hangs ends like an OpenAI-compatible one.
+                // too. A call that hangs ends: long answers of large models
+                // can take minutes, so the limit is generous and not retried.
                 let timeouts =
-                    aws_config::timeout::TimeoutConfig::builder().operation_timeout(openai::REQUEST_TIMEOUT).build();
+                    aws_config::timeout::TimeoutConfig::builder().operation_timeout(BEDROCK_CALL_TIMEOUT).build();
                 let config = aws_sdk_bedrockruntime::config::Builder::from(&sdk)
                     .retry_config(aws_config::retry::RetryConfig::disabled())
                     .timeout_config(timeouts)

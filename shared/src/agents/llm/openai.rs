@@ -11,8 +11,7 @@ use super::model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, To
 use crate::domain::Usage;
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
-/// The longest one model call may take, on any provider.
-pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub struct OpenAiModel {
     http: reqwest::Client,
