@@ -22,6 +22,10 @@ pub enum Fault {
     /// The call reaches the adapter and takes effect, but its caller sees a
     /// failure (a timeout, or a crash right after it).
     FailAfter,
+    /// A store `update` lands, but its answer is lost and the retry finds
+    /// its own condition gone: the caller sees `Conflict`. Other calls
+    /// take it as [`Fault::FailAfter`].
+    ConflictAfter,
 }
 
 /// Decides, call by call, which calls fail.
@@ -71,6 +75,38 @@ impl FaultPlan for CrashAt {
         }
         self.dead.store(true, Ordering::SeqCst);
         if self.after { Fault::FailAfter } else { Fault::FailBefore }
+    }
+}
+
+/// Gives `fault` to the calls of one operation whose number (from 1) is
+/// in `first..=last`; every other call goes through.
+pub struct OnCalls {
+    operation: &'static str,
+    first: usize,
+    last: usize,
+    fault: Fault,
+    calls: AtomicUsize,
+}
+
+impl OnCalls {
+    /// The `n`-th call of `operation`.
+    pub fn nth(operation: &'static str, n: usize, fault: Fault) -> Arc<Self> {
+        Arc::new(OnCalls { operation, first: n, last: n, fault, calls: AtomicUsize::new(0) })
+    }
+
+    /// Every call of `operation` from the `n`-th on.
+    pub fn from(operation: &'static str, n: usize, fault: Fault) -> Arc<Self> {
+        Arc::new(OnCalls { operation, first: n, last: usize::MAX, fault, calls: AtomicUsize::new(0) })
+    }
+}
+
+impl FaultPlan for OnCalls {
+    fn next(&self, operation: &'static str) -> Fault {
+        if operation != self.operation {
+            return Fault::None;
+        }
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if (self.first..=self.last).contains(&call) { self.fault } else { Fault::None }
     }
 }
 
@@ -156,10 +192,20 @@ async fn faulty<T, E>(
     fault: impl Fn(&'static str) -> E,
     call: impl Future<Output = Result<T, E>>,
 ) -> Result<T, E> {
-    match plan.next(operation) {
+    apply(plan.next(operation), operation, fault, call).await
+}
+
+/// Runs `call` with the given fault.
+async fn apply<T, E>(
+    injected: Fault,
+    operation: &'static str,
+    fault: impl Fn(&'static str) -> E,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    match injected {
         Fault::None => call.await,
         Fault::FailBefore => Err(fault(operation)),
-        Fault::FailAfter => {
+        Fault::FailAfter | Fault::ConflictAfter => {
             let _ = call.await;
             Err(fault(operation))
         }
@@ -193,7 +239,10 @@ impl RunStore for FaultyStore {
         // The caller's copy must not learn the new version of a write it
         // never saw succeed.
         let mut attempt = run.clone();
-        let result = faulty(self.plan.as_ref(), "update", store_fault, self.inner.update(&mut attempt)).await;
+        let result = match self.plan.next("update") {
+            Fault::ConflictAfter => self.inner.update(&mut attempt).await.and(Err(StoreError::Conflict)),
+            injected => apply(injected, "update", store_fault, self.inner.update(&mut attempt)).await,
+        };
         if result.is_ok() {
             *run = attempt;
         }

@@ -14,6 +14,7 @@ use agent_runs_shared::domain::{
     AgentDefinition, ApprovalStatus, Clock, Decision, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId,
     RunStatus, Timestamp, Usage,
 };
+use agent_runs_shared::faults::{Fault, FaultPlan, OnCalls};
 use agent_runs_shared::queue::RunMessage;
 use agent_runs_shared::store::{AgentStore, Durability, RunStore, SqliteStore};
 use agent_runs_shared::worker::{Outcome, Worker};
@@ -113,6 +114,12 @@ impl Fixture {
 
     fn worker(&self) -> Worker {
         Worker::new(Arc::new(self.store.clone()), self.agents.clone(), self.clock.clone(), self.policy.clone())
+    }
+
+    /// A worker whose store calls fail as `plan` says, under `policy`.
+    fn faulty_worker(&self, plan: Arc<dyn FaultPlan>, policy: &ExecutionPolicy) -> Worker {
+        let store = agent_runs_shared::faults::FaultyStore::new(Arc::new(self.store.clone()), plan);
+        Worker::new(Arc::new(store), self.agents.clone(), self.clock.clone(), policy.clone())
     }
 
     async fn create(&self, input: &str) -> RunMessage {
@@ -594,8 +601,7 @@ async fn an_approved_call_whose_result_cannot_be_saved_once_is_still_made_exactl
     fixture.decide(&message, Decision::Approve, None).await;
 
     let plan = Arc::new(FailTheSaveAfterTheToolCall { stand_in: fixture.stand_in.clone(), fired: Default::default() });
-    let faulty = agent_runs_shared::faults::FaultyStore::new(Arc::new(fixture.store.clone()), plan.clone());
-    let worker = Worker::new(Arc::new(faulty), fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
+    let worker = fixture.faulty_worker(plan.clone(), &fixture.policy);
     // The save fails: the worker hands the run back with the tool's result.
     assert!(worker.process(&message, &running()).await.is_err());
     assert!(plan.fired.load(std::sync::atomic::Ordering::SeqCst));
@@ -609,23 +615,6 @@ async fn an_approved_call_whose_result_cannot_be_saved_once_is_still_made_exactl
     assert_eq!(fixture.stand_in.model_requests().len(), 2);
 }
 
-/// Fails the `n`-th store update (from 1) of the worker it is given to.
-struct FailUpdate {
-    n: usize,
-    updates: std::sync::atomic::AtomicUsize,
-}
-
-impl agent_runs_shared::faults::FaultPlan for FailUpdate {
-    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
-        use std::sync::atomic::Ordering;
-        if operation == "update" && self.updates.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
-            agent_runs_shared::faults::Fault::FailBefore
-        } else {
-            agent_runs_shared::faults::Fault::None
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_park_that_cannot_be_written_hands_the_run_back_as_it_was_before_the_step() {
     let fixture = Fixture::new().await;
@@ -633,9 +622,8 @@ async fn a_park_that_cannot_be_written_hands_the_run_back_as_it_was_before_the_s
     let message = fixture.create("Delete the branch old").await;
 
     // Updates: the claim, the save of the model's answer, then the park.
-    let plan = Arc::new(FailUpdate { n: 3, updates: Default::default() });
-    let faulty = agent_runs_shared::faults::FaultyStore::new(Arc::new(fixture.store.clone()), plan.clone());
-    let worker = Worker::new(Arc::new(faulty), fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
+    let plan = OnCalls::nth("update", 3, Fault::FailBefore);
+    let worker = fixture.faulty_worker(plan, &fixture.policy);
     assert!(worker.process(&message, &running()).await.is_err());
     let run = fixture.run(&message).await;
     assert_eq!(run.status, RunStatus::Queued, "handed back");
@@ -649,38 +637,18 @@ async fn a_park_that_cannot_be_written_hands_the_run_back_as_it_was_before_the_s
     assert_eq!(fixture.stand_in.model_requests().len(), 2, "the park's step asks no model");
 }
 
-/// Lets the claim through, then fails every write.
-struct WritesFailAfterTheClaim {
-    updates: std::sync::atomic::AtomicUsize,
-}
-
-impl agent_runs_shared::faults::FaultPlan for WritesFailAfterTheClaim {
-    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
-        use std::sync::atomic::Ordering;
-        if operation == "update" && self.updates.fetch_add(1, Ordering::SeqCst) >= 1 {
-            agent_runs_shared::faults::Fault::FailBefore
-        } else {
-            agent_runs_shared::faults::Fault::None
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_step_whose_lease_lapsed_here_is_given_up_unless_it_reached_a_tool() {
     let fixture = Fixture::new().await;
     let policy = ExecutionPolicy { lease: Duration::from_millis(300), ..fixture.policy.clone() };
-    let worker = |plan| {
-        let faulty = agent_runs_shared::faults::FaultyStore::new(Arc::new(fixture.store.clone()), plan);
-        Worker::new(Arc::new(faulty), fixture.agents.clone(), fixture.clock.clone(), policy.clone())
-    };
     // A slow model answer while no heartbeat gets through: another worker
     // may have the run once the lease lapsed, so this one gives up.
     fixture.stand_in.script(vec![text("Done.")]);
     fixture.stand_in.delay_model(Duration::from_secs(20));
     let message = fixture.create("Say done").await;
     let started = std::time::Instant::now();
-    let outcome =
-        worker(Arc::new(WritesFailAfterTheClaim { updates: Default::default() })).process(&message, &running()).await;
+    let worker = fixture.faulty_worker(OnCalls::from("update", 2, Fault::FailBefore), &policy);
+    let outcome = worker.process(&message, &running()).await;
     assert!(outcome.is_err(), "{outcome:?}");
     assert!(started.elapsed() < Duration::from_secs(10), "given up long before the model answered");
 
@@ -691,11 +659,7 @@ async fn a_step_whose_lease_lapsed_here_is_given_up_unless_it_reached_a_tool() {
     assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
     fixture.decide(&message, Decision::Approve, None).await;
     fixture.stand_in.delay_tools(Duration::from_millis(1_500));
-    let faulty = agent_runs_shared::faults::FaultyStore::new(
-        Arc::new(fixture.store.clone()),
-        Arc::new(WritesFailAfterTheClaim { updates: Default::default() }),
-    );
-    let worker = Worker::new(Arc::new(faulty), fixture.agents.clone(), fixture.clock.clone(), policy.clone());
+    let worker = fixture.faulty_worker(OnCalls::from("update", 2, Fault::FailBefore), &policy);
     let started = std::time::Instant::now();
     assert!(worker.process(&message, &running()).await.is_err(), "the result cannot be saved");
     assert!(started.elapsed() >= Duration::from_millis(1_500), "the tool's answer was waited for");

@@ -702,22 +702,13 @@ async fn a_create_whose_send_fails_is_undone_and_its_key_is_free_again() {
     assert_eq!(world.all_runs().await.len(), 1);
 }
 
-/// Fails the store's undo of a create, before or after it takes effect.
-struct UndoFails(agent_runs_shared::faults::Fault);
-
-impl FaultPlan for UndoFails {
-    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
-        if operation == "undo_create" { self.0 } else { agent_runs_shared::faults::Fault::None }
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn a_create_whose_undo_fails_answers_by_what_the_store_holds() {
     use agent_runs_shared::faults::Fault;
     for (fault, expected) in [(Fault::FailBefore, 201), (Fault::FailAfter, 503)] {
         let world = World::new().await;
         let queue = Arc::new(SendThenFail { inner: world.queue.clone(), deliver: false, during: Mutex::new(None) });
-        let api = world.api_with_queue(Arc::new(UndoFails(fault)), queue);
+        let api = world.api_with_queue(agent_runs_shared::faults::OnCalls::from("undo_create", 1, fault), queue);
         let (status, reply) = world.call(&api, "POST", "/v1/agent/runs", json!({"input": "hi"}), Some("k")).await;
         assert_eq!(status, expected, "{fault:?}: {reply}");
         let runs = world.all_runs().await;

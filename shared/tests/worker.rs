@@ -9,6 +9,7 @@ use agent_runs_shared::agents::AgentRegistry;
 use agent_runs_shared::domain::{
     Clock, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp,
 };
+use agent_runs_shared::faults::{Fault, FaultyStore, OnCalls};
 use agent_runs_shared::queue::{InProcessQueue, RunMessage, RunQueue};
 use agent_runs_shared::store::{Durability, RunStore, SqliteStore, StoreError};
 use agent_runs_shared::worker::{MAX_SWEEP_FAILURES, Outcome, Sweeper, Worker};
@@ -254,66 +255,13 @@ async fn a_run_whose_record_cannot_be_read_never_blocks_the_others_and_keeps_its
     assert_eq!(status, "queued");
 }
 
-/// The SQLite store, except that its `nth` update (from 1) lands but
-/// answers a conflict, as a write whose answer was lost and whose retry
-/// then found its own condition no longer true.
-struct LandsButAnswersConflict {
-    inner: Arc<dyn RunStore>,
-    nth: usize,
-    updates: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl RunStore for LandsButAnswersConflict {
-    async fn insert(
-        &self,
-        run: &Run,
-        idempotency: Option<&agent_runs_shared::store::IdempotencyClaim>,
-        max_active: u32,
-    ) -> Result<agent_runs_shared::store::InsertOutcome, StoreError> {
-        self.inner.insert(run, idempotency, max_active).await
-    }
-    async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
-        self.inner.undo_create(run, key).await
-    }
-    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
-        self.inner.active_runs(owner).await
-    }
-    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        self.inner.get(owner, run_id).await
-    }
-    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
-        let n = self.updates.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-        let written = self.inner.update(&mut run.clone()).await;
-        if n == self.nth && written.is_ok() {
-            return Err(StoreError::Conflict);
-        }
-        written.map(|()| run.version += 1)
-    }
-    async fn list(
-        &self,
-        owner: &Owner,
-        request: agent_runs_shared::store::ListRequest,
-    ) -> Result<agent_runs_shared::store::ListPage, StoreError> {
-        self.inner.list(owner, request).await
-    }
-    async fn due(
-        &self,
-        until: Timestamp,
-        after: Option<&agent_runs_shared::store::DueRun>,
-        limit: u32,
-    ) -> Result<Vec<agent_runs_shared::store::DueRun>, StoreError> {
-        self.inner.due(until, after, limit).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_or_hand_back_whose_answer_was_lost_is_known_for_what_it_did() {
     let fixture = Fixture::new();
     // The claim lands but answers a conflict: the re-read finds this
     // worker's own lease, and the run goes on rather than wait for it to expire.
     let message = fixture.create("echo", "hello").await;
-    let store = Arc::new(LandsButAnswersConflict { inner: fixture.store.clone(), nth: 1, updates: Default::default() });
+    let store = Arc::new(FaultyStore::new(fixture.store.clone(), OnCalls::nth("update", 1, Fault::ConflictAfter)));
     let worker = Worker::new(store, fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
     assert_eq!(worker.process(&message, &running()).await.unwrap(), Outcome::Succeeded);
     assert_eq!(fixture.run(&message).await.attempts, 1);
@@ -321,7 +269,7 @@ async fn a_claim_or_hand_back_whose_answer_was_lost_is_known_for_what_it_did() {
     // A hand-back (at a stop) lands but answers a conflict: still Released,
     // so whoever stopped the worker sends the run again.
     let message = fixture.create("script", "say a\nsleep 2000\nsay b").await;
-    let store = Arc::new(LandsButAnswersConflict { inner: fixture.store.clone(), nth: 2, updates: Default::default() });
+    let store = Arc::new(FaultyStore::new(fixture.store.clone(), OnCalls::nth("update", 2, Fault::ConflictAfter)));
     let agents = AgentRegistry::builtin("script").unwrap();
     let worker = Worker::new(store, agents, fixture.clock.clone(), fixture.policy.clone());
     let (stop, stopped) = watch::channel(false);
