@@ -87,10 +87,6 @@ impl Lifecycle {
         Lifecycle { runs, queue, clock, ids: IdGenerator::default(), policy, max_active_runs }
     }
 
-    pub fn max_active_runs(&self) -> u32 {
-        self.max_active_runs
-    }
-
     pub async fn start(&self, new_run: NewRun) -> Result<Started, StartError> {
         let NewRun { owner, agent, input, metadata, idempotency } = new_run;
         for _ in 0..CREATE_ATTEMPTS {
@@ -226,21 +222,15 @@ impl Lifecycle {
         let requeued_unseen = outcome == Some(DecideOutcome::Unchanged)
             && run.status == RunStatus::Queued
             && run.approvals.iter().all(|approval| approval.status != ApprovalStatus::Pending);
-        match outcome {
-            None => Err(ChangeError::Refused(DecideRefused::Expired)),
-            _ if requeued_unseen => {
-                let message = RunMessage { run_id: run.id, owner: owner.clone() };
-                let _ = self.queue.enqueue(&message).await;
-                Ok(run)
-            }
-            Some(DecideOutcome::Requeued) => {
-                let message = RunMessage { run_id: run.id, owner: owner.clone() };
-                if let Err(error) = self.queue.enqueue(&message).await {
-                    tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
-                }
-                Ok(run)
-            }
-            Some(_) => Ok(run),
+        if outcome.is_none() {
+            return Err(ChangeError::Refused(DecideRefused::Expired));
         }
+        if requeued_unseen || outcome == Some(DecideOutcome::Requeued) {
+            let message = RunMessage { run_id: run.id, owner: owner.clone() };
+            if let Err(error) = self.queue.enqueue(&message).await {
+                tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
+            }
+        }
+        Ok(run)
     }
 }
