@@ -782,3 +782,40 @@ async fn the_default_route_serves_no_operation_only_404_and_405() {
     assert_eq!(other_method.status(), 405);
     assert_eq!(other_method.headers()["allow"], "GET, POST");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
+    use agent_runs_shared::faults::{Fault, OnCalls};
+    let world = World::new().await;
+    let (id, approval) = awaiting_run(&world).await;
+    assert!(world.queue.receive().is_empty());
+    // The decision lands, its answer is lost, and the retry reads it back
+    // as already made: the run, queued again, must still be sent.
+    let api = world.api(OnCalls::nth("update", 1, Fault::ConflictAfter));
+    let path = format!("/v1/agent/runs/{id}/approvals/{approval}");
+    let (status, run) = world.call(&api, "POST", &path, json!({"decision": "approve"}), None).await;
+    assert_eq!((status, run["status"].as_str()), (200, Some("queued")), "{run}");
+    let sent = world.queue.receive();
+    assert_eq!(sent.len(), 1, "the run is sent now, not a minute later by the sweeper");
+    let (_stop, stop) = watch::channel(false);
+    assert_eq!(world.worker(Arc::new(Healthy)).process(&sent[0].1, &stop).await.unwrap(), Outcome::Succeeded);
+    world.assert_active_count_is_true("after the run").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_replay_whose_pin_answer_was_lost_still_sends_the_run() {
+    use agent_runs_shared::faults::{Fault, OnCalls};
+    let world = World::new().await;
+    let body = json!({"input": "hello"});
+    // The first create's message is lost: the replay is what sends the run.
+    let (status, first) =
+        world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/agent/runs", body.clone(), Some("k")).await;
+    assert_eq!(status, 201);
+    for (message_id, _) in world.queue.receive() {
+        world.queue.ack(message_id);
+    }
+    let api = world.api(OnCalls::nth("update", 1, Fault::ConflictAfter));
+    let (status, replay) = world.call(&api, "POST", "/v1/agent/runs", body, Some("k")).await;
+    assert_eq!((status, &replay["id"]), (201, &first["id"]));
+    assert_eq!(world.queue.receive().len(), 1, "the pinned run is sent though the pin's answer was lost");
+}
