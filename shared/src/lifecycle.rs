@@ -68,6 +68,27 @@ pub enum StartError {
     Store(#[from] StoreError),
 }
 
+/// Whether a write of a read-change-write may have landed though the
+/// caller did not see it succeed: it was tried, and the loop then started
+/// over (after a conflict, which a write whose answer was lost also gives).
+#[derive(Default)]
+struct WritesSeen {
+    tried: bool,
+    may_have_landed: bool,
+}
+
+impl WritesSeen {
+    /// At the start of each round of the loop.
+    fn next_attempt(&mut self) {
+        self.may_have_landed |= self.tried;
+    }
+
+    fn note<T>(&mut self, transition: Transition<T>) -> Transition<T> {
+        self.tried |= matches!(transition, Transition::Write(_));
+        transition
+    }
+}
+
 /// Why a decision was not recorded.
 #[derive(Debug)]
 pub enum DecideRefused {
@@ -163,9 +184,7 @@ impl Lifecycle {
         let Some((run, pinned)) = self.pin(owner, run_id).await? else {
             return Ok(None);
         };
-        // Also a run pinned just now by a write whose answer was lost.
-        let just_pinned = run.status == RunStatus::Queued && run.attempts == 0 && run.version == 1;
-        if pinned || just_pinned {
+        if pinned {
             let message = RunMessage { run_id, owner: owner.clone() };
             self.queue.enqueue(&message).await.map_err(StartError::NotQueued)?;
         }
@@ -174,14 +193,18 @@ impl Lifecycle {
 
     /// Makes a run no worker has touched yet safe from an undo of its
     /// create: a write (a version bump) that the undo's condition refuses.
-    /// The run and whether it needed the pin; `None` when it is gone.
+    /// The run and whether this call pinned it (or may have: a pin whose
+    /// answer was lost reads back as already pinned); `None` when gone.
     async fn pin(&self, owner: &Owner, run_id: RunId) -> Result<Option<(Run, bool)>, StoreError> {
+        let mut writes = WritesSeen::default();
         let pinned = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
-            Ok::<_, std::convert::Infallible>(Transition::write_if(run.is_as_created(), run.is_as_created()))
+            writes.next_attempt();
+            let pin = run.is_as_created();
+            Ok::<_, std::convert::Infallible>(writes.note(Transition::write_if(pin, pin)))
         })
         .await;
         match pinned {
-            Ok(found) => Ok(Some(found)),
+            Ok((run, pinned)) => Ok(Some((run, pinned || writes.may_have_landed))),
             Err(ChangeError::Gone) => Ok(None),
             Err(ChangeError::Store(error)) => Err(error),
             Err(ChangeError::Refused(never)) => match never {},
@@ -206,20 +229,24 @@ impl Lifecycle {
         decision: Decision,
         comment: Option<String>,
     ) -> Result<Run, ChangeError<DecideRefused>> {
+        let mut writes = WritesSeen::default();
         let (run, outcome) = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
+            writes.next_attempt();
             let now = self.clock.now();
             if run.expire_if_due(approval_id, now, &self.policy) {
-                return Ok(Transition::Write(None));
+                return Ok(writes.note(Transition::Write(None)));
             }
             let outcome = run
                 .decide(approval_id, decision, comment.clone(), now, &self.policy)
                 .map_err(DecideRefused::Transition)?;
-            Ok(Transition::write_if(outcome != DecideOutcome::Unchanged, Some(outcome)))
+            Ok(writes.note(Transition::write_if(outcome != DecideOutcome::Unchanged, Some(outcome))))
         })
         .await?;
-        // A last decision whose answer was lost reads back as unchanged:
-        // the run queued with nothing pending is sent all the same.
-        let requeued_unseen = outcome == Some(DecideOutcome::Unchanged)
+        // This call's last decision whose answer was lost reads back as
+        // unchanged: the run, queued with nothing pending, is sent all the
+        // same (a repeated decision of another call sends nothing).
+        let requeued_unseen = writes.may_have_landed
+            && outcome == Some(DecideOutcome::Unchanged)
             && run.status == RunStatus::Queued
             && run.approvals.iter().all(|approval| approval.status != ApprovalStatus::Pending);
         if outcome.is_none() {

@@ -797,6 +797,11 @@ async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
     assert_eq!((status, run["status"].as_str()), (200, Some("queued")), "{run}");
     let sent = world.queue.receive();
     assert_eq!(sent.len(), 1, "the run is sent now, not a minute later by the sweeper");
+    // A repeated decision, whose own write never happened, sends nothing.
+    let (status, _) =
+        world.call(&world.api(Arc::new(Healthy)), "POST", &path, json!({"decision": "approve"}), None).await;
+    assert_eq!(status, 200);
+    assert!(world.queue.receive().is_empty(), "no message per repeated decision");
     let (_stop, stop) = watch::channel(false);
     assert_eq!(world.worker(Arc::new(Healthy)).process(&sent[0].1, &stop).await.unwrap(), Outcome::Succeeded);
     world.assert_active_count_is_true("after the run").await;

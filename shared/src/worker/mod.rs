@@ -297,12 +297,12 @@ impl Worker {
             // A release whose answer was lost (it landed, and the retry
             // found the lease gone) reads as a lost lease; what matters is
             // that the run is back in the queue.
-            // Ours only if it is the one write after the version we held.
+            // (Should another worker have queued it, the message sent
+            // again is a harmless duplicate.) `attempt.run` stays as this
+            // worker last stored it, so only its own progress is counted.
             if let Some(current) = self.runs.get(&attempt.run.owner, attempt.run.id).await?
                 && current.status == crate::domain::RunStatus::Queued
-                && current.version == attempt.run.version + 1
             {
-                attempt.run = current;
                 return Ok(Outcome::Released);
             }
         }

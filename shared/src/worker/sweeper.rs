@@ -149,7 +149,7 @@ impl Sweeper {
         }
         let now = self.clock.now();
         // A record that cannot even be read cannot be failed either: it is
-        // logged at every pass for an operator, and holds its owner's place
+        // logged (at the passes above) for an operator, and holds its owner's place
         // (ending it unread could count it twice should a later version read
         // it). It never blocks the runs after it.
         match change_run_if(self.runs.as_ref(), &due.key.owner, due.key.run_id, |run| run.fail_unsweepable(now)).await {

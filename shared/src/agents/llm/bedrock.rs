@@ -16,6 +16,10 @@ use serde_json::Value;
 use super::model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, ToolCall};
 use crate::domain::Usage;
 
+/// The longest one Bedrock call may take: long answers of large models
+/// take minutes.
+pub(super) const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 pub struct BedrockModel {
     client: Client,
 }
@@ -139,7 +143,9 @@ fn classify(error: SdkError<ConverseError>) -> ProviderError {
         },
         // Not tried again: the limit is long, and a model that needed longer
         // would need it again (each try paid for).
-        SdkError::TimeoutError(_) => ProviderError::Permanent("Bedrock did not answer within 10 minutes.".into()),
+        SdkError::TimeoutError(_) => {
+            ProviderError::Permanent(format!("Bedrock did not answer within {} seconds.", CALL_TIMEOUT.as_secs()))
+        }
         SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             ProviderError::retryable("could not reach Bedrock")
         }

@@ -4,10 +4,6 @@
 //! number of invocations or approvals.
 
 mod bedrock;
-
-/// The longest one Bedrock call may take.
-const BEDROCK_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
-
 mod model;
 mod openai;
 pub mod public_network;
@@ -119,7 +115,7 @@ impl LlmRuntime {
                 // too. A call that hangs ends: long answers of large models
                 // can take minutes, so the limit is generous and not retried.
                 let timeouts =
-                    aws_config::timeout::TimeoutConfig::builder().operation_timeout(BEDROCK_CALL_TIMEOUT).build();
+                    aws_config::timeout::TimeoutConfig::builder().operation_timeout(bedrock::CALL_TIMEOUT).build();
                 let config = aws_sdk_bedrockruntime::config::Builder::from(&sdk)
                     .retry_config(aws_config::retry::RetryConfig::disabled())
                     .timeout_config(timeouts)
