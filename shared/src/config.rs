@@ -73,7 +73,7 @@ impl Config {
     pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let defaults = ExecutionPolicy::default();
         let rate = RateLimit::default();
-        let config = Config {
+        let mut config = Config {
             default_agent: read(&env, "AGENT_RUNS_DEFAULT_AGENT", "echo".to_owned())?,
             limits: ApiLimits {
                 max_active_runs: read(&env, "AGENT_RUNS_MAX_ACTIVE_RUNS", ApiLimits::default().max_active_runs)?,
@@ -100,6 +100,8 @@ impl Config {
                     "AGENT_RUNS_MAX_RUN_SECS",
                     defaults.max_run_time.as_secs(),
                 )?),
+                approval_warning: defaults.approval_warning,
+                max_events: read(&env, "AGENT_RUNS_MAX_EVENTS_PER_RUN", defaults.max_events)?,
             },
             table: env("AGENT_RUNS_TABLE").filter(|table| !table.trim().is_empty()),
             queue_url: env("AGENT_RUNS_QUEUE_URL").filter(|url| !url.trim().is_empty()),
@@ -121,6 +123,15 @@ impl Config {
                 name: "AGENT_RUNS_MAX_CHECKPOINT_BYTES",
                 problem: format!("must be 1024 to {MAX_CHECKPOINT_BYTES} (what one DynamoDB item holds)"),
             });
+        }
+        // The warning comes an hour before an approval expires, or a tenth
+        // of the timeout before when that is shorter, unless set.
+        config.policy.approval_warning = match optional_secs(&env, "AGENT_RUNS_APPROVAL_WARNING_SECS", u64::MAX)? {
+            Some(warning) => warning.min(config.policy.approval_timeout),
+            None => defaults.approval_warning.min(config.policy.approval_timeout / 10),
+        };
+        if config.policy.max_events < 16 {
+            return Err(ConfigError { name: "AGENT_RUNS_MAX_EVENTS_PER_RUN", problem: "must be at least 16".into() });
         }
         if config.policy.lease < Duration::from_millis(300) {
             return Err(ConfigError { name: "AGENT_RUNS_LEASE_MS", problem: "must be at least 300".into() });

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::domain::{Owner, Run, RunId, Timestamp};
 use crate::queue::{QueueError, RunMessage, RunQueue};
-use crate::store::{DueRun, IdempotencyClaim, InsertOutcome, ListPage, ListRequest, RunStore, StoreError};
+use crate::store::{DueRun, EventPage, IdempotencyClaim, InsertOutcome, ListPage, ListRequest, RunStore, StoreError};
 
 /// What happens to one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,11 +216,19 @@ async fn apply<T, E>(
 impl RunStore for FaultyStore {
     async fn insert(
         &self,
-        run: &Run,
+        run: &mut Run,
         idempotency: Option<&IdempotencyClaim>,
         max_active: u32,
     ) -> Result<InsertOutcome, StoreError> {
-        faulty(self.plan.as_ref(), "insert", store_fault, self.inner.insert(run, idempotency, max_active)).await
+        // As in `update`: the caller's copy learns only of writes it saw.
+        let mut attempt = run.clone();
+        let result =
+            faulty(self.plan.as_ref(), "insert", store_fault, self.inner.insert(&mut attempt, idempotency, max_active))
+                .await;
+        if result.is_ok() {
+            *run = attempt;
+        }
+        result
     }
 
     async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError> {
@@ -255,6 +263,14 @@ impl RunStore for FaultyStore {
 
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
         faulty(self.plan.as_ref(), "due", store_fault, self.inner.due(until, after, limit)).await
+    }
+
+    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
+        faulty(self.plan.as_ref(), "events", store_fault, self.inner.events(run_id, after, limit)).await
+    }
+
+    fn event_signal(&self, run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.event_signal(run_id)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The Agent Runs service, everything but the entry points: the pure domain,
-//! the HTTP operations, authentication, the store and queue ports with their
+//! its wire form (views), the HTTP operations, authentication, the store and queue ports with their
 //! adapters, the worker and the agents.
 
 pub mod agents;
@@ -18,6 +18,7 @@ pub mod queue;
 pub mod sdk;
 pub mod services;
 pub mod store;
+pub mod views;
 pub mod worker;
 
 /// An error and all its causes, for logs (never for clients).

@@ -119,8 +119,8 @@ impl Lifecycle {
                 created_at: now,
                 expires_at: now.plus(IDEMPOTENCY_WINDOW),
             });
-            let run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &self.policy);
-            match self.runs.insert(&run, claim.as_ref(), self.max_active_runs).await? {
+            let mut run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &self.policy);
+            match self.runs.insert(&mut run, claim.as_ref(), self.max_active_runs).await? {
                 InsertOutcome::Inserted => {
                     let key_hash = claim.as_ref().map(|claim| claim.key_hash.as_str());
                     return self.enqueue_created(run, key_hash).await.map(Started::Created);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::domain::{Approval, RunId, Usage};
+use crate::domain::{Approval, EventData, RunId, Usage};
 use crate::lock;
 use crate::store::{AgentStore, StoreError};
 
@@ -29,6 +29,10 @@ pub struct StepInput<'a> {
     pub approvals: &'a [Approval],
     /// The run's token usage so far; an agent adds what its model reports.
     pub usage: &'a mut Option<Usage>,
+    /// What the step did that clients may follow (`output.appended`,
+    /// `model.responded`, `tool.completed`): written with the state the
+    /// step returns, so work done again is never reported twice.
+    pub events: &'a mut Vec<EventData>,
     /// Set by the agent when the step starts what must not be cut off.
     pub must_finish: &'a MustFinish,
 }

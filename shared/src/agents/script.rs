@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{Agent, Step, StepInput};
-use crate::domain::ApprovalStatus;
+use crate::domain::{ApprovalStatus, EventData};
 
 pub const MAX_SLEEP_MS: u64 = 60_000;
 /// A long sleep is taken in slices so a cancel is noticed between them.
@@ -131,7 +131,9 @@ impl Agent for ScriptAgent {
                     return Step::Failed("The approval the script waited for was not decided.".into());
                 }
             };
-            progress.lines.push(format!("{verdict}: {}", approval.action));
+            let line = format!("{verdict}: {}", approval.action);
+            step.events.push(EventData::output(&line));
+            progress.lines.push(line);
             progress.next += 1;
             progress.offset = Some(end);
             return Self::next(progress);
@@ -143,6 +145,7 @@ impl Agent for ScriptAgent {
         progress.offset = Some(from);
         match command {
             Command::Say(text) => {
+                step.events.push(EventData::output(text));
                 progress.lines.push(text.to_owned());
                 progress.next += 1;
                 progress.offset = Some(end);

@@ -3,7 +3,7 @@
 use http::StatusCode;
 
 use super::response::json_response;
-use super::views::{ListView, RunView};
+use crate::views::{ListView, RunView};
 use super::{ApiError, ApiResponse};
 use crate::domain::{Cursor, Owner, RunStatus};
 use crate::store::{ListRequest, RunStore};

@@ -15,7 +15,6 @@ pub mod openapi;
 mod rate_limit;
 mod response;
 pub mod routes;
-mod views;
 
 use std::sync::Arc;
 
@@ -226,5 +225,5 @@ fn parse_run_id(text: &str) -> Result<RunId, ApiError> {
 }
 
 fn run_response(status: http::StatusCode, run: &Run) -> ApiResponse {
-    response::json_response(status, &views::RunView::from(run))
+    response::json_response(status, &crate::views::RunView::from(run))
 }

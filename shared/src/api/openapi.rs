@@ -353,7 +353,7 @@ mod tests {
 
     use super::*;
     use crate::agents::AgentRegistry;
-    use crate::api::views::RunView;
+    use crate::views::RunView;
     use crate::domain::{Approval, ApprovalId, ExecutionPolicy, Owner, Run, RunId, Timestamp};
 
     fn builtin() -> Value {

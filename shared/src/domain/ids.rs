@@ -77,6 +77,22 @@ macro_rules! prefixed_id {
 prefixed_id!(RunId, "run_", "a run");
 prefixed_id!(ApprovalId, "apr_", "an approval");
 prefixed_id!(KeyId, "key_", "an API key");
+prefixed_id!(EventId, "evt_", "a run event");
+
+impl EventId {
+    /// The id of a run's event, derived from what names it (the run and its
+    /// `seq`) and when it happened: nothing needs storing, and every read
+    /// shows the same id. The time leads, as in every ULID; the rest is a
+    /// digest, so ids of one run do not reveal each other.
+    pub fn of_event(run_id: RunId, seq: u64, at: Timestamp) -> Self {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new().chain_update(run_id.ulid().to_bytes()).chain_update(seq.to_be_bytes()).finalize();
+        let mut random = [0u8; 16];
+        random[6..].copy_from_slice(&digest[..10]);
+        let random = u128::from_be_bytes(random);
+        Self(Ulid::from_parts(at.millis().max(0) as u64, random))
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("malformed id")]

@@ -3,6 +3,7 @@
 
 mod agent;
 mod cursor;
+mod event;
 mod fields;
 mod ids;
 mod run;
@@ -13,7 +14,8 @@ mod run_tests;
 
 pub use agent::*;
 pub use cursor::{Cursor, CursorError};
+pub use event::*;
 pub use fields::*;
-pub use ids::{ApprovalId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId};
+pub use ids::{ApprovalId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId};
 pub use run::*;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{ApprovalId, Owner, RunId, Timestamp};
+use super::{ApprovalId, Event, EventData, NewEvent, Owner, RunId, Timestamp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RunStatus {
@@ -110,6 +110,8 @@ pub struct Approval {
     /// When a pending approval expires; `None` for records from before
     /// approvals expired.
     pub expires_at: Option<Timestamp>,
+    /// Whether `approval.expiring` was recorded for it.
+    pub expiry_warned: bool,
 }
 
 /// A worker's claim on a running run. Another claim may take the run over
@@ -136,6 +138,12 @@ pub struct ExecutionPolicy {
     pub approval_timeout: Duration,
     /// How long a run may execute in all (time awaiting approval excluded).
     pub max_run_time: Duration,
+    /// How long before an approval expires `approval.expiring` is recorded.
+    pub approval_warning: Duration,
+    /// The most events a run's log may hold: a run whose work would go
+    /// beyond it fails instead (a cancel or decision that comes in then is
+    /// still recorded, with the few events it makes).
+    pub max_events: u64,
 }
 
 impl Default for ExecutionPolicy {
@@ -146,6 +154,8 @@ impl Default for ExecutionPolicy {
             max_attempts: 3,
             approval_timeout: Duration::from_secs(24 * 60 * 60),
             max_run_time: Duration::from_secs(60 * 60),
+            approval_warning: Duration::from_secs(60 * 60),
+            max_events: 10_000,
         }
     }
 }
@@ -184,6 +194,11 @@ pub struct Run {
     /// How often the sweeper sent the run again in its current stretch of
     /// `queued`: each wait before the next send is twice the last.
     pub resends: u32,
+    /// How many events the run's log holds (the `seq` of the last).
+    pub event_seq: u64,
+    /// Events of the changes made since the run was read, oldest first: the
+    /// store writes them with the run and numbers them from `event_seq`.
+    pub pending_events: Vec<NewEvent>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -256,6 +271,8 @@ pub enum SweepAction {
     Enqueue,
     /// The run was failed (attempts exhausted).
     Failed,
+    /// `approval.expiring` was recorded for approvals about to expire.
+    Warned,
 }
 
 /// The longest wait between two sends of a queued run is `requeue_after`
@@ -272,6 +289,10 @@ fn approval_expired_message(action: &str, timeout: Duration) -> String {
     format!("Nobody decided the approval \"{shown}\" within {} seconds; it expired.", timeout.as_secs())
 }
 
+pub fn event_limit_message(max_events: u64) -> String {
+    format!("The run was stopped: its log reached this deployment's limit of {max_events} events.")
+}
+
 pub fn attempts_exhausted_message(max_attempts: u32) -> String {
     format!("The run was stopped after {max_attempts} attempts: the worker executing it stopped responding each time.")
 }
@@ -286,7 +307,7 @@ impl Run {
         policy: &ExecutionPolicy,
     ) -> Run {
         let created_at = id.timestamp();
-        Run {
+        let mut run = Run {
             id,
             owner,
             status: RunStatus::Queued,
@@ -308,7 +329,67 @@ impl Run {
             running_since: None,
             usage: None,
             resends: 0,
+            event_seq: 0,
+            pending_events: Vec::new(),
+        };
+        run.record(created_at, EventData::RunCreated(run.snapshot()));
+        run
+    }
+
+    /// Adds the event of a change just made, to be written with it.
+    pub fn record(&mut self, at: Timestamp, data: EventData) {
+        self.pending_events.push(NewEvent { at: at.max(self.created_at), data });
+    }
+
+    /// The run as clients see it now, for an event that shows it.
+    fn snapshot(&self) -> Box<Run> {
+        Box::new(Run { checkpoint: None, pending_events: Vec::new(), ..self.clone() })
+    }
+
+    /// How many events the log will hold once the pending ones are written.
+    pub fn events_logged(&self) -> u64 {
+        self.event_seq + self.pending_events.len() as u64
+    }
+
+    /// Numbers the pending events after the last written one and counts
+    /// them as written: what a store does in the write that stores them.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        let first = self.event_seq + 1;
+        self.event_seq += self.pending_events.len() as u64;
+        self.pending_events
+            .drain(..)
+            .zip(first..)
+            .map(|(event, seq)| Event { run_id: self.id, seq, at: event.at, data: event.data })
+            .collect()
+    }
+
+    /// Cancels every pending approval (the run is ending).
+    fn cancel_pending_approvals(&mut self, now: Timestamp) {
+        let mut canceled = Vec::new();
+        for approval in &mut self.approvals {
+            if approval.status == ApprovalStatus::Pending {
+                approval.status = ApprovalStatus::Canceled;
+                approval.resolved_at = Some(now.max(approval.requested_at));
+                canceled.push(approval.clone());
+            }
         }
+        for approval in canceled {
+            self.record(now, EventData::ApprovalCanceled(approval));
+        }
+    }
+
+    /// When the sweeper must look at an awaiting run: the first pending
+    /// approval's warning, or its expiry once warned.
+    fn next_approval_due(&self, policy: &ExecutionPolicy) -> Option<Timestamp> {
+        self.approvals
+            .iter()
+            .filter(|approval| approval.status == ApprovalStatus::Pending)
+            .filter_map(|approval| {
+                let expires_at = approval.expires_at?;
+                let warn = !approval.expiry_warned && !policy.approval_warning.is_zero();
+                Some(if warn { Timestamp::from_millis(expires_at.millis() - policy.approval_warning.as_millis() as i64) } else { expires_at })
+            })
+            .min()
     }
 
     /// Still exactly as its create inserted it: queued, never written since.
@@ -338,6 +419,13 @@ impl Run {
         self.lease = None;
         self.checkpoint = None;
         self.stop_clock(now);
+        let snapshot = self.snapshot();
+        let data = match status {
+            RunStatus::Succeeded => EventData::RunSucceeded(snapshot),
+            RunStatus::Canceled => EventData::RunCanceled(snapshot),
+            _ => EventData::RunFailed(snapshot),
+        };
+        self.record(now, data);
     }
 
     fn requeue(&mut self, now: Timestamp, policy: &ExecutionPolicy) {
@@ -362,13 +450,7 @@ impl Run {
             RunStatus::Canceled => Ok(Changed::No),
             RunStatus::Succeeded | RunStatus::Failed => Err(TransitionError::InvalidState(self.status)),
             RunStatus::Queued | RunStatus::Running | RunStatus::AwaitingApproval => {
-                let resolved_at = now.max(self.created_at);
-                for approval in &mut self.approvals {
-                    if approval.status == ApprovalStatus::Pending {
-                        approval.status = ApprovalStatus::Canceled;
-                        approval.resolved_at = Some(resolved_at.max(approval.requested_at));
-                    }
-                }
+                self.cancel_pending_approvals(now.max(self.created_at));
                 self.complete(RunStatus::Canceled, now);
                 Ok(Changed::Yes)
             }
@@ -413,10 +495,13 @@ impl Run {
         approval.status = decision.resulting_status();
         approval.resolved_at = Some(now.max(approval.requested_at));
         approval.comment = comment;
+        let decided = approval.clone();
+        self.record(now, EventData::ApprovalDecided(decided));
         if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {
             return Ok(DecideOutcome::Recorded);
         }
         self.requeue(now, policy);
+        self.record(now, EventData::RunResumed);
         Ok(DecideOutcome::Requeued)
     }
 
@@ -455,12 +540,19 @@ impl Run {
             self.complete(RunStatus::Failed, now);
             return Ok(ClaimOutcome::AttemptsExhausted);
         }
+        // Room for this claim's event and the run's last one.
+        if self.events_logged() + 2 > policy.max_events {
+            self.error = Some(event_limit_message(policy.max_events));
+            self.complete(RunStatus::Failed, now);
+            return Ok(ClaimOutcome::AttemptsExhausted);
+        }
         self.attempts += 1;
         self.resends = 0;
         self.status = RunStatus::Running;
         self.started_at.get_or_insert(now.max(self.created_at));
         self.running_since = Some(now);
         self.renew_lease(worker, now, policy);
+        self.record(now, EventData::RunStarted { attempt: self.attempts });
         Ok(ClaimOutcome::Claimed)
     }
 
@@ -507,25 +599,29 @@ impl Run {
         self.ensure_held_by(worker)?;
         let requested_at = now.max(self.created_at);
         let expires_at = requested_at.plus(policy.approval_timeout);
-        self.approvals.extend(requests.into_iter().map(|(id, action)| Approval {
-            id,
-            action,
-            status: ApprovalStatus::Pending,
-            requested_at,
-            resolved_at: None,
-            comment: None,
-            expires_at: Some(expires_at),
-        }));
+        let mut approval_ids = Vec::with_capacity(requests.len());
+        for (id, action) in requests {
+            let approval = Approval {
+                id,
+                action,
+                status: ApprovalStatus::Pending,
+                requested_at,
+                resolved_at: None,
+                comment: None,
+                expires_at: Some(expires_at),
+                expiry_warned: false,
+            };
+            approval_ids.push(id);
+            self.record(now, EventData::ApprovalRequested(approval.clone()));
+            self.approvals.push(approval);
+        }
         self.stop_clock(now);
         self.status = RunStatus::AwaitingApproval;
         self.lease = None;
-        // The sweeper looks again when the first pending approval expires.
-        self.due_at = self
-            .approvals
-            .iter()
-            .filter(|approval| approval.status == ApprovalStatus::Pending)
-            .filter_map(|approval| approval.expires_at)
-            .min();
+        self.record(now, EventData::RunAwaitingApproval { approval_ids });
+        // The sweeper looks again when the first pending approval is to be
+        // warned about or expires.
+        self.due_at = self.next_approval_due(policy);
         // The stretch of work up to here finished normally.
         self.attempts = 0;
         self.checkpoint = Some(checkpoint);
@@ -546,6 +642,7 @@ impl Run {
             self.checkpoint = checkpoint;
         }
         self.requeue(now, policy);
+        self.record(now, EventData::RunRequeued);
         Ok(())
     }
 
@@ -585,12 +682,7 @@ impl Run {
         if self.status.is_terminal() {
             return false;
         }
-        for approval in &mut self.approvals {
-            if approval.status == ApprovalStatus::Pending {
-                approval.status = ApprovalStatus::Canceled;
-                approval.resolved_at = Some(now.max(approval.requested_at));
-            }
-        }
+        self.cancel_pending_approvals(now);
         self.error = Some("The run could not be recovered after repeated failures; it was stopped.".into());
         self.complete(RunStatus::Failed, now);
         true
@@ -613,24 +705,38 @@ impl Run {
                 SweepAction::Failed
             }
             RunStatus::AwaitingApproval => {
-                let expired = self.approvals.iter_mut().filter(|approval| {
-                    approval.status == ApprovalStatus::Pending && approval.expires_at.is_some_and(|at| at <= now)
-                });
-                let mut first_action = None;
-                for approval in expired {
-                    approval.status = ApprovalStatus::Expired;
-                    approval.resolved_at = Some(now.max(approval.requested_at));
-                    first_action.get_or_insert_with(|| approval.action.clone());
-                }
-                let Some(action) = first_action else {
-                    return SweepAction::Nothing;
-                };
+                let mut expired = Vec::new();
+                let mut warned = Vec::new();
                 for approval in &mut self.approvals {
-                    if approval.status == ApprovalStatus::Pending {
-                        approval.status = ApprovalStatus::Canceled;
+                    let Some(expires_at) = approval.expires_at.filter(|_| approval.status == ApprovalStatus::Pending)
+                    else {
+                        continue;
+                    };
+                    if expires_at <= now {
+                        approval.status = ApprovalStatus::Expired;
                         approval.resolved_at = Some(now.max(approval.requested_at));
+                        expired.push(approval.clone());
+                    } else if !approval.expiry_warned
+                        && expires_at.millis() - policy.approval_warning.as_millis() as i64 <= now.millis()
+                    {
+                        approval.expiry_warned = true;
+                        warned.push(approval.clone());
                     }
                 }
+                let Some(action) = expired.first().map(|approval| approval.action.clone()) else {
+                    if warned.is_empty() {
+                        return SweepAction::Nothing;
+                    }
+                    for approval in warned {
+                        self.record(now, EventData::ApprovalExpiring(approval));
+                    }
+                    self.due_at = self.next_approval_due(policy);
+                    return SweepAction::Warned;
+                };
+                for approval in expired {
+                    self.record(now, EventData::ApprovalExpired(approval));
+                }
+                self.cancel_pending_approvals(now);
                 self.error = Some(approval_expired_message(&action, policy.approval_timeout));
                 self.complete(RunStatus::Failed, now);
                 SweepAction::Failed

@@ -6,6 +6,7 @@
 //! | active-run counter | `OWNER#<owner>` | `ACTIVE` |
 //! | idempotency record | `OWNER#<owner>` | `IDEM#<sha256 of the key>` |
 //! | a run's large checkpoint | `OWNER#<owner>` | `CKPT#<run_id>` |
+//! | a run's event | `RUN#<run_id>` | `EV#<seq, 12 digits>` |
 //! | API key | `KEY#<sha256 hex of the key>` | `KEY` |
 //! | agent definition | `AGENT#<name>` | `AGENT` |
 //!
@@ -18,6 +19,10 @@
 //! transcript) is kept in its own item, written in the same transaction as
 //! the run, so the run item stays small for every read and list and far
 //! from DynamoDB's 400 KB item limit.
+//!
+//! Events are items of their own partition per run, put in the transaction
+//! of the change they report: a busy owner's partition does not grow
+//! hotter, and a run's log is one Query.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -33,10 +38,10 @@ use serde::{Deserialize, Serialize};
 
 use super::record::StoredRun;
 use super::{
-    AgentStore, DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run,
-    RunKey, RunStore, StoreError, StoredKey,
+    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage,
+    ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
 };
-use crate::domain::{AgentDefinition, KeyId, Owner, RunId, Timestamp};
+use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Timestamp};
 
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
@@ -98,6 +103,46 @@ fn unavailable<E: std::error::Error + Send + Sync + 'static>(error: E) -> StoreE
 
 fn defect(what: impl std::fmt::Display) -> StoreError {
     StoreError::Defect(what.to_string())
+}
+
+fn events_pk(run_id: RunId) -> String {
+    format!("RUN#{run_id}")
+}
+
+fn event_sk(seq: u64) -> String {
+    format!("EV#{seq:012}")
+}
+
+fn event_put(table: &str, event: &Event) -> Result<TransactWriteItem, StoreError> {
+    let put = Put::builder()
+        .table_name(table)
+        .item("pk", s(events_pk(event.run_id)))
+        .item("sk", s(event_sk(event.seq)))
+        .item("seq", n(event.seq))
+        .item("type", s(event.data.kind()))
+        .item("at", n(event.at.millis()))
+        .item("data", s(crate::views::event_data_json(&event.data)))
+        // A seq is never written twice; should the run's count be wrong,
+        // the write fails rather than overwrite the log.
+        .condition_expression("attribute_not_exists(pk)")
+        .build()
+        .map_err(defect)?;
+    Ok(TransactWriteItem::builder().put(put).build())
+}
+
+fn decode_event(item: &Item) -> Result<StoredEvent, StoreError> {
+    let number = |name: &str| -> Result<i64, StoreError> {
+        item.get(name)
+            .and_then(|value| value.as_n().ok())
+            .and_then(|text| text.parse().ok())
+            .ok_or_else(|| defect(format!("event item without a numeric {name}")))
+    };
+    Ok(StoredEvent {
+        seq: number("seq")? as u64,
+        kind: text(item, "type")?.to_owned(),
+        at: Timestamp::from_millis(number("at")?),
+        data: text(item, "data")?.to_owned(),
+    })
 }
 
 fn checkpoint_sk(run_id: RunId) -> String {
@@ -383,13 +428,15 @@ impl DynamoStore {
 impl RunStore for DynamoStore {
     async fn insert(
         &self,
-        run: &Run,
+        run: &mut Run,
         idempotency: Option<&IdempotencyClaim>,
         max_active: u32,
     ) -> Result<InsertOutcome, StoreError> {
+        let mut written = run.clone();
+        let events = written.take_events();
         let put_run = Put::builder()
             .table_name(&self.table)
-            .set_item(Some(run_item(run)?))
+            .set_item(Some(run_item(&written)?))
             .condition_expression("attribute_not_exists(pk)")
             .build()
             .map_err(defect)?;
@@ -414,8 +461,15 @@ impl RunStore for DynamoStore {
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().put(record).build());
         }
+        // After the idempotency record, whose place the outcome is read from.
+        for event in &events {
+            items.push(event_put(&self.table, event)?);
+        }
         let failed = match self.transact(items).await {
-            Ok(()) => return Ok(InsertOutcome::Inserted),
+            Ok(()) => {
+                *run = written;
+                return Ok(InsertOutcome::Inserted);
+            }
             Err(TransactFailure::ConditionsFailed(failed)) => failed,
             Err(TransactFailure::Store(error)) => return Err(error),
         };
@@ -469,6 +523,16 @@ impl RunStore for DynamoStore {
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().delete(delete_record).build());
         }
+        // The events of an untouched run: its `run.created`.
+        for seq in 1..=run.event_seq {
+            let delete = Delete::builder()
+                .table_name(&self.table)
+                .key("pk", s(events_pk(run.id)))
+                .key("sk", s(event_sk(seq)))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().delete(delete).build());
+        }
         match self.transact(items).await {
             Ok(()) => Ok(true),
             // The run moved on (or is gone): nothing may be undone.
@@ -516,11 +580,12 @@ impl RunStore for DynamoStore {
     async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
         let mut next = run.clone();
         next.version += 1;
+        let events = next.take_events();
         let (run_item, checkpoint_item) = run_items(&next)?;
         let condition = "version = :expected AND NOT (#status IN (:t0, :t1, :t2))";
         let values =
             [(":expected", n(run.version)), (":t0", s(TERMINAL[0])), (":t1", s(TERMINAL[1])), (":t2", s(TERMINAL[2]))];
-        if checkpoint_item.is_none() && !next.status.is_terminal() {
+        if checkpoint_item.is_none() && !next.status.is_terminal() && events.is_empty() {
             let put = values
                 .into_iter()
                 .fold(self.client.put_item(), |put, (name, value)| put.expression_attribute_values(name, value))
@@ -530,7 +595,7 @@ impl RunStore for DynamoStore {
                 .expression_attribute_names("#status", "status");
             return match put.send().await {
                 Ok(_) => {
-                    run.version = next.version;
+                    *run = next;
                     Ok(())
                 }
                 Err(error)
@@ -566,15 +631,55 @@ impl RunStore for DynamoStore {
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().delete(delete).build());
         }
+        for event in &events {
+            items.push(event_put(&self.table, event)?);
+        }
         match self.transact(items).await {
             Ok(()) => {
-                run.version = next.version;
+                *run = next;
                 Ok(())
             }
-            // Only the run's put has a condition.
-            Err(TransactFailure::ConditionsFailed(_)) => Err(StoreError::Conflict),
+            // The run's put is first: its version moved on.
+            Err(TransactFailure::ConditionsFailed(failed)) if failed.first() == Some(&true) => {
+                Err(StoreError::Conflict)
+            }
+            Err(TransactFailure::ConditionsFailed(_)) => {
+                Err(defect(format!("run {} has events beyond its count {}", run.id, run.event_seq)))
+            }
             Err(TransactFailure::Store(error)) => Err(error),
         }
+    }
+
+    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
+        let fetch = limit as usize + 1;
+        let mut events = Vec::with_capacity(fetch);
+        let mut start: Option<Item> = None;
+        // A page of DynamoDB holds at most 1 MB: go on until enough are read.
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("pk = :pk AND sk > :after")
+                .expression_attribute_values(":pk", s(events_pk(run_id)))
+                .expression_attribute_values(":after", s(event_sk(after)))
+                .consistent_read(true)
+                .limit((fetch - events.len()) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in page.items() {
+                events.push(decode_event(item)?);
+            }
+            start = page.last_evaluated_key;
+            if start.is_none() || events.len() >= fetch {
+                break;
+            }
+        }
+        let has_more = events.len() > limit as usize;
+        events.truncate(limit as usize);
+        Ok(EventPage { events, has_more })
     }
 
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {

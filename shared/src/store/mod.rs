@@ -1,4 +1,5 @@
-//! The ports to persistence: runs, idempotency records and API keys.
+//! The ports to persistence: runs with their events, idempotency records
+//! and API keys.
 
 mod change;
 mod dynamodb;
@@ -85,18 +86,37 @@ pub struct DueRun {
     pub key: RunKey,
 }
 
+/// An event as stored: `data` is its JSON as clients get it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub seq: u64,
+    pub kind: String,
+    pub at: Timestamp,
+    pub data: String,
+}
+
+/// Events of one run, oldest first, and whether more exist after them.
+#[derive(Debug)]
+pub struct EventPage {
+    pub events: Vec<StoredEvent>,
+    pub has_more: bool,
+}
+
+/// Every write of a run also writes its pending events (`Run::pending_events`)
+/// in the same transaction, numbered after `Run::event_seq`, and on success
+/// leaves the caller's run with them counted and cleared.
 #[async_trait]
 pub trait RunStore: Send + Sync + 'static {
     /// Writes a new run (and its idempotency record, if any) atomically.
     async fn insert(
         &self,
-        run: &Run,
+        run: &mut Run,
         idempotency: Option<&IdempotencyClaim>,
         max_active: u32,
     ) -> Result<InsertOutcome, StoreError>;
 
-    /// Undoes a create whose enqueue failed: removes the run and its
-    /// idempotency record, but only while the run is exactly as inserted
+    /// Undoes a create whose enqueue failed: removes the run, its events and
+    /// its idempotency record, but only while the run is exactly as inserted
     /// (`queued`, version 0). `Ok(false)` when it has moved on: a worker
     /// claimed it (the send was delivered after all) or a replay of its
     /// `Idempotency-Key` answered `201` with it; it must then be kept.
@@ -125,6 +145,17 @@ pub trait RunStore: Send + Sync + 'static {
     /// after `after` (exclusive) when paging. An index entry that cannot be
     /// read is logged and left out, never a reason to fail the page.
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError>;
+
+    /// The run's events with a `seq` above `after`, oldest first, at most
+    /// `limit` (strongly consistent). Whose run it is, the caller checks.
+    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError>;
+
+    /// Where the store can tell, a signal that changes after every commit
+    /// of new events of the run: take it before reading, then wait on it.
+    /// `None`: the store cannot tell, and a reader polls.
+    fn event_signal(&self, _run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// An API key as stored: never the key itself, only its SHA-256 hash.

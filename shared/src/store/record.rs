@@ -40,6 +40,17 @@ pub(super) struct StoredRun {
     usage: Option<StoredUsage>,
     #[serde(default)]
     resends: u32,
+    /// The `seq` of the run's last event; absent before runs had events.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    event_seq: u64,
+}
+
+fn is_zero(number: &u64) -> bool {
+    *number == 0
+}
+
+fn is_false(flag: &bool) -> bool {
+    !flag
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -53,6 +64,8 @@ struct StoredApproval {
     /// Absent from records made before approvals expired.
     #[serde(default)]
     expires_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    expiry_warned: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -93,6 +106,7 @@ impl From<&Run> for StoredRun {
                     resolved_at: approval.resolved_at.map(millis),
                     comment: approval.comment.clone(),
                     expires_at: approval.expires_at.map(millis),
+                    expiry_warned: approval.expiry_warned,
                 })
                 .collect(),
             metadata: run.metadata.clone(),
@@ -115,6 +129,7 @@ impl From<&Run> for StoredRun {
                 total_tokens: usage.total_tokens,
             }),
             resends: run.resends,
+            event_seq: run.event_seq,
         }
     }
 }
@@ -143,6 +158,7 @@ impl TryFrom<StoredRun> for Run {
                     resolved_at: at(approval.resolved_at),
                     comment: approval.comment,
                     expires_at: at(approval.expires_at),
+                    expiry_warned: approval.expiry_warned,
                 })
             })
             .collect::<Result<_, StoreError>>()?;
@@ -174,6 +190,8 @@ impl TryFrom<StoredRun> for Run {
                 total_tokens: usage.total_tokens,
             }),
             resends: stored.resends,
+            event_seq: stored.event_seq,
+            pending_events: Vec::new(),
         })
     }
 }

@@ -15,12 +15,14 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
+use tokio::sync::watch;
+
 use super::record::StoredRun;
 use super::{
-    AgentStore, DueRun, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest, Run,
-    RunKey, RunStore, StoreError, StoredKey,
+    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage,
+    ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
 };
-use crate::domain::{AgentDefinition, KeyId, Owner, RunId, Timestamp};
+use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Timestamp};
 
 const READERS: usize = 4;
 
@@ -98,8 +100,21 @@ const SCHEMA_4: &str = "
 CREATE INDEX idempotency_by_expiry ON idempotency (expires_at);
 ";
 
+/// Version 5: run events, written in the transaction of the change they
+/// report.
+const SCHEMA_5: &str = "
+CREATE TABLE run_events (
+    run_id     TEXT    NOT NULL,
+    seq        INTEGER NOT NULL,
+    type       TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    data       TEXT    NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+";
+
 /// Schema version N is reached by running the first N steps, in order.
-const MIGRATIONS: [&str; 4] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4];
+const MIGRATIONS: [&str; 5] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5];
 
 /// Expired idempotency records removed by each create that adds one: more
 /// than one, so the table shrinks back to the keys still in their window.
@@ -131,7 +146,12 @@ struct Inner {
     recent: Option<RecentRuns>,
     /// Held while serving: the lock that makes `recent` sound.
     _owner_lock: Option<std::fs::File>,
+    /// The last event `seq` committed, per run somebody waits on.
+    event_signals: Mutex<HashMap<RunId, watch::Sender<u64>>>,
 }
+
+/// Signals kept before those nobody waits on any more are dropped.
+const EVENT_SIGNALS_KEPT: usize = 1024;
 
 /// Runs as this process last wrote them, so a get or a worker's read needs
 /// neither SQLite nor a JSON decode. Only writes fill it, each under the
@@ -266,6 +286,7 @@ impl SqliteStore {
             readers,
             recent: serving.then(RecentRuns::default),
             _owner_lock: owner_lock,
+            event_signals: Mutex::default(),
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -281,6 +302,18 @@ impl SqliteStore {
     fn remember(&self, run: &Run, encoded_len: usize) {
         if let Some(recent) = &self.inner.recent {
             recent.written(run, encoded_len);
+        }
+    }
+
+    /// Wakes whoever waits on the run's events: called after the commit.
+    fn events_committed(&self, run_id: RunId, last_seq: u64) {
+        let mut signals = crate::lock(&self.inner.event_signals);
+        if let Some(signal) = signals.get(&run_id) {
+            if signal.receiver_count() == 0 {
+                signals.remove(&run_id);
+            } else {
+                signal.send_replace(last_seq);
+            }
         }
     }
 
@@ -343,18 +376,39 @@ fn insert_run_row(connection: &Connection, run: &Run) -> Result<usize, StoreErro
     Ok(body.len())
 }
 
+fn insert_events(connection: &Connection, events: &[Event]) -> Result<(), StoreError> {
+    let mut statement = connection
+        .prepare_cached("INSERT INTO run_events (run_id, seq, type, created_at, data) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .map_err(unavailable)?;
+    for event in events {
+        statement
+            .execute(params![
+                event.run_id.to_string(),
+                event.seq as i64,
+                event.data.kind(),
+                event.at.millis(),
+                crate::views::event_data_json(&event.data)
+            ])
+            .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl RunStore for SqliteStore {
     async fn insert(
         &self,
-        run: &Run,
+        run: &mut Run,
         idempotency: Option<&IdempotencyClaim>,
         max_active: u32,
     ) -> Result<InsertOutcome, StoreError> {
-        let run = run.clone();
+        let mut written = run.clone();
+        let events = written.take_events();
         let idempotency = idempotency.cloned();
         let store = self.clone();
-        self.write(move |connection| {
+        let outcome = self
+            .write(move |connection| {
+                let run = written;
             let transaction =
                 connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
             let owner = run.owner.as_str();
@@ -388,6 +442,7 @@ impl RunStore for SqliteStore {
                 return Ok(InsertOutcome::TooManyActiveRuns);
             }
             let encoded_len = insert_run_row(&transaction, &run)?;
+            insert_events(&transaction, &events)?;
             if let Some(claim) = &idempotency {
                 transaction
                     .prepare_cached(
@@ -418,9 +473,15 @@ impl RunStore for SqliteStore {
             }
             transaction.commit().map_err(unavailable)?;
             store.remember(&run, encoded_len);
+            store.events_committed(run.id, run.event_seq);
             Ok(InsertOutcome::Inserted)
         })
-        .await
+        .await?;
+        if matches!(outcome, InsertOutcome::Inserted) {
+            // Counted and cleared as in the copy that was written.
+            run.take_events();
+        }
+        Ok(outcome)
     }
 
     async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError> {
@@ -439,6 +500,7 @@ impl RunStore for SqliteStore {
             if removed == 0 {
                 return Ok(false);
             }
+            transaction.execute("DELETE FROM run_events WHERE run_id = ?1", params![id]).map_err(unavailable)?;
             if let Some(key_hash) = key_hash {
                 transaction
                     .execute(
@@ -486,12 +548,14 @@ impl RunStore for SqliteStore {
     async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
         let mut next = run.clone();
         next.version += 1;
+        let events = next.take_events();
         let expected = run.version;
         let body = encode_run(&next)?;
         let store = self.clone();
         let written = self
             .write(move |connection| {
-                let changed = connection
+                let transaction = connection.transaction().map_err(unavailable)?;
+                let changed = transaction
                     .prepare_cached(
                         "UPDATE runs SET status = ?1, version = ?2, due_at = ?3, body = ?4
                          WHERE owner = ?5 AND id = ?6 AND version = ?7 AND status IN ('queued', 'running', 'awaiting_approval')",
@@ -511,12 +575,53 @@ impl RunStore for SqliteStore {
                 if changed != 1 {
                     return Err(StoreError::Conflict);
                 }
+                insert_events(&transaction, &events)?;
+                transaction.commit().map_err(unavailable)?;
                 store.remember(&next, body.len());
-                Ok(next.version)
+                if !events.is_empty() {
+                    store.events_committed(next.id, next.event_seq);
+                }
+                Ok(next)
             })
             .await?;
-        run.version = written;
+        *run = written;
         Ok(())
+    }
+
+    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
+        self.read(move |connection| {
+            let fetch = i64::from(limit) + 1;
+            let mut events: Vec<StoredEvent> = connection
+                .prepare_cached(
+                    "SELECT seq, type, created_at, data FROM run_events
+                     WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+                )
+                .and_then(|mut statement| {
+                    statement
+                        .query_map(params![run_id.to_string(), after.min(i64::MAX as u64) as i64, fetch], |row| {
+                            Ok(StoredEvent {
+                                seq: row.get::<_, i64>(0)? as u64,
+                                kind: row.get(1)?,
+                                at: Timestamp::from_millis(row.get(2)?),
+                                data: row.get(3)?,
+                            })
+                        })?
+                        .collect()
+                })
+                .map_err(unavailable)?;
+            let has_more = events.len() > limit as usize;
+            events.truncate(limit as usize);
+            Ok(EventPage { events, has_more })
+        })
+        .await
+    }
+
+    fn event_signal(&self, run_id: RunId) -> Option<watch::Receiver<u64>> {
+        let mut signals = crate::lock(&self.inner.event_signals);
+        if signals.len() >= EVENT_SIGNALS_KEPT && !signals.contains_key(&run_id) {
+            signals.retain(|_, signal| signal.receiver_count() > 0);
+        }
+        Some(signals.entry(run_id).or_insert_with(|| watch::channel(0).0).subscribe())
     }
 
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {

@@ -14,7 +14,9 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::agents::{AgentRegistry, MustFinish, Step, StepInput};
-use crate::domain::{ApprovalId, ClaimOutcome, Clock, ExecutionPolicy, IdGenerator, Run, TransitionError};
+use crate::domain::{
+    ApprovalId, ClaimOutcome, Clock, EventData, ExecutionPolicy, IdGenerator, Run, Timestamp, TransitionError,
+};
 use crate::queue::RunMessage;
 use crate::store::{ChangeError, RunStore, StoreError, Transition, change_run, change_run_if};
 
@@ -41,6 +43,19 @@ enum WorkerError {
     #[error("transient failure")]
     Transient(#[from] StoreError),
 }
+
+/// Why a worker's write was not made.
+enum Refused {
+    /// The run is no longer this attempt's (canceled, taken over, gone).
+    LeaseLost,
+    /// The write would take the run's log past its limit.
+    EventLimit,
+}
+
+/// Events the agent produced are written at the latest this long after
+/// the last write, or at this many, so clients follow a run as it goes.
+const EVENTS_FLUSH_EVERY: Duration = Duration::from_millis(100);
+const EVENTS_FLUSH_AT: usize = 25;
 
 /// A dependency failed; the message should be delivered again later.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +97,10 @@ struct Attempt {
     /// When the last write that renewed the lease was sent (the claim's,
     /// at first): the lease runs from no later than this.
     renewed_at: Instant,
+    /// What the agent reported since the last write that carried events.
+    /// Only a write that also saves the checkpoint covering them carries
+    /// them, so an event is never written twice nor for work done again.
+    events: Vec<EventData>,
 }
 
 impl Worker {
@@ -118,7 +137,7 @@ impl Worker {
         };
         tracing::debug!(run_id = %run.id, %lease, attempt = run.attempts, "claimed");
         let claimed = run.checkpoint.clone();
-        let mut attempt = Attempt { lease, checkpoint: run.checkpoint.clone(), run, renewed_at };
+        let mut attempt = Attempt { lease, checkpoint: run.checkpoint.clone(), run, renewed_at, events: Vec::new() };
         match self.execute(&mut attempt, stop).await {
             Ok(outcome) => Ok(outcome),
             Err(WorkerError::Transient(error)) => {
@@ -137,10 +156,11 @@ impl Worker {
     async fn execute(&self, attempt: &mut Attempt, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
         let Some(agent) = self.agents.resolve(&attempt.run.agent).await? else {
             let error = format!("The agent `{}` is no longer configured.", attempt.run.agent);
-            return self.finish(attempt, |run, now, lease| run.fail(lease, error.clone(), now)).await;
+            return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;
         };
 
         let mut usage = attempt.run.usage;
+        let mut step_events = Vec::new();
         let mut last_check = Instant::now();
         loop {
             let run = &attempt.run;
@@ -152,6 +172,7 @@ impl Worker {
                 checkpoint: attempt.checkpoint.as_ref(),
                 approvals: &approvals,
                 usage: &mut usage,
+                events: &mut step_events,
                 must_finish: &must_finish,
             });
             // A step may wait long on a model or a tool: keep the lease
@@ -174,13 +195,17 @@ impl Worker {
                 let over_time = tokio::time::sleep(time_left);
                 tokio::pin!(over_time);
                 let (mut letting_finish, mut over_time_seen) = (false, false);
+                let mut ended = false;
                 // One timer across the loop: a stop or the time limit seen
                 // while a tool call finishes must not push the heartbeat back.
                 let heartbeat = tokio::time::sleep(self.heartbeat_every);
                 tokio::pin!(heartbeat);
-                loop {
+                let step = loop {
                     tokio::select! {
-                        step = &mut stepping => break Some(step),
+                        step = &mut stepping => {
+                            ended = true;
+                            break Some(step);
+                        }
                         () = &mut stopped, if !letting_finish => {
                             if !must_finish.is_set() {
                                 break None;
@@ -200,13 +225,13 @@ impl Worker {
                             // after the step says whether the lease held.
                             let sent = Instant::now();
                             match self
-                                .write(&mut attempt.run, &attempt.lease, |run, now, lease| {
+                                .write(&mut attempt.run, &attempt.lease, &[], |run, now, lease| {
                                     run.heartbeat(lease, None, now, &self.policy)
                                 })
                                 .await
                             {
-                                Ok(true) => attempt.renewed_at = sent,
-                                Ok(false) => return Ok(Outcome::LostLease),
+                                Ok(Ok(())) => attempt.renewed_at = sent,
+                                Ok(Err(_)) => return Ok(Outcome::LostLease),
                                 // The lease lapses before the next heartbeat, and
                                 // another worker may then take the run over: give
                                 // up a step that has not reached out to a tool
@@ -223,13 +248,23 @@ impl Worker {
                             }
                         }
                     }
-                }
+                };
+                (step, ended)
             };
+            // Only a step that ended reports what it did; one given up is
+            // done again from the saved state.
+            let (step, ended) = step;
+            let reported = if ended { std::mem::take(&mut step_events) } else { Vec::new() };
+            step_events.clear();
             attempt.run.usage = usage;
             let Some(step) = step else {
                 return self.hand_back(attempt).await;
             };
-            let mut save_now = false;
+            if !matches!(step, Step::AwaitApproval { .. }) {
+                attempt.events.extend(reported.iter().cloned());
+            }
+            let mut save_now = attempt.events.len() >= EVENTS_FLUSH_AT
+                || (!attempt.events.is_empty() && attempt.renewed_at.elapsed() >= EVENTS_FLUSH_EVERY);
             match step {
                 Step::Continue(next) => attempt.checkpoint = Some(next),
                 Step::Checkpoint(next) => {
@@ -237,21 +272,22 @@ impl Worker {
                     save_now = true;
                 }
                 Step::Succeeded(output) => {
-                    return self.finish(attempt, |run, now, lease| run.succeed(lease, output.clone(), now)).await;
+                    return self.finish(attempt, Vec::new(), |run, now, lease| run.succeed(lease, output.clone(), now)).await;
                 }
                 Step::Failed(error) => {
-                    return self.finish(attempt, |run, now, lease| run.fail(lease, error.clone(), now)).await;
+                    return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;
                 }
                 Step::AwaitApproval { actions, checkpoint } => {
                     let requests: Vec<(ApprovalId, String)> = actions
                         .into_iter()
                         .map(|action| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), action))
                         .collect();
-                    // Not kept in `attempt.checkpoint`: should the park fail,
-                    // the run is handed back with the state before this step,
-                    // whose approvals the parked checkpoint would count on.
+                    // Not kept in `attempt.checkpoint` (nor its events in
+                    // `attempt.events`): should the park fail, the run is
+                    // handed back with the state before this step, whose
+                    // approvals the parked checkpoint would count on.
                     return self
-                        .finish(attempt, |run, now, lease| {
+                        .finish(attempt, reported, |run, now, lease| {
                             run.park(lease, requests.clone(), checkpoint.clone(), now, &self.policy)
                         })
                         .await;
@@ -259,7 +295,7 @@ impl Worker {
             }
             if attempt.run.execution_time(self.clock.now()) >= self.policy.max_run_time {
                 let error = crate::domain::time_limit_message(self.policy.max_run_time);
-                return self.finish(attempt, |run, now, lease| run.fail(lease, error.clone(), now)).await;
+                return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;
             }
             if *stop.borrow() {
                 return self.hand_back(attempt).await;
@@ -268,13 +304,15 @@ impl Worker {
             if save_now || attempt.renewed_at.elapsed() >= self.heartbeat_every {
                 let saved = attempt.checkpoint.clone();
                 let sent = Instant::now();
-                let renewed = self
-                    .write(&mut attempt.run, &attempt.lease, |run, now, lease| {
+                match self
+                    .write(&mut attempt.run, &attempt.lease, &attempt.events, |run, now, lease| {
                         run.heartbeat(lease, saved.clone(), now, &self.policy)
                     })
-                    .await?;
-                if !renewed {
-                    return Ok(Outcome::LostLease);
+                    .await?
+                {
+                    Ok(()) => attempt.events.clear(),
+                    Err(Refused::LeaseLost) => return Ok(Outcome::LostLease),
+                    Err(Refused::EventLimit) => return self.fail_for_event_limit(attempt).await,
                 }
                 attempt.renewed_at = sent;
                 last_check = Instant::now();
@@ -291,8 +329,9 @@ impl Worker {
     /// Stopping: the run goes back to the queue with the agent's latest state.
     async fn hand_back(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
         let checkpoint = attempt.checkpoint.clone();
-        let outcome =
-            self.finish(attempt, |run, now, lease| run.release(lease, checkpoint.clone(), now, &self.policy)).await?;
+        let outcome = self
+            .finish(attempt, Vec::new(), |run, now, lease| run.release(lease, checkpoint.clone(), now, &self.policy))
+            .await?;
         if outcome == Outcome::LostLease {
             // A release whose answer was lost (it landed, and the retry
             // found the lease gone) reads as a lost lease; what matters is
@@ -342,38 +381,81 @@ impl Worker {
         }
     }
 
-    /// Applies a transition under the attempt's lease and writes it,
-    /// re-reading on a conflict. `Ok(false)` when the lease is lost.
+    /// Applies a transition under the attempt's lease and writes it with
+    /// the agent's `events` before the transition's own, re-reading on a
+    /// conflict. With events, refused when the log would pass its limit
+    /// (keeping room for the run's last event).
     async fn write(
         &self,
         run: &mut Run,
         lease: &str,
-        change: impl Fn(&mut Run, crate::domain::Timestamp, &str) -> Result<(), TransitionError>,
-    ) -> Result<bool, WorkerError> {
+        events: &[EventData],
+        change: impl Fn(&mut Run, Timestamp, &str) -> Result<(), TransitionError>,
+    ) -> Result<Result<(), Refused>, WorkerError> {
         // Only the attempt holding the run counts its tokens.
         let usage = run.usage;
+        // While this attempt holds the run, nobody else adds events: a log
+        // longer than when this write began means that an earlier try of
+        // it landed though its answer was lost, events and all.
+        let logged = run.event_seq;
         let written = change_run(self.runs.as_ref(), &run.owner, run.id, Some(run.clone()), |next| {
             next.usage = usage;
-            change(next, self.clock.now(), lease).map(Transition::Write)
+            let now = self.clock.now();
+            if next.event_seq == logged {
+                for event in events {
+                    next.record(now, event.clone());
+                }
+            }
+            change(next, now, lease).map_err(|_| Refused::LeaseLost)?;
+            let room = if next.status.is_terminal() { 0 } else { 1 };
+            if !events.is_empty() && next.events_logged() + room > self.policy.max_events {
+                return Err(Refused::EventLimit);
+            }
+            Ok(Transition::Write(()))
         })
         .await;
         match written {
             Ok((next, ())) => {
                 *run = next;
-                Ok(true)
+                Ok(Ok(()))
             }
-            Err(ChangeError::Gone | ChangeError::Refused(_)) => Ok(false),
+            Err(ChangeError::Gone) => Ok(Err(Refused::LeaseLost)),
+            Err(ChangeError::Refused(refused)) => Ok(Err(refused)),
             Err(ChangeError::Store(error)) => Err(error.into()),
         }
     }
 
+    /// The agent reported more than the run's log may hold: the run fails,
+    /// without the events that did not fit.
+    async fn fail_for_event_limit(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
+        attempt.events.clear();
+        let error = crate::domain::event_limit_message(self.policy.max_events);
+        tracing::warn!(run_id = %attempt.run.id, "run failed: its log reached the event limit");
+        self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await
+    }
+
+    /// Writes a transition under the attempt's lease with the agent's
+    /// events so far and `more` of the last step, and says where the run is.
     async fn finish(
         &self,
         attempt: &mut Attempt,
-        change: impl Fn(&mut Run, crate::domain::Timestamp, &str) -> Result<(), TransitionError>,
+        more: Vec<EventData>,
+        change: impl Fn(&mut Run, Timestamp, &str) -> Result<(), TransitionError>,
     ) -> Result<Outcome, WorkerError> {
-        if !self.write(&mut attempt.run, &attempt.lease, change).await? {
-            return Ok(Outcome::LostLease);
+        let mut events = std::mem::take(&mut attempt.events);
+        let covered = events.len();
+        events.extend(more);
+        match self.write(&mut attempt.run, &attempt.lease, &events, change).await {
+            Ok(Ok(())) => {}
+            Ok(Err(Refused::LeaseLost)) => return Ok(Outcome::LostLease),
+            Ok(Err(Refused::EventLimit)) => return Box::pin(self.fail_for_event_limit(attempt)).await,
+            Err(error) => {
+                // Not written: a hand-back after this still carries them
+                // (only those the saved checkpoint covers, not `more`).
+                events.truncate(covered);
+                attempt.events = events;
+                return Err(error);
+            }
         }
         let run = &attempt.run;
         tracing::debug!(run_id = %run.id, status = run.status.as_str(), "run moved");

@@ -21,6 +21,8 @@ pub const MAX_SWEEP_FAILURES: u32 = 5;
 pub struct SweepReport {
     pub enqueued: usize,
     pub failed: usize,
+    /// Runs with an approval about to expire, warned about.
+    pub warned: usize,
     /// Runs this pass could not handle; tried again next pass.
     pub skipped: usize,
     /// The pass stopped at its deadline; the next one goes on (the runs
@@ -87,6 +89,7 @@ impl Sweeper {
                         match action {
                             SweepAction::Enqueue => report.enqueued += 1,
                             SweepAction::Failed => report.failed += 1,
+                            SweepAction::Warned => report.warned += 1,
                             SweepAction::Nothing => {}
                         }
                     }

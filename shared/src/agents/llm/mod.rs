@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
-use crate::domain::{AgentDefinition, ApprovalStatus, ProviderKind};
+use crate::domain::{AgentDefinition, ApprovalStatus, EventData, EventText, ProviderKind, ToolCompleted};
 
 pub use bedrock::{BedrockModel, to_document, to_value};
 pub use model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, RetryPolicy, ToolCall, ToolSpec};
@@ -250,13 +250,14 @@ impl LlmAgent {
         mut transcript: Transcript,
         approvals: &[crate::domain::Approval],
         must_finish: &super::MustFinish,
+        events: &mut Vec<EventData>,
     ) -> Step {
         let pending = transcript.pending.remove(0);
         let call = &pending.call;
         let outcome = match pending.approval.map(|index| approvals.get(index)) {
-            None => self.run_tool(run_id, call, must_finish).await,
+            None => self.run_tool(run_id, call, must_finish, events).await,
             Some(Some(approval)) if approval.status == ApprovalStatus::Approved => {
-                self.run_tool(run_id, call, must_finish).await
+                self.run_tool(run_id, call, must_finish, events).await
             }
             Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => {
                 let comment =
@@ -276,20 +277,40 @@ impl LlmAgent {
 
     /// Checks the call again (the definition may have changed while it
     /// waited for a human) and makes it.
-    async fn run_tool(&self, run_id: &str, call: &ToolCall, must_finish: &super::MustFinish) -> ToolOutcome {
+    async fn run_tool(
+        &self,
+        run_id: &str,
+        call: &ToolCall,
+        must_finish: &super::MustFinish,
+        events: &mut Vec<EventData>,
+    ) -> ToolOutcome {
         match self.checked(call) {
             Ok((tool, arguments)) => {
                 must_finish.set();
                 let idempotency_key = format!("{run_id}/{}", call.id);
                 let http = self.runtime.tool_http(self.definition.allow_private_network);
-                tool.call(&http, &arguments, &idempotency_key, &self.runtime.env).await
+                let started = std::time::Instant::now();
+                let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env).await;
+                events.push(EventData::ToolCompleted(Box::new(ToolCompleted {
+                    tool: call.name.clone(),
+                    arguments,
+                    http_status: outcome.http_status,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    result: EventText::new(&outcome.content),
+                })));
+                outcome
             }
             Err(problem) => ToolOutcome::error(problem),
         }
     }
 
     /// Asks the model what to do next.
-    async fn ask_model(&self, mut transcript: Transcript, usage: &mut Option<crate::domain::Usage>) -> Step {
+    async fn ask_model(
+        &self,
+        mut transcript: Transcript,
+        usage: &mut Option<crate::domain::Usage>,
+        events: &mut Vec<EventData>,
+    ) -> Step {
         if transcript.model_calls >= self.definition.max_steps {
             return Step::Failed(format!(
                 "The agent reached its limit of {} model calls without a final answer.",
@@ -310,6 +331,15 @@ impl LlmAgent {
         transcript.model_calls += 1;
         if let Some(reported) = reply.usage {
             *usage.get_or_insert_default() += reported;
+        }
+        let text = reply.text.as_deref().unwrap_or_default();
+        events.push(EventData::ModelResponded {
+            text: EventText::new(text),
+            tool_calls: reply.tool_calls.iter().map(|call| call.name.clone()).collect(),
+            usage: reply.usage,
+        });
+        if !text.is_empty() {
+            events.push(EventData::output(text));
         }
         if reply.tool_calls.is_empty() {
             return Step::Succeeded(reply.text.unwrap_or_default());
@@ -341,7 +371,7 @@ impl Agent for LlmAgent {
             Some(Err(_)) => return Step::Failed("The agent could not resume from its checkpoint.".into()),
         };
         if transcript.pending.is_empty() {
-            return self.ask_model(transcript, step.usage).await;
+            return self.ask_model(transcript, step.usage, step.events).await;
         }
         // Every gated call of the model's turn is put to a human at once.
         let first_approval = step.approvals.len();
@@ -358,6 +388,6 @@ impl Agent for LlmAgent {
                 Err(failed) => failed,
             };
         }
-        self.answer_pending(&step.run_id.to_string(), transcript, step.approvals, step.must_finish).await
+        self.answer_pending(&step.run_id.to_string(), transcript, step.approvals, step.must_finish, step.events).await
     }
 }

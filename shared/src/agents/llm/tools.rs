@@ -19,11 +19,13 @@ pub struct Tool {
 pub struct ToolOutcome {
     pub content: String,
     pub is_error: bool,
+    /// The status of the tool's HTTP answer; `None` when none came.
+    pub http_status: Option<u16>,
 }
 
 impl ToolOutcome {
     pub fn error(content: impl Into<String>) -> Self {
-        Self { content: content.into(), is_error: true }
+        Self { content: content.into(), is_error: true, http_status: None }
     }
 }
 
@@ -163,8 +165,8 @@ impl Tool {
         }
         let text = String::from_utf8_lossy(&body).into_owned();
         let status = response.status();
-        if status.is_success() {
-            ToolOutcome { content: text, is_error: false }
+        let outcome = if status.is_success() {
+            ToolOutcome { content: text, is_error: false, http_status: None }
         } else if status.is_redirection() {
             ToolOutcome::error(format!(
                 "The tool answered HTTP {}, a redirect; tool calls do not follow redirects: {text}",
@@ -172,6 +174,7 @@ impl Tool {
             ))
         } else {
             ToolOutcome::error(format!("The tool answered HTTP {}: {text}", status.as_u16()))
-        }
+        };
+        ToolOutcome { http_status: Some(status.as_u16()), ..outcome }
     }
 }

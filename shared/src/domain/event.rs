@@ -1,0 +1,144 @@
+//! A run's events: the append-only log of what happened to it. Transitions
+//! record the events of the change they make (`Run::record`); the store
+//! writes them in the same write as the run, numbering them from the run's
+//! count, so the log holds exactly the changes that were made.
+
+use super::{Approval, ApprovalId, EventId, Run, RunId, Timestamp, Usage};
+
+/// Texts in events (a `say` line, a model's reply, a tool's result) are cut
+/// to this many bytes, on a character boundary, and flagged.
+pub const EVENT_TEXT_BYTES: usize = 4 * 1024;
+
+/// A text as an event keeps it: at most [`EVENT_TEXT_BYTES`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventText {
+    pub text: String,
+    pub truncated: bool,
+}
+
+impl EventText {
+    pub fn new(text: &str) -> Self {
+        if text.len() <= EVENT_TEXT_BYTES {
+            return EventText { text: text.to_owned(), truncated: false };
+        }
+        let end = (0..=EVENT_TEXT_BYTES).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
+        EventText { text: text[..end].to_owned(), truncated: true }
+    }
+}
+
+/// What an event says, by type (`EventData::kind` names it on the wire).
+#[derive(Clone, Debug, PartialEq)]
+pub enum EventData {
+    RunCreated(Box<Run>),
+    RunStarted { attempt: u32 },
+    RunAwaitingApproval { approval_ids: Vec<ApprovalId> },
+    RunResumed,
+    /// A worker handed the run back to the queue (it was stopping).
+    RunRequeued,
+    RunSucceeded(Box<Run>),
+    RunFailed(Box<Run>),
+    RunCanceled(Box<Run>),
+    ApprovalRequested(Approval),
+    ApprovalDecided(Approval),
+    ApprovalExpiring(Approval),
+    ApprovalExpired(Approval),
+    ApprovalCanceled(Approval),
+    OutputAppended { text: EventText },
+    ModelResponded { text: EventText, tool_calls: Vec<String>, usage: Option<Usage> },
+    ToolCompleted(Box<ToolCompleted>),
+}
+
+/// An HTTP tool call that ended, with or without an answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCompleted {
+    pub tool: String,
+    pub arguments: serde_json::Value,
+    /// `None` when no HTTP answer came (refused, timed out, unreachable).
+    pub http_status: Option<u16>,
+    pub duration_ms: u64,
+    pub result: EventText,
+}
+
+impl EventData {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventData::RunCreated(_) => "run.created",
+            EventData::RunStarted { .. } => "run.started",
+            EventData::RunAwaitingApproval { .. } => "run.awaiting_approval",
+            EventData::RunResumed => "run.resumed",
+            EventData::RunRequeued => "run.requeued",
+            EventData::RunSucceeded(_) => "run.succeeded",
+            EventData::RunFailed(_) => "run.failed",
+            EventData::RunCanceled(_) => "run.canceled",
+            EventData::ApprovalRequested(_) => "approval.requested",
+            EventData::ApprovalDecided(_) => "approval.decided",
+            EventData::ApprovalExpiring(_) => "approval.expiring",
+            EventData::ApprovalExpired(_) => "approval.expired",
+            EventData::ApprovalCanceled(_) => "approval.canceled",
+            EventData::OutputAppended { .. } => "output.appended",
+            EventData::ModelResponded { .. } => "model.responded",
+            EventData::ToolCompleted(_) => "tool.completed",
+        }
+    }
+
+    /// `output.appended` for a text the agent produced.
+    pub fn output(text: &str) -> Self {
+        EventData::OutputAppended { text: EventText::new(text) }
+    }
+
+    /// Whether this is the last event a run can have.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, EventData::RunSucceeded(_) | EventData::RunFailed(_) | EventData::RunCanceled(_))
+    }
+}
+
+/// An event not yet written: the store numbers it when it writes the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    pub at: Timestamp,
+    pub data: EventData,
+}
+
+/// An event with its place in the run's log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub run_id: RunId,
+    /// From 1, one more for every event of the run.
+    pub seq: u64,
+    pub at: Timestamp,
+    pub data: EventData,
+}
+
+impl Event {
+    pub fn id(&self) -> EventId {
+        EventId::of_event(self.run_id, self.seq, self.at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_are_cut_on_a_character_boundary_and_flagged() {
+        assert_eq!(EventText::new("short"), EventText { text: "short".into(), truncated: false });
+        let exact = "a".repeat(EVENT_TEXT_BYTES);
+        assert!(!EventText::new(&exact).truncated);
+        // A two-byte character straddles the limit: it is left out whole.
+        let straddling = format!("{}é", "a".repeat(EVENT_TEXT_BYTES - 1));
+        let cut = EventText::new(&straddling);
+        assert_eq!((cut.text.len(), cut.truncated), (EVENT_TEXT_BYTES - 1, true));
+    }
+
+    #[test]
+    fn event_ids_are_stable_distinct_and_carry_the_time() {
+        let run_id = RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 42));
+        let at = Timestamp::from_millis(1_795_303_479_000);
+        assert_eq!(EventId::of_event(run_id, 1, at), EventId::of_event(run_id, 1, at));
+        assert_ne!(EventId::of_event(run_id, 1, at), EventId::of_event(run_id, 2, at));
+        assert_eq!(EventId::of_event(run_id, 7, at).timestamp(), at);
+        let shown = EventId::of_event(run_id, 1, at).to_string();
+        assert!(shown.starts_with("evt_") && shown.len() == 30, "{shown}");
+        assert_eq!(shown.parse::<EventId>().unwrap(), EventId::of_event(run_id, 1, at));
+    }
+}

@@ -1,0 +1,136 @@
+//! The wire form of runs and events: every key always present, unknown
+//! values `null`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::domain::{Approval, EventData, Run, Timestamp, Usage};
+
+#[derive(Serialize)]
+pub struct RunView<'a> {
+    id: String,
+    status: &'static str,
+    agent: &'a str,
+    input: &'a str,
+    output: Option<&'a str>,
+    error: Option<&'a str>,
+    pending_approvals: Vec<ApprovalView<'a>>,
+    metadata: &'a BTreeMap<String, String>,
+    created_at: String,
+    started_at: Option<String>,
+    completed_at: Option<String>,
+    /// An addition to the contract's keys: present only once the agent's
+    /// model has reported token usage, so other runs show exactly the
+    /// contract's eleven keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+}
+
+#[derive(Serialize)]
+pub struct ApprovalView<'a> {
+    id: String,
+    action: &'a str,
+    status: &'static str,
+    requested_at: String,
+    resolved_at: Option<String>,
+    comment: Option<&'a str>,
+    expires_at: Option<String>,
+}
+
+fn rfc3339(at: Option<Timestamp>) -> Option<String> {
+    at.map(Timestamp::to_rfc3339)
+}
+
+impl<'a> From<&'a Approval> for ApprovalView<'a> {
+    fn from(approval: &'a Approval) -> Self {
+        ApprovalView {
+            id: approval.id.to_string(),
+            action: &approval.action,
+            status: approval.status.as_str(),
+            requested_at: approval.requested_at.to_rfc3339(),
+            resolved_at: rfc3339(approval.resolved_at),
+            comment: approval.comment.as_deref(),
+            expires_at: rfc3339(approval.expires_at),
+        }
+    }
+}
+
+impl<'a> From<&'a Run> for RunView<'a> {
+    fn from(run: &'a Run) -> Self {
+        RunView {
+            id: run.id.to_string(),
+            status: run.status.as_str(),
+            agent: &run.agent,
+            input: &run.input,
+            output: run.output.as_deref(),
+            error: run.error.as_deref(),
+            pending_approvals: run.approvals.iter().map(ApprovalView::from).collect(),
+            metadata: &run.metadata,
+            created_at: run.created_at.to_rfc3339(),
+            started_at: rfc3339(run.started_at),
+            completed_at: rfc3339(run.completed_at),
+            usage: run.usage,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct ListView<'a> {
+    pub data: Vec<RunView<'a>>,
+    pub next_cursor: Option<String>,
+}
+
+/// The `data` of an event, as JSON: what the store keeps and clients get.
+pub fn event_data_json(data: &EventData) -> String {
+    let value = match data {
+        EventData::RunCreated(run)
+        | EventData::RunSucceeded(run)
+        | EventData::RunFailed(run)
+        | EventData::RunCanceled(run) => serde_json::to_value(RunView::from(run.as_ref())),
+        EventData::RunStarted { attempt } => Ok(serde_json::json!({ "attempt": attempt })),
+        EventData::RunAwaitingApproval { approval_ids } => Ok(serde_json::json!({ "approval_ids": approval_ids })),
+        EventData::RunResumed | EventData::RunRequeued => Ok(serde_json::json!({})),
+        EventData::ApprovalRequested(approval)
+        | EventData::ApprovalDecided(approval)
+        | EventData::ApprovalExpiring(approval)
+        | EventData::ApprovalExpired(approval)
+        | EventData::ApprovalCanceled(approval) => serde_json::to_value(ApprovalView::from(approval)),
+        EventData::OutputAppended { text } => Ok(serde_json::json!({ "text": text.text, "truncated": text.truncated })),
+        EventData::ModelResponded { text, tool_calls, usage } => Ok(serde_json::json!({
+            "text": text.text,
+            "truncated": text.truncated,
+            "tool_calls": tool_calls,
+            "usage": usage,
+        })),
+        EventData::ToolCompleted(call) => Ok(serde_json::json!({
+            "tool": call.tool,
+            "arguments": call.arguments,
+            "http_status": call.http_status,
+            "duration_ms": call.duration_ms,
+            "result": call.result.text,
+            "truncated": call.result.truncated,
+        })),
+    };
+    // Every part is a string, number or map of them: encoding cannot fail.
+    value.map(|value| value.to_string()).unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// An event as clients get it; `data` is spliced in as stored.
+#[derive(Serialize)]
+pub struct EventView<'a> {
+    pub id: String,
+    pub seq: u64,
+    pub run_id: String,
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    pub created_at: String,
+    pub data: &'a serde_json::value::RawValue,
+}
+
+#[derive(Serialize)]
+pub struct EventPageView<'a> {
+    pub data: Vec<EventView<'a>>,
+    pub next_after: u64,
+    pub has_more: bool,
+}
