@@ -83,27 +83,31 @@ pub struct ListView<'a> {
 
 /// The `data` of an event, as JSON: what the store keeps and clients get.
 pub fn event_data_json(data: &EventData) -> String {
-    let value = match data {
+    let encoded = match data {
         EventData::RunCreated(run)
         | EventData::RunSucceeded(run)
         | EventData::RunFailed(run)
-        | EventData::RunCanceled(run) => serde_json::to_value(RunView::from(run.as_ref())),
-        EventData::RunStarted { attempt } => Ok(serde_json::json!({ "attempt": attempt })),
-        EventData::RunAwaitingApproval { approval_ids } => Ok(serde_json::json!({ "approval_ids": approval_ids })),
-        EventData::RunResumed | EventData::RunRequeued => Ok(serde_json::json!({})),
+        | EventData::RunCanceled(run) => serde_json::to_string(&RunView::from(run.as_ref())),
+        EventData::RunStarted { attempt } => serde_json::to_string(&serde_json::json!({ "attempt": attempt })),
+        EventData::RunAwaitingApproval { approval_ids } => {
+            serde_json::to_string(&serde_json::json!({ "approval_ids": approval_ids }))
+        }
+        EventData::RunResumed | EventData::RunRequeued => Ok("{}".to_owned()),
         EventData::ApprovalRequested(approval)
         | EventData::ApprovalDecided(approval)
         | EventData::ApprovalExpiring(approval)
         | EventData::ApprovalExpired(approval)
-        | EventData::ApprovalCanceled(approval) => serde_json::to_value(ApprovalView::from(approval)),
-        EventData::OutputAppended { text } => Ok(serde_json::json!({ "text": text.text, "truncated": text.truncated })),
-        EventData::ModelResponded { text, tool_calls, usage } => Ok(serde_json::json!({
+        | EventData::ApprovalCanceled(approval) => serde_json::to_string(&ApprovalView::from(approval)),
+        EventData::OutputAppended { text } => {
+            serde_json::to_string(&serde_json::json!({ "text": text.text, "truncated": text.truncated }))
+        }
+        EventData::ModelResponded { text, tool_calls, usage } => serde_json::to_string(&serde_json::json!({
             "text": text.text,
             "truncated": text.truncated,
             "tool_calls": tool_calls,
             "usage": usage,
         })),
-        EventData::ToolCompleted(call) => Ok(serde_json::json!({
+        EventData::ToolCompleted(call) => serde_json::to_string(&serde_json::json!({
             "tool": call.tool,
             "arguments": call.arguments,
             "http_status": call.http_status,
@@ -112,8 +116,8 @@ pub fn event_data_json(data: &EventData) -> String {
             "truncated": call.result.truncated,
         })),
     };
-    // Every part is a string, number or map of them: encoding cannot fail.
-    value.map(|value| value.to_string()).unwrap_or_else(|_| "{}".to_owned())
+    // Strings, numbers and maps of them: encoding cannot fail.
+    encoded.unwrap_or_else(|_| "{}".to_owned())
 }
 
 /// An event as clients get it; `data` is spliced in as stored.

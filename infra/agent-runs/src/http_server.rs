@@ -6,10 +6,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_runs_shared::api::{Api, BodyTimedOut, BodyTooLarge, MAX_BODY_BYTES};
+use agent_runs_shared::api::{Api, BodyTimedOut, BodyTooLarge, CanStream, EventStream, MAX_BODY_BYTES};
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{Request, Response, header};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
+use hyper::body::Frame;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -82,12 +84,19 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimit
     serve_with_limits(listener, limits, shutdown, move |request| {
         let api = api.clone();
         async move {
-            let request = into_api_request(request, limits.body_timeout).await;
+            let mut request = into_api_request(request, limits.body_timeout).await;
             // The rest of an oversized or stalled body is never read: tell
             // the client not to send another request on this connection.
-            let extensions = request.extensions();
+            let extensions = request.extensions_mut();
             let unread_body = extensions.get::<BodyTooLarge>().is_some() || extensions.get::<BodyTimedOut>().is_some();
-            let mut response = api.handle(request).await.map(Full::new);
+            extensions.insert(CanStream);
+            let response = api.handle(request).await;
+            let stream = response.extensions().get::<EventStream>().cloned();
+            let mut response = response.map(|body| match stream {
+                // A run's events as Server-Sent Events: the stream is the body.
+                Some(stream) => BodyExt::boxed_unsync(StreamBody::new(stream.frames().map(|frame| Ok(Frame::data(frame))))),
+                None => BodyExt::boxed_unsync(Full::new(body)),
+            });
             if unread_body {
                 response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
             }
@@ -112,14 +121,15 @@ where
 /// `limits.max_connections` are open at once; a connection that is slow to
 /// send its request head is closed after `limits.header_timeout` (reading
 /// the body is the handler's to bound).
-pub async fn serve_with_limits<H, F>(
+pub async fn serve_with_limits<H, F, B>(
     listener: TcpListener,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
     handler: H,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);

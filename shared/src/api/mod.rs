@@ -9,6 +9,7 @@ mod cancel;
 mod create;
 mod decide;
 mod error;
+mod events;
 mod get;
 mod list;
 pub mod openapi;
@@ -24,6 +25,7 @@ use tracing::Instrument;
 
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
+pub use events::{CanStream, EventStream};
 pub use rate_limit::RateLimit;
 pub use response::ApiResponse;
 pub use routes::{Operation, ROUTES};
@@ -190,6 +192,7 @@ impl Api {
             Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
             Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
             Operation::Decide => decide::handle(self, owner, run_id, params.get("approval_id"), &request).await,
+            Operation::Events => events::handle(&self.runs, owner, run_id, &request).await,
         }
     }
 

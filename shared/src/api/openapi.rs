@@ -6,11 +6,12 @@
 
 use serde_json::{Value, json};
 
+use super::events;
 use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
 use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
 use crate::domain::{
-    ApprovalStatus, MAX_COMMENT_CHARS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS,
+    ApprovalStatus, EVENT_TYPES, MAX_COMMENT_CHARS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS,
     MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS, RunStatus,
 };
 
@@ -218,7 +219,30 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 Some(
                     json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Decision"}}}}),
                 ),
-                json!({"200": run_response("The run as it is now.", json!({})), "404": not_found, "409": conflict}),
+                json!({"200": run_response("The run as it is now.", json!({})), "404": not_found.clone(), "409": conflict}),
+            ),
+            Operation::Events => operation(
+                route.operation_id,
+                "List a run's events, oldest first; wait for new ones",
+                json!([
+                    run_id,
+                    {"name": "after", "in": "query", "required": false, "description": "Only events with a higher seq; at most one past the run's last seq. Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 0}, {"const": ""}], "default": 0}},
+                    {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": events::MAX_LIMIT}, {"const": ""}], "default": events::DEFAULT_LIMIT}},
+                    {"name": "wait", "in": "query", "required": false, "description": "Seconds to hold the request while nothing newer than `after` exists. Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": events::MAX_WAIT_SECS}, {"const": ""}], "default": 0}},
+                    {"name": "Last-Event-ID", "in": "header", "required": false, "description": "With Accept: text/event-stream: resume after this seq (it wins over `after`).", "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+                ]),
+                None,
+                json!({
+                    "200": {
+                        "description": "A page of events; with Accept: text/event-stream on the embedded server, a stream of them (`id: <seq>`, `event: <type>`, `data: <event>`, a comment every 15 s, closed after the run's last event).",
+                        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/EventList"}},
+                            "text/event-stream": {"schema": {"type": "string"}}
+                        }
+                    },
+                    "404": not_found
+                }),
             ),
         };
         let methods = paths.entry(route.path).or_insert_with(|| json!({}));
@@ -299,6 +323,29 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     "properties": {
                         "data": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}},
                         "next_cursor": {"type": ["string", "null"], "description": "null exactly when no further run matched."}
+                    }
+                },
+                "Event": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["id", "seq", "run_id", "type", "created_at", "data"],
+                    "properties": {
+                        "id": {"type": "string", "pattern": format!("^evt_{ULID}$")},
+                        "seq": {"type": "integer", "minimum": 1, "description": "1 for the run's first event, one more for each next: a gap means a missed event."},
+                        "run_id": {"type": "string", "pattern": format!("^run_{ULID}$")},
+                        "type": {"type": "string", "enum": EVENT_TYPES},
+                        "created_at": timestamp(false),
+                        "data": {"type": "object", "description": "By type: the run (run.created and the terminal ones), the approval (approval.*), attempt, approval_ids, text with truncated, and the rest as docs/api.md lists."}
+                    }
+                },
+                "EventList": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["data", "next_after", "has_more"],
+                    "properties": {
+                        "data": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
+                        "next_after": {"type": "integer", "minimum": 0, "description": "The seq of the last event returned, or `after` when none was."},
+                        "has_more": {"type": "boolean", "description": "More events exist beyond this page now."}
                     }
                 },
                 "CreateRun": {

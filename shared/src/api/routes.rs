@@ -16,6 +16,7 @@ pub enum Operation {
     Get,
     Cancel,
     Decide,
+    Events,
 }
 
 /// Where an operation lives and what serves it.
@@ -31,7 +32,7 @@ pub struct Route {
     pub function: &'static str,
 }
 
-pub const ROUTES: [Route; 5] = [
+pub const ROUTES: [Route; 6] = [
     Route {
         operation: Operation::Create,
         method: Method::POST,
@@ -66,6 +67,13 @@ pub const ROUTES: [Route; 5] = [
         path: "/v1/agent/runs/{run_id}/approvals/{approval_id}",
         operation_id: "decideApproval",
         function: "decide",
+    },
+    Route {
+        operation: Operation::Events,
+        method: Method::GET,
+        path: "/v1/agent/runs/{run_id}/events",
+        operation_id: "listRunEvents",
+        function: "events",
     },
 ];
 

@@ -26,6 +26,26 @@ impl EventText {
     }
 }
 
+/// Every event type a run's log can hold.
+pub const EVENT_TYPES: [&str; 16] = [
+    "run.created",
+    "run.started",
+    "run.awaiting_approval",
+    "run.resumed",
+    "run.requeued",
+    "run.succeeded",
+    "run.failed",
+    "run.canceled",
+    "approval.requested",
+    "approval.decided",
+    "approval.expiring",
+    "approval.expired",
+    "approval.canceled",
+    "output.appended",
+    "model.responded",
+    "tool.completed",
+];
+
 /// What an event says, by type (`EventData::kind` names it on the wire).
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventData {
@@ -118,6 +138,51 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_is_listed() {
+        let approval = Approval {
+            id: ApprovalId::from_ulid(ulid::Ulid::nil()),
+            action: String::new(),
+            status: super::super::ApprovalStatus::Pending,
+            requested_at: Timestamp::from_millis(0),
+            resolved_at: None,
+            comment: None,
+            expires_at: None,
+            expiry_warned: false,
+        };
+        let text = EventText::new("");
+        let run = || {
+            let policy = super::super::ExecutionPolicy::default();
+            Box::new(Run::new(RunId::from_ulid(ulid::Ulid::nil()), super::super::Owner::parse("o").unwrap(), String::new(), String::new(), Default::default(), &policy))
+        };
+        let all = [
+            EventData::RunCreated(run()),
+            EventData::RunStarted { attempt: 1 },
+            EventData::RunAwaitingApproval { approval_ids: vec![] },
+            EventData::RunResumed,
+            EventData::RunRequeued,
+            EventData::RunSucceeded(run()),
+            EventData::RunFailed(run()),
+            EventData::RunCanceled(run()),
+            EventData::ApprovalRequested(approval.clone()),
+            EventData::ApprovalDecided(approval.clone()),
+            EventData::ApprovalExpiring(approval.clone()),
+            EventData::ApprovalExpired(approval.clone()),
+            EventData::ApprovalCanceled(approval),
+            EventData::OutputAppended { text: text.clone() },
+            EventData::ModelResponded { text: text.clone(), tool_calls: vec![], usage: None },
+            EventData::ToolCompleted(Box::new(ToolCompleted {
+                tool: String::new(),
+                arguments: serde_json::Value::Null,
+                http_status: None,
+                duration_ms: 0,
+                result: text,
+            })),
+        ];
+        let kinds: Vec<&str> = all.iter().map(EventData::kind).collect();
+        assert_eq!(kinds, EVENT_TYPES);
+    }
 
     #[test]
     fn texts_are_cut_on_a_character_boundary_and_flagged() {

@@ -1,0 +1,308 @@
+//! `GET /v1/agent/runs/{run_id}/events`: a run's log a page at a time,
+//! held open until something new is logged (`wait`), or, where the server
+//! can stream, as Server-Sent Events.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, StatusCode, header};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::response::json_response;
+use super::{ApiError, ApiResponse, parse_run_id};
+use crate::domain::{EventId, Owner, RunId};
+use crate::store::{EventPage, RunStore, StoredEvent};
+use crate::views::{EventPageView, EventView};
+
+pub const DEFAULT_LIMIT: u32 = 100;
+pub const MAX_LIMIT: u32 = 1_000;
+pub const MAX_WAIT_SECS: u64 = 20;
+const PARAMETERS: [&str; 3] = ["after", "limit", "wait"];
+/// A stream sends a comment this often when nothing else, so proxies and
+/// clients know it is alive.
+pub const HEARTBEAT: Duration = Duration::from_secs(15);
+/// Events a stream reads at a time: what it holds for a slow client.
+const STREAM_PAGE: u32 = 100;
+/// Waiting where the store cannot signal new events: re-read after this,
+/// doubling up to [`POLL_MAX`].
+const POLL_MIN: Duration = Duration::from_millis(100);
+const POLL_MAX: Duration = Duration::from_secs(1);
+
+/// Set on a request by a server that can stream a response (the embedded
+/// one): `Accept: text/event-stream` is then answered with a stream.
+#[derive(Debug, Clone, Copy)]
+pub struct CanStream;
+
+/// On a response: the server streams the run's events, from `after` on, as
+/// its body (see [`EventStream::frames`]).
+#[derive(Clone)]
+pub struct EventStream {
+    runs: Arc<dyn RunStore>,
+    run_id: RunId,
+    after: u64,
+    /// The run had ended when the stream began: its log is complete.
+    ended: bool,
+}
+
+struct EventsQuery {
+    after: Option<u64>,
+    limit: u32,
+    wait: Duration,
+}
+
+fn whole_number(text: &str) -> Option<u64> {
+    text.bytes().all(|b| b.is_ascii_digit()).then(|| text.parse().ok()).flatten()
+}
+
+fn parse_query(query: Option<&str>) -> Result<EventsQuery, ApiError> {
+    let mut values: [Option<String>; 3] = Default::default();
+    let mut seen = [false; 3];
+    for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        let Some(index) = PARAMETERS.iter().position(|known| *known == name) else {
+            let shown: String = name.chars().take(64).collect();
+            return Err(ApiError::invalid_param(
+                shown.clone(),
+                format!("Unknown query parameter `{shown}`. Allowed: after, limit, wait."),
+            ));
+        };
+        if std::mem::replace(&mut seen[index], true) {
+            return Err(ApiError::invalid(PARAMETERS[index], format!("`{name}` may be given only once.")));
+        }
+        if !value.is_empty() {
+            values[index] = Some(value.into_owned());
+        }
+    }
+    let [after, limit, wait] = values;
+    let after = after
+        .map(|text| {
+            whole_number(&text).ok_or_else(|| {
+                ApiError::invalid("after", "`after` must be the `seq` of an event: a whole number from 0.")
+            })
+        })
+        .transpose()?;
+    let limit = match limit {
+        None => DEFAULT_LIMIT,
+        Some(text) => whole_number(&text)
+            .filter(|limit| (1..=u64::from(MAX_LIMIT)).contains(limit))
+            .ok_or_else(|| ApiError::invalid("limit", format!("`limit` must be a whole number from 1 to {MAX_LIMIT}.")))?
+            as u32,
+    };
+    let wait = match wait {
+        None => 0,
+        Some(text) => whole_number(&text).filter(|secs| *secs <= MAX_WAIT_SECS).ok_or_else(|| {
+            ApiError::invalid("wait", format!("`wait` must be a whole number of seconds from 0 to {MAX_WAIT_SECS}."))
+        })?,
+    };
+    Ok(EventsQuery { after, limit, wait: Duration::from_secs(wait) })
+}
+
+fn wants_stream<B>(request: &Request<B>) -> bool {
+    request.extensions().get::<CanStream>().is_some()
+        && request
+            .headers()
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .any(|media| media.split(';').next().is_some_and(|media| media.trim().eq_ignore_ascii_case("text/event-stream")))
+}
+
+pub(super) async fn handle(
+    runs: &Arc<dyn RunStore>,
+    owner: &Owner,
+    run_id: &str,
+    request: &Request<Bytes>,
+) -> Result<ApiResponse, ApiError> {
+    let query = parse_query(request.uri().query())?;
+    let run_id = parse_run_id(run_id)?;
+    let run = runs.get(owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    let stream = wants_stream(request);
+    // A stream resumes after the last event its client saw.
+    let last_event_id = stream
+        .then(|| request.headers().get("last-event-id"))
+        .flatten()
+        .map(|value| {
+            value.to_str().ok().and_then(whole_number).ok_or_else(|| {
+                ApiError::invalid("Last-Event-ID", "`Last-Event-ID` must be the `seq` of an event: a whole number.")
+            })
+        })
+        .transpose()?;
+    let after = last_event_id.or(query.after).unwrap_or(0);
+    if after > run.event_seq + 1 {
+        return Err(ApiError::invalid(
+            "after",
+            format!("`after` is beyond the end of this run's log, whose last event has `seq` {}.", run.event_seq),
+        ));
+    }
+    let ended = run.status.is_terminal();
+    if stream {
+        let mut response = http::Response::new(Bytes::new());
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        response.extensions_mut().insert(EventStream { runs: runs.clone(), run_id, after, ended });
+        return Ok(response);
+    }
+    let deadline = Instant::now() + query.wait;
+    let mut waiting = Waiting::new(runs.as_ref(), run_id);
+    let page = loop {
+        waiting.mark_read();
+        let page = runs.events(run_id, after, query.limit).await?;
+        if !page.events.is_empty() || ended || !waiting.until(deadline).await {
+            break page;
+        }
+    };
+    Ok(json_response(StatusCode::OK, &page_view(run_id, after, &page)?))
+}
+
+fn event_view(run_id: RunId, event: &StoredEvent) -> Result<EventView<'_>, ApiError> {
+    let data = serde_json::from_str::<&serde_json::value::RawValue>(&event.data)
+        .map_err(|_| ApiError::Internal(format!("event {} of {run_id} has malformed data", event.seq).into()))?;
+    Ok(EventView {
+        id: EventId::of_event(run_id, event.seq, event.at).to_string(),
+        seq: event.seq,
+        run_id: run_id.to_string(),
+        kind: &event.kind,
+        created_at: event.at.to_rfc3339(),
+        data,
+    })
+}
+
+fn page_view(run_id: RunId, after: u64, page: &EventPage) -> Result<EventPageView<'_>, ApiError> {
+    Ok(EventPageView {
+        data: page.events.iter().map(|event| event_view(run_id, event)).collect::<Result<_, _>>()?,
+        next_after: page.events.last().map_or(after, |event| event.seq),
+        has_more: page.has_more,
+    })
+}
+
+/// Waiting for a run's next event: woken by the store's signal where it
+/// has one, else re-reading ever less often.
+struct Waiting {
+    signal: Option<watch::Receiver<u64>>,
+    poll: Duration,
+}
+
+impl Waiting {
+    /// Taken before the first read, so no commit after it goes unseen.
+    fn new(runs: &dyn RunStore, run_id: RunId) -> Self {
+        Waiting { signal: runs.event_signal(run_id), poll: POLL_MIN }
+    }
+
+    /// Called right before each read: what it sees counts as seen.
+    fn mark_read(&mut self) {
+        if let Some(signal) = &mut self.signal {
+            signal.borrow_and_update();
+        }
+    }
+
+    /// Waits until new events may exist (`true`) or `deadline` (`false`).
+    async fn until(&mut self, deadline: Instant) -> bool {
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        match &mut self.signal {
+            Some(signal) => match tokio::time::timeout_at(deadline, signal.changed()).await {
+                Ok(Ok(())) => true,
+                Ok(Err(_)) => {
+                    // The store let go of the signal: poll from here on.
+                    self.signal = None;
+                    true
+                }
+                Err(_) => false,
+            },
+            None => {
+                let wake = (now + self.poll).min(deadline);
+                self.poll = (self.poll * 2).min(POLL_MAX);
+                tokio::time::sleep_until(wake).await;
+                wake < deadline
+            }
+        }
+    }
+}
+
+fn frame(run_id: RunId, event: &StoredEvent) -> Option<Bytes> {
+    let view = event_view(run_id, event).ok()?;
+    let json = serde_json::to_string(&view).ok()?;
+    Some(Bytes::from(format!("id: {}\nevent: {}\ndata: {json}\n\n", event.seq, event.kind)))
+}
+
+const TERMINAL_EVENTS: [&str; 3] = ["run.succeeded", "run.failed", "run.canceled"];
+
+impl EventStream {
+    /// The stream's body: a message per event, a comment every
+    /// [`HEARTBEAT`] when there is nothing else, ending after the run's
+    /// last event. It reads a page only when the client has taken the
+    /// last one, so a slow client holds at most a page; a client that goes
+    /// away drops the stream, and nothing else waits on it.
+    pub fn frames(self) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
+        struct State {
+            stream: EventStream,
+            waiting: Waiting,
+            ready: VecDeque<Bytes>,
+            done: bool,
+            last_sent: Instant,
+        }
+        let waiting = Waiting::new(self.runs.as_ref(), self.run_id);
+        let state = State { stream: self, waiting, ready: VecDeque::new(), done: false, last_sent: Instant::now() };
+        futures_util::stream::unfold(state, |mut state| async move {
+            loop {
+                if let Some(frame) = state.ready.pop_front() {
+                    state.last_sent = Instant::now();
+                    return Some((frame, state));
+                }
+                if state.done {
+                    return None;
+                }
+                let EventStream { runs, run_id, after, ended } = &mut state.stream;
+                state.waiting.mark_read();
+                let page = match runs.events(*run_id, *after, STREAM_PAGE).await {
+                    Ok(page) => page,
+                    Err(error) => {
+                        // The client reconnects with its Last-Event-ID.
+                        tracing::warn!(run_id = %run_id, error = %crate::error_chain(&error), "event stream ended: the store failed");
+                        return None;
+                    }
+                };
+                for event in &page.events {
+                    *after = event.seq;
+                    state.ready.extend(frame(*run_id, event));
+                    if TERMINAL_EVENTS.contains(&event.kind.as_str()) {
+                        state.done = true;
+                        break;
+                    }
+                }
+                if !page.events.is_empty() {
+                    continue;
+                }
+                if *ended {
+                    return None;
+                }
+                let heartbeat_at = state.last_sent + HEARTBEAT;
+                if !state.waiting.until(heartbeat_at).await && Instant::now() >= heartbeat_at {
+                    state.ready.push_back(Bytes::from_static(b": keep-alive\n\n"));
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_rules() {
+        let parsed = parse_query(Some("after=3&limit=1000&wait=20")).unwrap();
+        assert_eq!((parsed.after, parsed.limit, parsed.wait), (Some(3), 1000, Duration::from_secs(20)));
+        let defaults = parse_query(Some("after=&limit=&wait=")).unwrap();
+        assert_eq!((defaults.after, defaults.limit, defaults.wait), (None, DEFAULT_LIMIT, Duration::ZERO));
+        for bad in ["after=-1", "after=x", "after=1.5", "limit=0", "limit=1001", "wait=21", "wait=-1", "foo=1", "after=1&after=2"] {
+            assert!(parse_query(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}
