@@ -125,8 +125,8 @@ impl Fixture {
     async fn create(&self, input: &str) -> RunMessage {
         let id = RunId::from_ulid(self.ids.ulid_at(self.clock.now()));
         let owner = Owner::parse("acme").unwrap();
-        let run = Run::new(id, owner.clone(), "ops".into(), input.into(), BTreeMap::new(), &self.policy);
-        self.store.insert(&run, None, 1_000).await.unwrap();
+        let mut run = Run::new(id, owner.clone(), "ops".into(), input.into(), BTreeMap::new(), &self.policy);
+        self.store.insert(&mut run, None, 1_000).await.unwrap();
         RunMessage { run_id: id, owner }
     }
 

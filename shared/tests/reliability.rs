@@ -19,6 +19,7 @@ use agent_runs_shared::domain::{
 use agent_runs_shared::faults::{CrashAt, FaultPlan, FaultyQueue, FaultyStore, Healthy, RandomFailures};
 use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
 use agent_runs_shared::store::{
+    EventPage,
     DueRun, Durability, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore, SqliteStore,
     StoreError,
 };
@@ -106,7 +107,7 @@ struct Observed {
 
 #[async_trait]
 impl RunStore for Observed {
-    async fn insert(&self, run: &Run, idem: Option<&IdempotencyClaim>, max: u32) -> Result<InsertOutcome, StoreError> {
+    async fn insert(&self, run: &mut Run, idem: Option<&IdempotencyClaim>, max: u32) -> Result<InsertOutcome, StoreError> {
         self.inner.insert(run, idem, max).await
     }
     async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
@@ -130,6 +131,9 @@ impl RunStore for Observed {
     }
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
         self.inner.due(until, after, limit).await
+    }
+    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
+        self.inner.events(run_id, after, limit).await
     }
 }
 

@@ -35,14 +35,14 @@ fn claim(key: &str, request: &str, at: u64) -> IdempotencyClaim {
     }
 }
 
-async fn insert(store: &dyn RunStore, run: &Run) {
+async fn insert(store: &dyn RunStore, run: &mut Run) {
     assert!(matches!(store.insert(run, None, 1_000).await.unwrap(), InsertOutcome::Inserted));
 }
 
 async fn get_returns_what_insert_wrote_and_only_to_its_owner(store: &dyn RunStore) {
     let mut run = new_run("acme", 0, 1);
     run.metadata.insert("ticket".into(), "OPS-42".into());
-    insert(store, &run).await;
+    insert(store, &mut run).await;
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run.clone()));
     assert_eq!(store.get(&owner("other"), run.id).await.unwrap(), None);
     let missing = RunId::from_ulid(Ulid::from_parts(T0, 999));
@@ -50,8 +50,8 @@ async fn get_returns_what_insert_wrote_and_only_to_its_owner(store: &dyn RunStor
 }
 
 async fn update_is_conditional_on_the_version_read(store: &dyn RunStore) {
-    let run = new_run("acme", 0, 2);
-    insert(store, &run).await;
+    let mut run = new_run("acme", 0, 2);
+    insert(store, &mut run).await;
     let mut first = store.get(&owner("acme"), run.id).await.unwrap().unwrap();
     let mut second = first.clone();
     first.cancel(Timestamp::from_millis(T0 as i64 + 5)).unwrap();
@@ -74,11 +74,11 @@ async fn update_is_conditional_on_the_version_read(store: &dyn RunStore) {
 }
 
 async fn idempotency_keys_are_reserved_atomically_with_the_run(store: &dyn RunStore) {
-    let first = new_run("acme", 0, 10);
-    let outcome = store.insert(&first, Some(&claim("k1", "r1", T0)), 1_000).await.unwrap();
+    let mut first = new_run("acme", 0, 10);
+    let outcome = store.insert(&mut first, Some(&claim("k1", "r1", T0)), 1_000).await.unwrap();
     assert!(matches!(outcome, InsertOutcome::Inserted));
-    let second = new_run("acme", 1, 11);
-    match store.insert(&second, Some(&claim("k1", "r2", T0 + 1)), 1_000).await.unwrap() {
+    let mut second = new_run("acme", 1, 11);
+    match store.insert(&mut second, Some(&claim("k1", "r2", T0 + 1)), 1_000).await.unwrap() {
         InsertOutcome::IdempotencyKeyTaken(record) => {
             assert_eq!(record.run_id, first.id);
             assert_eq!(record.request_hash, "r1");
@@ -87,42 +87,42 @@ async fn idempotency_keys_are_reserved_atomically_with_the_run(store: &dyn RunSt
     }
     assert_eq!(store.get(&owner("acme"), second.id).await.unwrap(), None, "nothing written for a taken key");
     // Another owner has its own keys.
-    let theirs = new_run("other", 1, 12);
+    let mut theirs = new_run("other", 1, 12);
     assert!(matches!(
-        store.insert(&theirs, Some(&claim("k1", "r2", T0 + 1)), 1_000).await.unwrap(),
+        store.insert(&mut theirs, Some(&claim("k1", "r2", T0 + 1)), 1_000).await.unwrap(),
         InsertOutcome::Inserted
     ));
     // Once expired, the key may be used again.
-    let later = new_run("acme", 5_000, 13);
+    let mut later = new_run("acme", 5_000, 13);
     assert!(matches!(
-        store.insert(&later, Some(&claim("k1", "r3", T0 + 5_000)), 1_000).await.unwrap(),
+        store.insert(&mut later, Some(&claim("k1", "r3", T0 + 5_000)), 1_000).await.unwrap(),
         InsertOutcome::Inserted
     ));
     // Undoing a create also frees its key.
     assert!(store.undo_create(&later, Some("k1")).await.unwrap());
     assert_eq!(store.get(&owner("acme"), later.id).await.unwrap(), None);
-    let again = new_run("acme", 5_001, 14);
+    let mut again = new_run("acme", 5_001, 14);
     assert!(matches!(
-        store.insert(&again, Some(&claim("k1", "r4", T0 + 5_001)), 1_000).await.unwrap(),
+        store.insert(&mut again, Some(&claim("k1", "r4", T0 + 5_001)), 1_000).await.unwrap(),
         InsertOutcome::Inserted
     ));
 }
 
 async fn insert_refuses_past_the_active_run_limit(store: &dyn RunStore) {
-    let runs: Vec<Run> = (0..3).map(|i| new_run("busy", i, 20 + i as u128)).collect();
-    for run in &runs[..2] {
+    let mut runs: Vec<Run> = (0..3).map(|i| new_run("busy", i, 20 + i as u128)).collect();
+    for run in &mut runs[..2] {
         assert!(matches!(store.insert(run, None, 2).await.unwrap(), InsertOutcome::Inserted));
     }
-    assert!(matches!(store.insert(&runs[2], None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    assert!(matches!(store.insert(&mut runs[2], None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
     let mut done = runs[0].clone();
     done.cancel(Timestamp::from_millis(T0 as i64 + 10)).unwrap();
     store.update(&mut done).await.unwrap();
-    assert!(matches!(store.insert(&runs[2], None, 2).await.unwrap(), InsertOutcome::Inserted));
+    assert!(matches!(store.insert(&mut runs[2], None, 2).await.unwrap(), InsertOutcome::Inserted));
     // A run taken back (its create failed after the insert) frees its place too.
-    let fourth = new_run("busy", 3, 23);
-    assert!(matches!(store.insert(&fourth, None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    let mut fourth = new_run("busy", 3, 23);
+    assert!(matches!(store.insert(&mut fourth, None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
     assert!(store.undo_create(&runs[1], None).await.unwrap());
-    assert!(matches!(store.insert(&fourth, None, 2).await.unwrap(), InsertOutcome::Inserted));
+    assert!(matches!(store.insert(&mut fourth, None, 2).await.unwrap(), InsertOutcome::Inserted));
     assert_eq!(store.active_runs(&owner("busy")).await.unwrap(), 2);
 }
 
@@ -133,7 +133,7 @@ async fn undo_create_keeps_a_run_that_moved_on(store: &dyn RunStore) {
     let policy = ExecutionPolicy::default();
     let who = owner("undo");
     let mut claimed = new_run("undo", 0, 30);
-    assert!(matches!(store.insert(&claimed, Some(&claim("u1", "r1", T0)), 2).await.unwrap(), InsertOutcome::Inserted));
+    assert!(matches!(store.insert(&mut claimed, Some(&claim("u1", "r1", T0)), 2).await.unwrap(), InsertOutcome::Inserted));
     let as_inserted = claimed.clone();
     claimed.claim("w", Timestamp::from_millis(T0 as i64 + 1), &policy).unwrap();
     store.update(&mut claimed).await.unwrap();
@@ -141,7 +141,7 @@ async fn undo_create_keeps_a_run_that_moved_on(store: &dyn RunStore) {
     assert_eq!(store.get(&who, claimed.id).await.unwrap(), Some(claimed.clone()));
     assert_eq!(store.active_runs(&who).await.unwrap(), 1);
     // Its key still answers with it.
-    match store.insert(&new_run("undo", 1, 31), Some(&claim("u1", "r1", T0 + 1)), 2).await.unwrap() {
+    match store.insert(&mut new_run("undo", 1, 31), Some(&claim("u1", "r1", T0 + 1)), 2).await.unwrap() {
         InsertOutcome::IdempotencyKeyTaken(record) => assert_eq!(record.run_id, claimed.id),
         other => panic!("expected the key to be taken: {other:?}"),
     }
@@ -153,8 +153,8 @@ async fn undo_create_keeps_a_run_that_moved_on(store: &dyn RunStore) {
     assert_eq!(store.get(&who, claimed.id).await.unwrap().unwrap().status, RunStatus::Succeeded);
     assert_eq!(store.active_runs(&who).await.unwrap(), 0);
     // Already undone: nothing more happens.
-    let undone = new_run("undo", 2, 32);
-    insert(store, &undone).await;
+    let mut undone = new_run("undo", 2, 32);
+    insert(store, &mut undone).await;
     assert!(store.undo_create(&undone, None).await.unwrap());
     assert!(!store.undo_create(&undone, None).await.unwrap());
     assert_eq!(store.active_runs(&who).await.unwrap(), 0);
@@ -163,10 +163,10 @@ async fn undo_create_keeps_a_run_that_moved_on(store: &dyn RunStore) {
 async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(store: &dyn RunStore) {
     let who = owner("lister");
     let mut runs: Vec<Run> = (0..7).map(|i| new_run("lister", i * 10, 100 + i as u128)).collect();
-    for run in &runs {
+    for run in &mut runs {
         insert(store, run).await;
     }
-    insert(store, &new_run("someone-else", 1, 200)).await;
+    insert(store, &mut new_run("someone-else", 1, 200)).await;
     for run in runs.iter_mut().step_by(2) {
         run.cancel(Timestamp::from_millis(T0 as i64 + 100)).unwrap();
         store.update(run).await.unwrap();
@@ -222,7 +222,7 @@ async fn lists_of_large_runs_are_whole(store: &dyn RunStore) {
     for i in 0..10 {
         let mut run = new_run("bulky", i * 10, 700 + i as u128);
         run.input = format!("{i}").repeat(64 * 1024);
-        insert(store, &run).await;
+        insert(store, &mut run).await;
         run.claim("w", Timestamp::from_millis(T0 as i64 + 200), &policy).unwrap();
         store.update(&mut run).await.unwrap();
         run.succeed("w", run.input.clone(), Timestamp::from_millis(T0 as i64 + 201)).unwrap();
@@ -282,8 +282,8 @@ async fn keys_are_found_by_hash_listed_and_revoked(keys: &dyn KeyStore) {
 }
 
 async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<dyn RunStore>) {
-    let run = new_run("race", 0, 400);
-    insert(store.as_ref(), &run).await;
+    let mut run = new_run("race", 0, 400);
+    insert(store.as_ref(), &mut run).await;
     let mut tasks = Vec::new();
     for worker in 0..8 {
         let store = store.clone();
@@ -330,8 +330,8 @@ async fn agents_are_put_replaced_listed_and_deleted(agents: &dyn AgentStore) {
 /// round-trips through every kind of write, and goes when the run ends.
 async fn large_checkpoints_round_trip(store: &dyn RunStore) {
     let policy = ExecutionPolicy::default();
-    let run = new_run("big", 0, 500);
-    insert(store, &run).await;
+    let mut run = new_run("big", 0, 500);
+    insert(store, &mut run).await;
     let at = |millis: i64| Timestamp::from_millis(T0 as i64 + millis);
     let big = |fill: &str| serde_json::json!({"transcript": fill.repeat(300_000), "n": 1});
     let mut run = store.get(&owner("big"), run.id).await.unwrap().unwrap();
@@ -409,10 +409,10 @@ async fn sqlite_store_for_serving_keeps_the_contract_and_owns_its_file() {
 async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runs.db");
-    let run = new_run("acme", 0, 1);
+    let mut run = new_run("acme", 0, 1);
     {
         let store = SqliteStore::open(&path, Durability::Full).unwrap();
-        insert(&store, &run).await;
+        insert(&store, &mut run).await;
     }
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run));
@@ -425,9 +425,9 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     connection.execute_batch(&format!("{without_active_counts} PRAGMA user_version = 2;")).unwrap();
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
-    let second = new_run("acme", 1, 2);
-    assert!(matches!(store.insert(&second, None, 1).await.unwrap(), InsertOutcome::TooManyActiveRuns));
-    assert!(matches!(store.insert(&second, None, 2).await.unwrap(), InsertOutcome::Inserted));
+    let mut second = new_run("acme", 1, 2);
+    assert!(matches!(store.insert(&mut second, None, 1).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    assert!(matches!(store.insert(&mut second, None, 2).await.unwrap(), InsertOutcome::Inserted));
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     // A database from before agent definitions (schema 1) gains them.
@@ -435,7 +435,7 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     agents_are_put_replaced_listed_and_deleted(&store).await;
-    assert!(matches!(store.insert(&new_run("acme", 2, 3), None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    assert!(matches!(store.insert(&mut new_run("acme", 2, 3), None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     connection.pragma_update(None, "user_version", 99).unwrap();
@@ -457,7 +457,7 @@ async fn dynamodb_store_keeps_the_contract() {
     // The emulator does not enforce the 400 KB item limit: check the layout.
     let policy = ExecutionPolicy::default();
     let mut run = new_run("layout", 0, 600);
-    insert(&store, &run).await;
+    insert(&store, &mut run).await;
     run.claim("w", Timestamp::from_millis(T0 as i64 + 1), &policy).unwrap();
     run.heartbeat("w", Some(serde_json::json!("x".repeat(300_000))), Timestamp::from_millis(T0 as i64 + 2), &policy)
         .unwrap();
@@ -489,28 +489,28 @@ async fn sqlite_purges_expired_idempotency_records_as_new_ones_come_in() {
     };
     // 40 keys at T0, each for 1 s.
     for i in 0..40u64 {
-        let run = new_run("purge", i, 600 + u128::from(i));
+        let mut run = new_run("purge", i, 600 + u128::from(i));
         let claim = claim(&format!("old{i}"), "r", T0);
-        assert!(matches!(store.insert(&run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
+        assert!(matches!(store.insert(&mut run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
     }
     assert_eq!(records(), 40);
     // An hour after they expired, each new key takes several old ones away.
     let later = T0 + 3_604_000;
-    let one = new_run("purge", 2_000, 699);
+    let mut one = new_run("purge", 2_000, 699);
     assert!(matches!(
-        store.insert(&one, Some(&claim("early", "r", T0 + 2_000)), 1_000).await.unwrap(),
+        store.insert(&mut one, Some(&claim("early", "r", T0 + 2_000)), 1_000).await.unwrap(),
         InsertOutcome::Inserted
     ));
     assert_eq!(records(), 41, "not purged within the hour after they expired");
     for i in 0..3u64 {
-        let run = new_run("purge", 3_604_000 + i, 700 + u128::from(i));
+        let mut run = new_run("purge", 3_604_000 + i, 700 + u128::from(i));
         let claim = claim(&format!("new{i}"), "r", later);
-        assert!(matches!(store.insert(&run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
+        assert!(matches!(store.insert(&mut run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
     }
     assert_eq!(records(), 3, "the expired 41 are gone, the 3 live ones stay");
     // A live record is never purged: its key still replays.
-    let again = new_run("purge", 3_604_010, 710);
-    let outcome = store.insert(&again, Some(&claim("new0", "r", later + 10)), 1_000).await.unwrap();
+    let mut again = new_run("purge", 3_604_010, 710);
+    let outcome = store.insert(&mut again, Some(&claim("new0", "r", later + 10)), 1_000).await.unwrap();
     assert!(matches!(outcome, InsertOutcome::IdempotencyKeyTaken(_)));
 }
 
@@ -519,8 +519,8 @@ async fn sqlite_due_pages_go_past_a_malformed_row_without_coming_up_short() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runs.db");
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
-    let runs: Vec<Run> = (0..5u64).map(|i| new_run("due", i, 800 + u128::from(i))).collect();
-    for run in &runs {
+    let mut runs: Vec<Run> = (0..5u64).map(|i| new_run("due", i, 800 + u128::from(i))).collect();
+    for run in &mut runs {
         insert(&store, run).await;
     }
     let file = rusqlite::Connection::open(&path).unwrap();

@@ -45,8 +45,8 @@ impl Fixture {
     async fn create(&self, agent: &str, input: &str) -> RunMessage {
         let id = RunId::from_ulid(self.ids.ulid_at(self.clock.now()));
         let owner = Owner::parse("acme").unwrap();
-        let run = Run::new(id, owner.clone(), agent.into(), input.into(), BTreeMap::new(), &self.policy);
-        self.store.insert(&run, None, 1_000).await.unwrap();
+        let mut run = Run::new(id, owner.clone(), agent.into(), input.into(), BTreeMap::new(), &self.policy);
+        self.store.insert(&mut run, None, 1_000).await.unwrap();
         RunMessage { run_id: id, owner }
     }
 
@@ -159,7 +159,7 @@ struct OneBrokenRun {
 impl RunStore for OneBrokenRun {
     async fn insert(
         &self,
-        run: &Run,
+        run: &mut Run,
         idempotency: Option<&agent_runs_shared::store::IdempotencyClaim>,
         max_active: u32,
     ) -> Result<agent_runs_shared::store::InsertOutcome, StoreError> {
@@ -194,6 +194,14 @@ impl RunStore for OneBrokenRun {
         limit: u32,
     ) -> Result<Vec<agent_runs_shared::store::DueRun>, StoreError> {
         self.inner.due(until, after, limit).await
+    }
+    async fn events(
+        &self,
+        run_id: RunId,
+        after: u64,
+        limit: u32,
+    ) -> Result<agent_runs_shared::store::EventPage, StoreError> {
+        self.inner.events(run_id, after, limit).await
     }
 }
 

@@ -444,6 +444,7 @@ mod tests {
             resolved_at: None,
             comment: None,
             expires_at: None,
+            expiry_warned: false,
         });
         let view = serde_json::to_value(RunView::from(&run)).unwrap();
         let schemas = &builtin()["components"]["schemas"];
