@@ -19,9 +19,8 @@ use agent_runs_shared::domain::{
 use agent_runs_shared::faults::{CrashAt, FaultPlan, FaultyQueue, FaultyStore, Healthy, RandomFailures};
 use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
 use agent_runs_shared::store::{
-    EventPage,
-    DueRun, Durability, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore, SqliteStore,
-    StoreError,
+    DueRun, Durability, EventPage, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore,
+    SqliteStore, StoreError,
 };
 use agent_runs_shared::worker::{Outcome, Sweeper, Worker, abandon_dead_letter};
 use async_trait::async_trait;
@@ -107,7 +106,12 @@ struct Observed {
 
 #[async_trait]
 impl RunStore for Observed {
-    async fn insert(&self, run: &mut Run, idem: Option<&IdempotencyClaim>, max: u32) -> Result<InsertOutcome, StoreError> {
+    async fn insert(
+        &self,
+        run: &mut Run,
+        idem: Option<&IdempotencyClaim>,
+        max: u32,
+    ) -> Result<InsertOutcome, StoreError> {
         self.inner.insert(run, idem, max).await
     }
     async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
@@ -302,6 +306,55 @@ impl Crash {
     }
 }
 
+/// A run's log read through the API: gap-free from 1, one event per status
+/// change in an order the state machine allows, the terminal event last and
+/// showing the run as it ended, and no work reported twice.
+async fn assert_log_matches_the_run(world: &World, run: &Run, kind: usize, context: &str) {
+    let path = format!("/v1/agent/runs/{}/events?limit=1000", run.id);
+    let (status, page) = world.call(&world.api(Arc::new(Healthy)), "GET", &path, Value::Null, None).await;
+    assert_eq!(status, 200, "{context}: {page}");
+    let events = page["data"].as_array().unwrap();
+    let seqs: Vec<u64> = events.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=run.event_seq).collect::<Vec<_>>(), "{context}: seqs from 1, no gaps, the run's count");
+    assert_eq!(page["has_more"], false);
+    let kinds: Vec<&str> = events.iter().map(|event| event["type"].as_str().unwrap()).collect();
+    let mut status = None;
+    let mut output = Vec::new();
+    for (index, kind) in kinds.iter().enumerate() {
+        let from = status;
+        status = Some(match (*kind, from) {
+            ("run.created", None) => "queued",
+            ("run.started", Some("queued" | "running")) => "running",
+            ("run.awaiting_approval", Some("running")) => "awaiting_approval",
+            ("run.resumed", Some("awaiting_approval")) => "queued",
+            ("run.requeued", Some("running")) => "queued",
+            ("run.succeeded", Some("running")) => "succeeded",
+            ("run.failed", Some("queued" | "running" | "awaiting_approval")) => "failed",
+            ("run.canceled", Some("queued" | "running" | "awaiting_approval")) => "canceled",
+            ("output.appended", Some("running")) => {
+                output.push(events[index]["data"]["text"].as_str().unwrap());
+                "running"
+            }
+            ("approval.requested", Some("running")) => "running",
+            ("approval.decided" | "approval.expiring", Some("awaiting_approval")) => "awaiting_approval",
+            ("approval.expired" | "approval.canceled", Some(state)) if state != "succeeded" => state,
+            (kind, from) => panic!("{context}: {kind} after {from:?} in {kinds:?}"),
+        });
+    }
+    assert_eq!(status, Some(run.status.as_str()), "{context}: the log ends where the run ended: {kinds:?}");
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["status"], run.status.as_str(), "{context}: the terminal event shows the ended run");
+    assert_eq!(last["data"]["output"].as_str(), run.output.as_deref());
+    // Work done again after a crash is never reported twice.
+    let (_, _, expected) = KINDS[kind];
+    let expected_lines: Vec<&str> = if expected.is_empty() { vec!["x"] } else { expected.split('\n').collect() };
+    if run.status == RunStatus::Succeeded && KINDS[kind].0 == "script" {
+        assert_eq!(output, expected_lines, "{context}: one output.appended per line");
+    } else {
+        assert!(expected_lines.starts_with(&output) || KINDS[kind].0 == "echo", "{context}: {output:?}");
+    }
+}
+
 async fn run_schedule(seed: u64, tally: &mut Tally) {
     let mut rng = StdRng::seed_from_u64(seed);
     let world = World::new().await;
@@ -407,7 +460,7 @@ async fn run_schedule(seed: u64, tally: &mut Tally) {
     world.assert_active_count_is_true(&format!("seed {seed}")).await;
     tally.latest_finish = tally.latest_finish.max(world.clock.now().since(started));
 
-    let writes = world.store.terminal_writes.lock().unwrap();
+    let writes = world.store.terminal_writes.lock().unwrap().clone();
     for (id, kind) in &accepted {
         let run = &terminal[id];
         assert_eq!(writes.get(id), Some(&1), "seed {seed}: a run must end exactly once");
@@ -421,6 +474,9 @@ async fn run_schedule(seed: u64, tally: &mut Tally) {
             }
             other => panic!("seed {seed}: run ended {other:?}"),
         }
+    }
+    for (id, kind) in &accepted {
+        assert_log_matches_the_run(&world, &terminal[id], *kind, &format!("seed {seed}, {victim:?}")).await;
     }
 }
 

@@ -8,10 +8,12 @@ mod emulator;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agent_runs_shared::domain::{AgentDefinition, ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp};
+use agent_runs_shared::domain::{
+    AgentDefinition, ApprovalId, EventData, ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp,
+};
 use agent_runs_shared::store::{
-    AgentStore, DueRun, Durability, DynamoStore, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest, RunStore,
-    SqliteStore, StoreError, StoredKey,
+    AgentStore, DueRun, Durability, DynamoStore, EventPage, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest,
+    RunStore, SqliteStore, StoreError, StoredKey,
 };
 use ulid::Ulid;
 
@@ -133,7 +135,10 @@ async fn undo_create_keeps_a_run_that_moved_on(store: &dyn RunStore) {
     let policy = ExecutionPolicy::default();
     let who = owner("undo");
     let mut claimed = new_run("undo", 0, 30);
-    assert!(matches!(store.insert(&mut claimed, Some(&claim("u1", "r1", T0)), 2).await.unwrap(), InsertOutcome::Inserted));
+    assert!(matches!(
+        store.insert(&mut claimed, Some(&claim("u1", "r1", T0)), 2).await.unwrap(),
+        InsertOutcome::Inserted
+    ));
     let as_inserted = claimed.clone();
     claimed.claim("w", Timestamp::from_millis(T0 as i64 + 1), &policy).unwrap();
     store.update(&mut claimed).await.unwrap();
@@ -360,10 +365,80 @@ async fn large_checkpoints_round_trip(store: &dyn RunStore) {
     assert_eq!((done.status, done.checkpoint), (RunStatus::Succeeded, None));
 }
 
+/// Each write stores the events of its change with it, numbered on from
+/// the run's count; a write that loses its race stores none; reads page in
+/// order; an undone create leaves no events behind.
+async fn events_are_written_with_their_change_and_read_in_order(store: &dyn RunStore) {
+    let policy = ExecutionPolicy::default();
+    let at = |millis: i64| Timestamp::from_millis(T0 as i64 + millis);
+    let kinds = |page: &EventPage| page.events.iter().map(|event| event.kind.clone()).collect::<Vec<_>>();
+    let mut run = new_run("events", 0, 900);
+    insert(store, &mut run).await;
+    assert_eq!((run.event_seq, run.pending_events.len()), (1, 0), "the insert counted run.created");
+    let created = store.events(run.id, 0, 10).await.unwrap();
+    assert_eq!(kinds(&created), ["run.created"]);
+    let data: serde_json::Value = serde_json::from_str(&created.events[0].data).unwrap();
+    assert_eq!((data["id"].as_str(), data["status"].as_str()), (Some(run.id.to_string().as_str()), Some("queued")));
+    assert_eq!(created.events[0].at, run.created_at);
+
+    run.claim("w", at(1), &policy).unwrap();
+    let mut stale = run.clone();
+    store.update(&mut run).await.unwrap();
+    // The loser of a race writes nothing, its events included.
+    assert!(matches!(store.update(&mut stale).await, Err(StoreError::Conflict)));
+    for line in ["one", "two", "three"] {
+        run.record(at(2), EventData::output(line));
+    }
+    run.park(
+        "w",
+        vec![(ApprovalId::from_ulid(Ulid::from_parts(T0 + 3, 1)), "Ship it".into())],
+        serde_json::json!({}),
+        at(3),
+        &policy,
+    )
+    .unwrap();
+    store.update(&mut run).await.unwrap();
+    assert_eq!(run.event_seq, 7);
+    assert_eq!(store.get(&owner("events"), run.id).await.unwrap().unwrap().event_seq, 7, "the count is stored");
+
+    let all = store.events(run.id, 0, 100).await.unwrap();
+    assert_eq!(
+        kinds(&all),
+        [
+            "run.created",
+            "run.started",
+            "output.appended",
+            "output.appended",
+            "output.appended",
+            "approval.requested",
+            "run.awaiting_approval"
+        ]
+    );
+    assert_eq!(all.events.iter().map(|event| event.seq).collect::<Vec<_>>(), (1..=7).collect::<Vec<u64>>());
+    assert!(!all.has_more);
+    let middle = store.events(run.id, 2, 3).await.unwrap();
+    assert_eq!(middle.events.iter().map(|event| event.seq).collect::<Vec<_>>(), [3, 4, 5]);
+    assert!(middle.has_more);
+    let text: serde_json::Value = serde_json::from_str(&middle.events[1].data).unwrap();
+    assert_eq!(text, serde_json::json!({"text": "two", "truncated": false}));
+    let last = store.events(run.id, 6, 1).await.unwrap();
+    assert_eq!((last.events.len(), last.has_more), (1, false));
+    assert!(store.events(run.id, 7, 10).await.unwrap().events.is_empty());
+
+    // The events of one run are not another's.
+    let mut other = new_run("events", 1, 901);
+    insert(store, &mut other).await;
+    assert_eq!(store.events(other.id, 0, 10).await.unwrap().events.len(), 1);
+    // An undone create takes its run.created with it.
+    assert!(store.undo_create(&other, None).await.unwrap());
+    assert!(store.events(other.id, 0, 10).await.unwrap().events.is_empty());
+}
+
 async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
     undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;
     agents_are_put_replaced_listed_and_deleted(agents).await;
     large_checkpoints_round_trip(runs.as_ref()).await;
+    events_are_written_with_their_change_and_read_in_order(runs.as_ref()).await;
     get_returns_what_insert_wrote_and_only_to_its_owner(runs.as_ref()).await;
     update_is_conditional_on_the_version_read(runs.as_ref()).await;
     idempotency_keys_are_reserved_atomically_with_the_run(runs.as_ref()).await;
@@ -417,7 +492,8 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run));
     drop(store);
-    let without_active_counts = "DROP INDEX idempotency_by_expiry; DROP TRIGGER runs_active_on_insert;
+    let without_active_counts =
+        "DROP TABLE run_events; DROP INDEX idempotency_by_expiry; DROP TRIGGER runs_active_on_insert;
         DROP TRIGGER runs_active_on_end; DROP TRIGGER runs_active_on_delete; DROP TABLE active_runs;";
     let connection = rusqlite::Connection::open(&path).unwrap();
     // A database from before the active-run counts (schema 2) has them counted
@@ -435,7 +511,10 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     agents_are_put_replaced_listed_and_deleted(&store).await;
-    assert!(matches!(store.insert(&mut new_run("acme", 2, 3), None, 2).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    assert!(matches!(
+        store.insert(&mut new_run("acme", 2, 3), None, 2).await.unwrap(),
+        InsertOutcome::TooManyActiveRuns
+    ));
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     connection.pragma_update(None, "user_version", 99).unwrap();

@@ -94,7 +94,9 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimit
             let stream = response.extensions().get::<EventStream>().cloned();
             let mut response = response.map(|body| match stream {
                 // A run's events as Server-Sent Events: the stream is the body.
-                Some(stream) => BodyExt::boxed_unsync(StreamBody::new(stream.frames().map(|frame| Ok(Frame::data(frame))))),
+                Some(stream) => {
+                    BodyExt::boxed_unsync(StreamBody::new(stream.frames().map(|frame| Ok(Frame::data(frame)))))
+                }
                 None => BodyExt::boxed_unsync(Full::new(body)),
             });
             if unread_body {

@@ -115,7 +115,22 @@ impl Aws {
     /// Invokes the function for `operation` with the API Gateway fixture
     /// changed to this method, path and body.
     async fn invoke(&self, operation: Operation, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.invoke_with(operation, method, path, body, &[]).await
+    }
+
+    /// [`Aws::invoke`] with these headers added.
+    async fn invoke_with(
+        &self,
+        operation: Operation,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
         let mut event: Value = serde_json::from_str(include_str!("fixtures/apigw-v2-create-run.json")).unwrap();
+        for (name, value) in headers {
+            event["headers"][*name] = (*value).into();
+        }
         let (path, query) = path.split_once('?').unwrap_or((path, ""));
         event["rawPath"] = path.into();
         event["rawQueryString"] = query.into();
@@ -316,6 +331,8 @@ async fn each_operation_keeps_its_aws_call_budget() {
     assert_eq!(aws.calls.take(), ["Query"]);
     aws.invoke(Operation::List, "GET", "/v1/agent/runs?status=queued&limit=1", None).await;
     assert_eq!(aws.calls.take(), ["Query"]);
+    aws.invoke(Operation::Events, "GET", &format!("{get}/events"), None).await;
+    assert_eq!(aws.calls.take(), ["GetItem", "Query"], "the run (whose owner it must be), then its log");
 
     // The idempotency record is written in the same transaction as the run.
     let mut event: Value = serde_json::from_str(include_str!("fixtures/apigw-v2-create-run.json")).unwrap();
@@ -356,8 +373,11 @@ async fn each_operation_keeps_its_aws_call_budget() {
     aws.calls.take();
     assert_eq!(echo_runs, 2);
     assert!((3 * echo_runs + 2..=3 * echo_runs + 4).contains(&worker_calls.len()), "{worker_calls:?}");
-    assert_eq!(worker_calls.iter().filter(|call| *call == "TransactWriteItems").count(), echo_runs);
-    assert!((echo_runs..=echo_runs + 1).contains(&worker_calls.iter().filter(|call| *call == "PutItem").count()));
+    // The claim and the terminal write are transactions (each carries its
+    // event); a claim that loses to the other message's is a PutItem-free try.
+    let transactions = worker_calls.iter().filter(|call| *call == "TransactWriteItems").count();
+    assert!((2 * echo_runs..=2 * echo_runs + 1).contains(&transactions), "{worker_calls:?}");
+    assert!(!worker_calls.iter().any(|call| call == "PutItem"), "{worker_calls:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,6 +513,72 @@ async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once() {
     assert_eq!(model.model_requests().len(), 2);
 }
 
+/// The events function: the log in pages, `wait` woken by a write (here by
+/// polling), a run that has ended answered at once, `Accept:
+/// text/event-stream` answered in JSON (API Gateway cannot stream), and
+/// bad input refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_function_answers_the_log_in_pages_and_waits_for_more() {
+    if support::without_emulator("the_events_function_answers_the_log_in_pages_and_waits_for_more") {
+        return;
+    }
+    let aws = Aws::new().await;
+    let create = Some(json!({"agent": "script", "input": "say one\nsay two"}));
+    let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", create).await;
+    let path = format!("/v1/agent/runs/{}/events", id(&run));
+    let types = |page: &Value| -> Vec<String> {
+        page["data"].as_array().unwrap().iter().map(|event| event["type"].as_str().unwrap().to_owned()).collect()
+    };
+    let (status, page) = aws.invoke(Operation::Events, "GET", &path, None).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(types(&page), ["run.created"]);
+    assert_eq!((page["next_after"].as_u64(), page["has_more"].as_bool()), (Some(1), Some(false)));
+    assert_eq!(page["data"][0]["run_id"], run["id"]);
+    assert_eq!(page["data"][0]["data"], run, "run.created shows the run as created");
+
+    // Someone waits for what comes after run.created while the worker runs it.
+    let after_created = format!("{path}?after=1&wait=15");
+    let waiting = aws.invoke(Operation::Events, "GET", &after_created, None);
+    let working = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        aws.deliver().await
+    };
+    let ((status, woken), _) = tokio::join!(waiting, working);
+    assert_eq!(status, 200);
+    assert_eq!(types(&woken).first().map(String::as_str), Some("run.started"), "{woken}");
+
+    let (_, page) = aws.invoke(Operation::Events, "GET", &format!("{path}?after=1&limit=2"), None).await;
+    assert_eq!(types(&page), ["run.started", "output.appended"]);
+    assert_eq!((page["next_after"].as_u64(), page["has_more"].as_bool()), (Some(3), Some(true)));
+    assert_eq!(page["data"][1]["data"], json!({"text": "one", "truncated": false}));
+    let accept = [("accept", "text/event-stream")];
+    let (_, rest) = aws.invoke_with(Operation::Events, "GET", &format!("{path}?after=3"), None, &accept).await;
+    assert_eq!(types(&rest), ["output.appended", "run.succeeded"], "JSON, not a stream");
+    assert_eq!(rest["data"][1]["data"]["output"], "one\ntwo");
+    assert!(rest["data"][1]["id"].as_str().unwrap().starts_with("evt_"));
+
+    // The run has ended: nothing more will come, so a wait is not held.
+    let started = std::time::Instant::now();
+    let (_, end) = aws.invoke(Operation::Events, "GET", &format!("{path}?after=5&wait=20"), None).await;
+    assert_eq!((end["data"].as_array().map(Vec::len), end["next_after"].as_u64()), (Some(0), Some(5)));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "answered without waiting out the 20 s");
+
+    for (query, param) in [
+        ("after=-1", "after"),
+        ("after=7", "after"),
+        ("after=x", "after"),
+        ("wait=21", "wait"),
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("since=1", "since"),
+    ] {
+        let (status, error) = aws.invoke(Operation::Events, "GET", &format!("{path}?{query}"), None).await;
+        assert_eq!((status, error["error"]["param"].as_str()), (400, Some(param)), "{query}: {error}");
+    }
+    let unknown = format!("/v1/agent/runs/run_{}/events", ulid::Ulid::new());
+    assert_eq!(aws.invoke(Operation::Events, "GET", &unknown, None).await.0, 404);
+}
+
 /// A transaction DynamoDB cancels for a conflict with another one wrote
 /// nothing: the store sends it again, so a create is not refused and a worker
 /// does not hand back a run it just finished.
@@ -511,13 +597,13 @@ async fn transaction_conflicts_are_sent_again() {
     assert_eq!(aws.listed_ids().await, [id(&run)]);
     assert_eq!(aws.active_runs().await, 1);
 
-    // The worker's write that ends the run: claim (a PutItem), then the
-    // terminal transaction, which conflicts once.
+    // The worker's writes: the claim (a transaction with its run.started
+    // event), which conflicts once, then the terminal transaction.
     conflicts.fail_next(1);
     let (_, failures) = aws.deliver().await;
     assert!(failures.is_empty(), "the run is not handed back: {failures:?}");
     let worker_calls = aws.calls.take();
-    assert_eq!(worker_calls.iter().filter(|call| *call == "TransactWriteItems").count(), 2, "{worker_calls:?}");
+    assert_eq!(worker_calls.iter().filter(|call| *call == "TransactWriteItems").count(), 3, "{worker_calls:?}");
     let (_, done) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&run)), None).await;
     assert_eq!((done["status"].as_str(), done["output"].as_str()), (Some("succeeded"), Some("once")));
     assert_eq!(aws.active_runs().await, 0, "the run ended once");

@@ -155,7 +155,7 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
         );
     }
     let expected: BTreeSet<String> =
-        ["create", "list", "get", "cancel", "decide", "fallback", "worker", "sweeper", "dead-letter"]
+        ["create", "list", "get", "cancel", "decide", "events", "fallback", "worker", "sweeper", "dead-letter"]
             .map(str::to_owned)
             .into();
     assert_eq!(binaries, expected);

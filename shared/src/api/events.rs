@@ -85,10 +85,11 @@ fn parse_query(query: Option<&str>) -> Result<EventsQuery, ApiError> {
         .transpose()?;
     let limit = match limit {
         None => DEFAULT_LIMIT,
-        Some(text) => whole_number(&text)
-            .filter(|limit| (1..=u64::from(MAX_LIMIT)).contains(limit))
-            .ok_or_else(|| ApiError::invalid("limit", format!("`limit` must be a whole number from 1 to {MAX_LIMIT}.")))?
-            as u32,
+        Some(text) => {
+            whole_number(&text).filter(|limit| (1..=u64::from(MAX_LIMIT)).contains(limit)).ok_or_else(|| {
+                ApiError::invalid("limit", format!("`limit` must be a whole number from 1 to {MAX_LIMIT}."))
+            })? as u32
+        }
     };
     let wait = match wait {
         None => 0,
@@ -107,7 +108,9 @@ fn wants_stream<B>(request: &Request<B>) -> bool {
             .iter()
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
-            .any(|media| media.split(';').next().is_some_and(|media| media.trim().eq_ignore_ascii_case("text/event-stream")))
+            .any(|media| {
+                media.split(';').next().is_some_and(|media| media.trim().eq_ignore_ascii_case("text/event-stream"))
+            })
 }
 
 pub(super) async fn handle(
@@ -301,7 +304,17 @@ mod tests {
         assert_eq!((parsed.after, parsed.limit, parsed.wait), (Some(3), 1000, Duration::from_secs(20)));
         let defaults = parse_query(Some("after=&limit=&wait=")).unwrap();
         assert_eq!((defaults.after, defaults.limit, defaults.wait), (None, DEFAULT_LIMIT, Duration::ZERO));
-        for bad in ["after=-1", "after=x", "after=1.5", "limit=0", "limit=1001", "wait=21", "wait=-1", "foo=1", "after=1&after=2"] {
+        for bad in [
+            "after=-1",
+            "after=x",
+            "after=1.5",
+            "limit=0",
+            "limit=1001",
+            "wait=21",
+            "wait=-1",
+            "foo=1",
+            "after=1&after=2",
+        ] {
             assert!(parse_query(Some(bad)).is_err(), "{bad}");
         }
     }

@@ -3,10 +3,10 @@
 use http::StatusCode;
 
 use super::response::json_response;
-use crate::views::{ListView, RunView};
 use super::{ApiError, ApiResponse};
 use crate::domain::{Cursor, Owner, RunStatus};
 use crate::store::{ListRequest, RunStore};
+use crate::views::{ListView, RunView};
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 100;

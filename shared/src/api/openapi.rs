@@ -400,8 +400,8 @@ mod tests {
 
     use super::*;
     use crate::agents::AgentRegistry;
-    use crate::views::RunView;
     use crate::domain::{Approval, ApprovalId, ExecutionPolicy, Owner, Run, RunId, Timestamp};
+    use crate::views::RunView;
 
     fn builtin() -> Value {
         let agents = AgentRegistry::builtin("echo").unwrap();

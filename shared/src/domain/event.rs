@@ -50,8 +50,12 @@ pub const EVENT_TYPES: [&str; 16] = [
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventData {
     RunCreated(Box<Run>),
-    RunStarted { attempt: u32 },
-    RunAwaitingApproval { approval_ids: Vec<ApprovalId> },
+    RunStarted {
+        attempt: u32,
+    },
+    RunAwaitingApproval {
+        approval_ids: Vec<ApprovalId>,
+    },
     RunResumed,
     /// A worker handed the run back to the queue (it was stopping).
     RunRequeued,
@@ -63,8 +67,14 @@ pub enum EventData {
     ApprovalExpiring(Approval),
     ApprovalExpired(Approval),
     ApprovalCanceled(Approval),
-    OutputAppended { text: EventText },
-    ModelResponded { text: EventText, tool_calls: Vec<String>, usage: Option<Usage> },
+    OutputAppended {
+        text: EventText,
+    },
+    ModelResponded {
+        text: EventText,
+        tool_calls: Vec<String>,
+        usage: Option<Usage>,
+    },
     ToolCompleted(Box<ToolCompleted>),
 }
 
@@ -154,7 +164,14 @@ mod tests {
         let text = EventText::new("");
         let run = || {
             let policy = super::super::ExecutionPolicy::default();
-            Box::new(Run::new(RunId::from_ulid(ulid::Ulid::nil()), super::super::Owner::parse("o").unwrap(), String::new(), String::new(), Default::default(), &policy))
+            Box::new(Run::new(
+                RunId::from_ulid(ulid::Ulid::nil()),
+                super::super::Owner::parse("o").unwrap(),
+                String::new(),
+                String::new(),
+                Default::default(),
+                &policy,
+            ))
         };
         let all = [
             EventData::RunCreated(run()),

@@ -387,7 +387,11 @@ impl Run {
             .filter_map(|approval| {
                 let expires_at = approval.expires_at?;
                 let warn = !approval.expiry_warned && !policy.approval_warning.is_zero();
-                Some(if warn { Timestamp::from_millis(expires_at.millis() - policy.approval_warning.as_millis() as i64) } else { expires_at })
+                Some(if warn {
+                    Timestamp::from_millis(expires_at.millis() - policy.approval_warning.as_millis() as i64)
+                } else {
+                    expires_at
+                })
             })
             .min()
     }

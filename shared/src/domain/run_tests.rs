@@ -17,6 +17,11 @@ fn policy() -> ExecutionPolicy {
     ExecutionPolicy::default()
 }
 
+/// The types of the run's events not yet written, oldest first.
+fn kinds(run: &Run) -> Vec<&'static str> {
+    run.pending_events.iter().map(|event| event.data.kind()).collect()
+}
+
 fn approval_id(n: u128) -> ApprovalId {
     ApprovalId::from_ulid(Ulid::from_parts(T0 as u64, n))
 }
@@ -324,12 +329,23 @@ fn parked_approvals_carry_their_deadline_and_the_sweeper_expires_them() {
     let mut run = awaiting(2);
     let deadline = at(20).plus(policy().approval_timeout);
     assert!(run.approvals.iter().all(|a| a.expires_at == Some(deadline)));
-    assert_eq!(run.due_at, Some(deadline), "the sweeper looks when the first approval expires");
+    let warning = Timestamp::from_millis(deadline.millis() - policy().approval_warning.as_millis() as i64);
+    assert_eq!(run.due_at, Some(warning), "the sweeper looks first when the approvals are about to expire");
     let before = run.clone();
     assert_eq!(run.sweep(at(21), &policy()), SweepAction::Nothing);
     assert_eq!(run, before);
 
+    // The warning: one approval.expiring each, once; then the expiry is due.
+    run.take_events();
+    assert_eq!(run.sweep(warning, &policy()), SweepAction::Warned);
+    assert_eq!(kinds(&run), ["approval.expiring", "approval.expiring"]);
+    assert!(run.approvals.iter().all(|approval| approval.expiry_warned && approval.status == ApprovalStatus::Pending));
+    assert_eq!((run.due_at, run.status), (Some(deadline), RunStatus::AwaitingApproval));
+    run.take_events();
+    assert_eq!(run.sweep(warning, &policy()), SweepAction::Nothing, "warned once");
+
     run.decide(approval_id(1), Decision::Approve, None, at(30), &policy()).unwrap();
+    run.take_events();
     assert_eq!(run.sweep(deadline, &policy()), SweepAction::Failed);
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(run.approvals[0].status, ApprovalStatus::Approved, "decided approvals keep their decision");
@@ -337,6 +353,7 @@ fn parked_approvals_carry_their_deadline_and_the_sweeper_expires_them() {
     assert_eq!(run.approvals[1].resolved_at, Some(deadline));
     assert!(run.error.as_deref().unwrap().contains("action 1"), "{:?}", run.error);
     assert_eq!(run.completed_at, Some(deadline));
+    assert_eq!(kinds(&run), ["approval.expired", "run.failed"]);
     // An expired approval cannot be decided any more.
     assert_eq!(
         run.decide(approval_id(2), Decision::Approve, None, deadline, &policy()),
@@ -428,4 +445,79 @@ fn a_decision_after_the_approval_expired_expires_it_instead() {
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(run.approvals[0].status, ApprovalStatus::Expired);
     assert!(!run.expire_if_due(approval.id, expiry, &policy()), "only once");
+}
+
+#[test]
+fn every_change_records_its_events_and_a_repeat_records_none() {
+    let mut run = queued();
+    assert_eq!(kinds(&run), ["run.created"]);
+    let created = run.take_events();
+    assert_eq!((created[0].seq, run.event_seq, run.pending_events.len()), (1, 1, 0));
+    assert!(matches!(&created[0].data, EventData::RunCreated(shown) if shown.status == RunStatus::Queued));
+
+    run.claim("w1", at(10), &policy()).unwrap();
+    assert_eq!(kinds(&run), ["run.started"]);
+    assert!(matches!(run.pending_events[0].data, EventData::RunStarted { attempt: 1 }));
+    run.take_events();
+    run.heartbeat("w1", None, at(11), &policy()).unwrap();
+    assert!(kinds(&run).is_empty(), "a heartbeat changes no status");
+    run.park(
+        "w1",
+        vec![(approval_id(1), "a".into()), (approval_id(2), "b".into())],
+        serde_json::json!({}),
+        at(20),
+        &policy(),
+    )
+    .unwrap();
+    assert_eq!(kinds(&run), ["approval.requested", "approval.requested", "run.awaiting_approval"]);
+    let parked = run.take_events();
+    assert_eq!(parked.iter().map(|event| event.seq).collect::<Vec<_>>(), [3, 4, 5]);
+    assert!(
+        matches!(&parked[2].data, EventData::RunAwaitingApproval { approval_ids } if approval_ids == &[approval_id(1), approval_id(2)])
+    );
+
+    run.decide(approval_id(1), Decision::Approve, Some("ok".into()), at(30), &policy()).unwrap();
+    assert_eq!(kinds(&run), ["approval.decided"]);
+    run.take_events();
+    assert_eq!(run.decide(approval_id(1), Decision::Approve, None, at(31), &policy()), Ok(DecideOutcome::Unchanged));
+    assert!(kinds(&run).is_empty(), "a repeated decision records nothing");
+    run.decide(approval_id(2), Decision::Reject, None, at(32), &policy()).unwrap();
+    assert_eq!(kinds(&run), ["approval.decided", "run.resumed"]);
+    run.take_events();
+
+    run.claim("w2", at(40), &policy()).unwrap();
+    run.release("w2", None, at(41), &policy()).unwrap();
+    assert_eq!(kinds(&run), ["run.started", "run.requeued"]);
+    run.take_events();
+    run.claim("w3", at(50), &policy()).unwrap();
+    run.succeed("w3", "done".into(), at(60)).unwrap();
+    assert_eq!(kinds(&run), ["run.started", "run.succeeded"]);
+    assert!(
+        matches!(&run.pending_events[1].data, EventData::RunSucceeded(shown) if shown.output.as_deref() == Some("done"))
+    );
+    run.take_events();
+    assert_eq!(run.cancel(at(70)), Err(TransitionError::InvalidState(RunStatus::Succeeded)));
+    assert!(kinds(&run).is_empty());
+
+    let mut waiting = awaiting(2);
+    waiting.take_events();
+    waiting.cancel(at(80)).unwrap();
+    assert_eq!(kinds(&waiting), ["approval.canceled", "approval.canceled", "run.canceled"]);
+    waiting.take_events();
+    assert_eq!(waiting.cancel(at(81)), Ok(Changed::No));
+    assert!(kinds(&waiting).is_empty(), "a repeated cancel records nothing");
+}
+
+#[test]
+fn a_claim_that_would_fill_the_log_fails_the_run_instead() {
+    let small = ExecutionPolicy { max_events: 3, ..policy() };
+    let mut run = queued();
+    assert_eq!(run.claim("w1", at(10), &small), Ok(ClaimOutcome::Claimed), "room for run.started and the end");
+    run.release("w1", None, at(11), &small).unwrap();
+    assert_eq!(run.events_logged(), 3);
+    assert_eq!(run.claim("w2", at(12), &small), Ok(ClaimOutcome::AttemptsExhausted));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.error.as_deref().unwrap().contains("limit of 3 events"), "{:?}", run.error);
+    // A hand-back took the last place: the end is recorded one past it.
+    assert_eq!((kinds(&run).last(), run.events_logged()), (Some(&"run.failed"), 4));
 }

@@ -38,8 +38,8 @@ use serde::{Deserialize, Serialize};
 
 use super::record::StoredRun;
 use super::{
-    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage,
-    ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
+    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest,
+    Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
 };
 use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Timestamp};
 
@@ -639,13 +639,9 @@ impl RunStore for DynamoStore {
                 *run = next;
                 Ok(())
             }
-            // The run's put is first: its version moved on.
-            Err(TransactFailure::ConditionsFailed(failed)) if failed.first() == Some(&true) => {
-                Err(StoreError::Conflict)
-            }
-            Err(TransactFailure::ConditionsFailed(_)) => {
-                Err(defect(format!("run {} has events beyond its count {}", run.id, run.event_seq)))
-            }
+            // The run's version moved on; its events' seqs are then taken
+            // too (DynamoDB may name either as the failed condition).
+            Err(TransactFailure::ConditionsFailed(_)) => Err(StoreError::Conflict),
             Err(TransactFailure::Store(error)) => Err(error),
         }
     }

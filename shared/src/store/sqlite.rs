@@ -19,8 +19,8 @@ use tokio::sync::watch;
 
 use super::record::StoredRun;
 use super::{
-    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage,
-    ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
+    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest,
+    Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
 };
 use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Timestamp};
 
@@ -409,74 +409,74 @@ impl RunStore for SqliteStore {
         let outcome = self
             .write(move |connection| {
                 let run = written;
-            let transaction =
-                connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
-            let owner = run.owner.as_str();
-            if let Some(claim) = &idempotency {
-                let existing = transaction
-                    .prepare_cached(
-                        "SELECT request_hash, run_id FROM idempotency
+                let transaction =
+                    connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+                let owner = run.owner.as_str();
+                if let Some(claim) = &idempotency {
+                    let existing = transaction
+                        .prepare_cached(
+                            "SELECT request_hash, run_id FROM idempotency
                          WHERE owner = ?1 AND key_hash = ?2 AND expires_at > ?3",
-                    )
-                    .and_then(|mut statement| {
-                        statement
-                            .query_row(params![owner, claim.key_hash, claim.created_at.millis()], |row| {
-                                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-                            })
-                            .optional()
-                    })
-                    .map_err(unavailable)?;
-                if let Some((request_hash, run_id)) = existing {
-                    let run_id = run_id
-                        .parse()
-                        .map_err(|_| StoreError::Defect("malformed run id in idempotency record".into()))?;
-                    return Ok(InsertOutcome::IdempotencyKeyTaken(IdempotencyRecord { request_hash, run_id }));
+                        )
+                        .and_then(|mut statement| {
+                            statement
+                                .query_row(params![owner, claim.key_hash, claim.created_at.millis()], |row| {
+                                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                                })
+                                .optional()
+                        })
+                        .map_err(unavailable)?;
+                    if let Some((request_hash, run_id)) = existing {
+                        let run_id = run_id
+                            .parse()
+                            .map_err(|_| StoreError::Defect("malformed run id in idempotency record".into()))?;
+                        return Ok(InsertOutcome::IdempotencyKeyTaken(IdempotencyRecord { request_hash, run_id }));
+                    }
                 }
-            }
-            let active: i64 = transaction
-                .prepare_cached("SELECT count FROM active_runs WHERE owner = ?1")
-                .and_then(|mut statement| statement.query_row(params![owner], |row| row.get(0)).optional())
-                .map_err(unavailable)?
-                .unwrap_or(0);
-            if active >= i64::from(max_active) {
-                return Ok(InsertOutcome::TooManyActiveRuns);
-            }
-            let encoded_len = insert_run_row(&transaction, &run)?;
-            insert_events(&transaction, &events)?;
-            if let Some(claim) = &idempotency {
-                transaction
-                    .prepare_cached(
-                        "DELETE FROM idempotency WHERE (owner, key_hash) IN
+                let active: i64 = transaction
+                    .prepare_cached("SELECT count FROM active_runs WHERE owner = ?1")
+                    .and_then(|mut statement| statement.query_row(params![owner], |row| row.get(0)).optional())
+                    .map_err(unavailable)?
+                    .unwrap_or(0);
+                if active >= i64::from(max_active) {
+                    return Ok(InsertOutcome::TooManyActiveRuns);
+                }
+                let encoded_len = insert_run_row(&transaction, &run)?;
+                insert_events(&transaction, &events)?;
+                if let Some(claim) = &idempotency {
+                    transaction
+                        .prepare_cached(
+                            "DELETE FROM idempotency WHERE (owner, key_hash) IN
                          (SELECT owner, key_hash FROM idempotency WHERE expires_at <= ?1 LIMIT ?2)",
-                    )
-                    .and_then(|mut statement| {
-                        statement.execute(params![claim.created_at.millis() - PURGE_AFTER, PURGE_PER_CREATE])
-                    })
-                    .map_err(unavailable)?;
-                transaction
-                    .prepare_cached(
-                        "INSERT OR REPLACE INTO idempotency
+                        )
+                        .and_then(|mut statement| {
+                            statement.execute(params![claim.created_at.millis() - PURGE_AFTER, PURGE_PER_CREATE])
+                        })
+                        .map_err(unavailable)?;
+                    transaction
+                        .prepare_cached(
+                            "INSERT OR REPLACE INTO idempotency
                          (owner, key_hash, request_hash, run_id, created_at, expires_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    )
-                    .and_then(|mut statement| {
-                        statement.execute(params![
-                            owner,
-                            claim.key_hash,
-                            claim.request_hash,
-                            run.id.to_string(),
-                            claim.created_at.millis(),
-                            claim.expires_at.millis()
-                        ])
-                    })
-                    .map_err(unavailable)?;
-            }
-            transaction.commit().map_err(unavailable)?;
-            store.remember(&run, encoded_len);
-            store.events_committed(run.id, run.event_seq);
-            Ok(InsertOutcome::Inserted)
-        })
-        .await?;
+                        )
+                        .and_then(|mut statement| {
+                            statement.execute(params![
+                                owner,
+                                claim.key_hash,
+                                claim.request_hash,
+                                run.id.to_string(),
+                                claim.created_at.millis(),
+                                claim.expires_at.millis()
+                            ])
+                        })
+                        .map_err(unavailable)?;
+                }
+                transaction.commit().map_err(unavailable)?;
+                store.remember(&run, encoded_len);
+                store.events_committed(run.id, run.event_seq);
+                Ok(InsertOutcome::Inserted)
+            })
+            .await?;
         if matches!(outcome, InsertOutcome::Inserted) {
             // Counted and cleared as in the copy that was written.
             run.take_events();

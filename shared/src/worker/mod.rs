@@ -272,10 +272,14 @@ impl Worker {
                     save_now = true;
                 }
                 Step::Succeeded(output) => {
-                    return self.finish(attempt, Vec::new(), |run, now, lease| run.succeed(lease, output.clone(), now)).await;
+                    return self
+                        .finish(attempt, Vec::new(), |run, now, lease| run.succeed(lease, output.clone(), now))
+                        .await;
                 }
                 Step::Failed(error) => {
-                    return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;
+                    return self
+                        .finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now))
+                        .await;
                 }
                 Step::AwaitApproval { actions, checkpoint } => {
                     let requests: Vec<(ApprovalId, String)> = actions
