@@ -147,6 +147,12 @@ impl Fixture {
     }
 }
 
+/// The run's log: each event's type and data.
+async fn events(fixture: &Fixture, message: &RunMessage) -> Vec<(String, Value)> {
+    let page = fixture.store.events(message.run_id, 0, 1_000).await.unwrap();
+    page.events.into_iter().map(|event| (event.kind, serde_json::from_str(&event.data).unwrap())).collect()
+}
+
 /// The messages of the n-th model request.
 fn messages(fixture: &Fixture, n: usize) -> Vec<Value> {
     fixture.stand_in.model_requests()[n]["messages"].as_array().unwrap().clone()
@@ -186,6 +192,33 @@ async fn a_harmless_tool_call_then_an_answer() {
         fixture.stand_in.model_authorization().iter().all(|auth| auth.as_deref() == Some("Bearer sk-test-secret-4f9a"))
     );
     assert!(!format!("{run:?}").contains(API_KEY));
+    // The log tells the story: each model reply, the tool call and the answer.
+    let log = events(&fixture, &message).await;
+    let kinds: Vec<&str> = log.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "run.created",
+            "run.started",
+            "model.responded",
+            "tool.completed",
+            "model.responded",
+            "output.appended",
+            "run.succeeded"
+        ]
+    );
+    assert_eq!(log[2].1["tool_calls"], json!(["lookup"]));
+    assert_eq!(log[2].1["usage"], json!({"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}));
+    let tool = &log[3].1;
+    assert_eq!(
+        (&tool["tool"], &tool["arguments"], &tool["http_status"]),
+        (&json!("lookup"), &json!({"id": "OPS-7"}), &json!(200))
+    );
+    assert_eq!(serde_json::from_str::<Value>(tool["result"].as_str().unwrap()).unwrap()["ok"], true);
+    assert_eq!((tool["truncated"].as_bool(), tool["duration_ms"].is_u64()), (Some(false), true));
+    assert_eq!(log[4].1["text"], "OPS-7 is open.");
+    assert_eq!(log[5].1, json!({"text": "OPS-7 is open.", "truncated": false}));
+    assert!(!serde_json::to_string(&log).unwrap().contains(API_KEY), "no secret in the log");
 }
 
 #[tokio::test]
@@ -216,6 +249,27 @@ async fn an_approved_call_waits_then_runs_exactly_once() {
     assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "old"}));
     assert_eq!(calls[0].authorization.as_deref(), Some("Bearer tool-token"));
     assert_eq!(fixture.stand_in.model_requests().len(), 2);
+    // Duplicate deliveries and the wait add no events: one call, one tool.completed.
+    let log = events(&fixture, &message).await;
+    let kinds: Vec<&str> = log.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "run.created",
+            "run.started",
+            "model.responded",
+            "approval.requested",
+            "run.awaiting_approval",
+            "approval.decided",
+            "run.resumed",
+            "run.started",
+            "tool.completed",
+            "model.responded",
+            "output.appended",
+            "run.succeeded"
+        ]
+    );
+    assert_eq!(log[8].1["arguments"], json!({"branch": "old"}));
 }
 
 #[tokio::test]

@@ -291,3 +291,55 @@ async fn a_claim_or_hand_back_whose_answer_was_lost_is_known_for_what_it_did() {
     assert_eq!(outcome.unwrap(), Outcome::Released);
     assert_eq!(fixture.run(&message).await.status, RunStatus::Queued);
 }
+
+/// A run whose agent reports more than its log may hold fails, clearly,
+/// with the failure as its last event and the log never past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_would_outgrow_its_log_fails_with_the_limit_named() {
+    let mut fixture = Fixture::new();
+    fixture.policy.max_events = 16;
+    let script: Vec<String> = (0..40).map(|n| format!("say line {n}")).collect();
+    let message = fixture.create("script", &script.join("\n")).await;
+    assert_eq!(fixture.worker().process(&message, &running()).await.unwrap(), Outcome::Failed);
+    let run = fixture.run(&message).await;
+    assert_eq!(
+        run.error.as_deref(),
+        Some("The run was stopped: its log reached this deployment's limit of 16 events.")
+    );
+    let page = fixture.store.events(message.run_id, 0, 100).await.unwrap();
+    let kinds: Vec<&str> = page.events.iter().map(|event| event.kind.as_str()).collect();
+    assert!(page.events.len() <= 16, "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"run.failed"));
+    assert_eq!(page.events.iter().map(|event| event.seq).collect::<Vec<_>>(), (1..=run.event_seq).collect::<Vec<_>>());
+    // What was written is what the agent said, in order, once.
+    let said: Vec<String> = page
+        .events
+        .iter()
+        .filter(|event| event.kind == "output.appended")
+        .map(|event| {
+            serde_json::from_str::<serde_json::Value>(&event.data).unwrap()["text"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        said,
+        script[..said.len()].iter().map(|line| line.trim_start_matches("say ").to_owned()).collect::<Vec<_>>()
+    );
+}
+
+/// A step's text goes into the log as the run goes, not only at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_run_says_is_in_its_log_while_it_runs() {
+    let fixture = Fixture::new();
+    let message = fixture.create("script", "say early\nsleep 1500\nsay late").await;
+    let worker = fixture.worker();
+    let stop = running();
+    let processing = worker.process(&message, &stop);
+    let watching = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let page = fixture.store.events(message.run_id, 0, 100).await.unwrap();
+        page.events.iter().map(|event| event.kind.clone()).collect::<Vec<_>>()
+    };
+    let (outcome, midway) = tokio::join!(processing, watching);
+    assert_eq!(outcome.unwrap(), Outcome::Succeeded);
+    assert_eq!(midway, ["run.created", "run.started", "output.appended"], "written while the sleep goes on");
+}

@@ -296,7 +296,41 @@ impl EventStream {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::StreamExt;
+
     use super::*;
+    use crate::domain::{ExecutionPolicy, Run, Timestamp};
+    use crate::store::{Durability, SqliteStore};
+
+    /// With nothing to send the stream sends a comment every 15 s; a
+    /// commit wakes it at once; it ends after the run's last event.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_keeps_alive_wakes_on_a_commit_and_ends_with_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap());
+        let id = RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1));
+        let owner = Owner::parse("acme").unwrap();
+        let mut run = Run::new(id, owner, "echo".into(), "hi".into(), Default::default(), &ExecutionPolicy::default());
+        store.insert(&mut run, None, 10).await.unwrap();
+        let stream = EventStream { runs: store.clone(), run_id: id, after: 0, ended: false };
+        let mut frames = Box::pin(stream.frames());
+        let first = String::from_utf8(frames.next().await.unwrap().to_vec()).unwrap();
+        assert!(first.starts_with("id: 1\nevent: run.created\ndata: {"), "{first}");
+        let waited = Instant::now();
+        assert_eq!(&frames.next().await.unwrap()[..], b": keep-alive\n\n");
+        assert!(waited.elapsed() >= HEARTBEAT, "the comment comes after 15 s of silence");
+
+        let waiting = tokio::spawn(async move {
+            let frame = frames.next().await.unwrap();
+            (String::from_utf8(frame.to_vec()).unwrap(), frames.next().await.is_none())
+        });
+        tokio::task::yield_now().await;
+        run.cancel(Timestamp::from_millis(1_795_303_479_000)).unwrap();
+        store.update(&mut run).await.unwrap();
+        let (canceled, ended) = waiting.await.unwrap();
+        assert!(canceled.starts_with("id: 2\nevent: run.canceled\n"), "{canceled}");
+        assert!(ended, "the stream ends after the run's last event");
+    }
 
     #[test]
     fn query_rules() {
