@@ -5,6 +5,9 @@
 #      `agent-runs serve` (release build), and the same load against a
 #      minimal hyper server answering a fixed JSON body: the ceiling.
 #   2. echo create -> succeeded latency seen by a client polling get.
+#   2b. 1,000 Server-Sent Events streams open on runs while runs are created:
+#      the server's memory and CPU, create throughput with and without them,
+#      and how fast a cancel of every run reaches every stream.
 #   3. each Lambda function's init and invocation times under a Lambda
 #      Runtime API stand-in, against the AWS API emulator.
 #   4. each function's binary and zip size.
@@ -21,7 +24,7 @@ if ! command -v wrk > /dev/null; then
   echo "installing wrk (Debian package)"
   apt-get update -qq && apt-get install -y -qq wrk > /dev/null
 fi
-functions="create list get cancel decide fallback worker sweeper dead-letter"
+functions="create list get cancel decide events fallback worker sweeper dead-letter"
 if [ "$build" = 1 ]; then
   cargo build --release --quiet --bins -p agent-runs -p agent-runs-bench $(printf -- '-p agent-runs-%s ' $functions)
 fi
@@ -83,6 +86,25 @@ sleep 2  # let the workers finish the created runs
 echo "== 2. echo create -> succeeded, one client polling get"
 "$bin/echo-latency" "$serve" "$key" 500
 
+echo "== 2b. 1,000 clients following runs as Server-Sent Events while runs are created"
+# A server of its own, with room for the streams and the load's connections.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+AGENT_RUNS_RATE_LIMIT_PER_SECOND=0 AGENT_RUNS_MAX_ACTIVE_RUNS=100000000 AGENT_RUNS_LOG=warn \
+  "$bin/agent-runs" serve --addr 127.0.0.1:0 --db "$work/sse.db" --max-connections 4096 > "$work/sse-serve.out" 2> "$work/sse-serve.err" & sse_server=$!; pids+=($sse_server)
+wait_for_line "$work/sse-serve.out"
+sse=$(addr_of "$work/sse-serve.out")
+sse_key=$(sed -n 's/^ *export AGENT_RUNS_KEY=//p' "$work/sse-serve.out")
+wrk_run create-alone "http://$sse/v1/agent/runs" -H "Authorization: Bearer $sse_key" -s "$work/create.lua"
+sleep 2
+"$bin/sse-subscribers" "$sse" "$sse_key" 1000 $((secs + 2)) "$sse_server" > "$work/sse.out" 2>&1 & sse_client=$!; pids+=($sse_client)
+for _ in $(seq 1 1200); do grep -q "^READY" "$work/sse.out" && break; sleep 0.1; done
+grep -v "^READY" "$work/sse.out"
+wrk_run create-1k-sse "http://$sse/v1/agent/runs" -H "Authorization: Bearer $sse_key" -s "$work/create.lua"
+wait "$sse_client"
+sed -n '/^after the load/,$p' "$work/sse.out"
+awk -v with="$(cat "$work/create-1k-sse.rps")" -v alone="$(cat "$work/create-alone.rps")" \
+  'BEGIN { printf "create with 1,000 streams open: %.1f%% of create alone\n", 100 * with / alone }'
+
 echo "== 3. Lambda functions: init and invocations (Runtime API stand-in, AWS API emulator)"
 source infra/moto.sh
 install_moto
@@ -110,6 +132,7 @@ http("list", "GET", "/v1/agent/runs", query="limit=20")
 http("get", "GET", f"/v1/agent/runs/{missing}")
 http("cancel", "POST", f"/v1/agent/runs/{missing}/cancel")
 http("decide", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", '{"decision": "approve"}')
+http("events", "GET", f"/v1/agent/runs/{missing}/events")
 http("fallback", "GET", "/v1/unknown")
 sqs = json.load(open("infra/events/sqs-run.json"))
 sqs["Records"][0]["body"] = json.dumps({"run_id": missing, "owner": "bench"})

@@ -123,10 +123,11 @@ pub(super) async fn handle(
     let run_id = parse_run_id(run_id)?;
     let run = runs.get(owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
     let stream = wants_stream(request);
-    // A stream resumes after the last event its client saw.
-    let last_event_id = stream
-        .then(|| request.headers().get("last-event-id"))
-        .flatten()
+    // A client resumes after the last event it saw (an SSE client sends it
+    // on reconnecting; it wins over `after`).
+    let last_event_id = request
+        .headers()
+        .get("last-event-id")
         .map(|value| {
             value.to_str().ok().and_then(whole_number).ok_or_else(|| {
                 ApiError::invalid("Last-Event-ID", "`Last-Event-ID` must be the `seq` of an event: a whole number.")

@@ -120,7 +120,8 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
     let conflict = error_response("The run or approval is not in a state that allows this.", &[]);
     let links = json!({
         "GetRun": {"operationId": "getRun", "parameters": {"run_id": "$response.body#/id"}},
-        "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}}
+        "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}},
+        "ListRunEvents": {"operationId": "listRunEvents", "parameters": {"run_id": "$response.body#/id"}}
     });
 
     let usage = json!({
@@ -229,7 +230,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     {"name": "after", "in": "query", "required": false, "description": "Only events with a higher seq; at most one past the run's last seq. Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 0}, {"const": ""}], "default": 0}},
                     {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": events::MAX_LIMIT}, {"const": ""}], "default": events::DEFAULT_LIMIT}},
                     {"name": "wait", "in": "query", "required": false, "description": "Seconds to hold the request while nothing newer than `after` exists. Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": events::MAX_WAIT_SECS}, {"const": ""}], "default": 0}},
-                    {"name": "Last-Event-ID", "in": "header", "required": false, "description": "With Accept: text/event-stream: resume after this seq (it wins over `after`).", "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+                    {"name": "Last-Event-ID", "in": "header", "required": false, "description": "Resume after this seq, as an SSE client does on reconnecting; it wins over `after`.", "schema": {"type": "string", "pattern": "^[0-9]+$"}}
                 ]),
                 None,
                 json!({
