@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::domain::{Approval, EventData, Run, Timestamp, Usage};
+use crate::domain::{Approval, EventData, EventText, Run, Timestamp, Usage};
 
 #[derive(Serialize)]
 pub struct RunView<'a> {
@@ -87,7 +87,7 @@ pub fn event_data_json(data: &EventData) -> String {
         EventData::RunCreated(run)
         | EventData::RunSucceeded(run)
         | EventData::RunFailed(run)
-        | EventData::RunCanceled(run) => serde_json::to_string(&RunView::from(run.as_ref())),
+        | EventData::RunCanceled(run) => run_in_event(run),
         EventData::RunStarted { attempt } => serde_json::to_string(&serde_json::json!({ "attempt": attempt })),
         EventData::RunAwaitingApproval { approval_ids } => {
             serde_json::to_string(&serde_json::json!({ "approval_ids": approval_ids }))
@@ -97,7 +97,7 @@ pub fn event_data_json(data: &EventData) -> String {
         | EventData::ApprovalDecided(approval)
         | EventData::ApprovalExpiring(approval)
         | EventData::ApprovalExpired(approval)
-        | EventData::ApprovalCanceled(approval) => serde_json::to_string(&ApprovalView::from(approval)),
+        | EventData::ApprovalCanceled(approval) => approval_in_event(approval),
         EventData::OutputAppended { text } => {
             serde_json::to_string(&serde_json::json!({ "text": text.text, "truncated": text.truncated }))
         }
@@ -118,6 +118,37 @@ pub fn event_data_json(data: &EventData) -> String {
     };
     // Strings, numbers and maps of them: encoding cannot fail.
     encoded.unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// Adds `"truncated": true` to an object's JSON when a text in it was cut.
+fn flagged(view: impl Serialize, truncated: bool) -> serde_json::Result<String> {
+    if !truncated {
+        return serde_json::to_string(&view);
+    }
+    let mut value = serde_json::to_value(view)?;
+    value["truncated"] = true.into();
+    serde_json::to_string(&value)
+}
+
+/// The run in an event: its texts (`input`, `output`, `error`) cut as every
+/// text in an event is, so an event stays small whatever the run holds.
+fn run_in_event(run: &Run) -> serde_json::Result<String> {
+    let input = EventText::new(&run.input);
+    let output = run.output.as_deref().map(EventText::new);
+    let error = run.error.as_deref().map(EventText::new);
+    let truncated = [Some(&input), output.as_ref(), error.as_ref()].into_iter().flatten().any(|text| text.truncated);
+    let mut view = RunView::from(run);
+    view.input = &input.text;
+    view.output = output.as_ref().map(|text| text.text.as_str());
+    view.error = error.as_ref().map(|text| text.text.as_str());
+    flagged(view, truncated)
+}
+
+fn approval_in_event(approval: &Approval) -> serde_json::Result<String> {
+    let action = EventText::new(&approval.action);
+    let mut view = ApprovalView::from(approval);
+    view.action = &action.text;
+    flagged(view, action.truncated)
 }
 
 /// An event as clients get it; `data` is spliced in as stored.

@@ -763,3 +763,34 @@ async fn a_model_that_never_answers_cannot_keep_the_run_past_its_time_limit() {
     let run = fixture.run(&message).await;
     assert!(run.error.as_deref().unwrap_or_default().contains("time limit"), "{:?}", run.error);
 }
+
+/// The model's last answer is reported with the run's end, not before: when
+/// that write fails and the run is handed back, the answer asked for again
+/// is the only one in the log.
+#[tokio::test]
+async fn a_final_answer_whose_write_failed_is_logged_once() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![text("First try."), text("Second try.")]);
+    let message = fixture.create("Say something").await;
+    // Updates: the claim, then the write that ends the run.
+    let worker = fixture.faulty_worker(OnCalls::nth("update", 2, Fault::FailBefore), &fixture.policy);
+    assert!(worker.process(&message, &running()).await.is_err());
+    assert_eq!(fixture.run(&message).await.status, RunStatus::Queued, "handed back");
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+
+    let log = events(&fixture, &message).await;
+    let kinds: Vec<&str> = log.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "run.created",
+            "run.started",
+            "run.requeued",
+            "run.started",
+            "model.responded",
+            "output.appended",
+            "run.succeeded"
+        ]
+    );
+    assert_eq!(log[5].1["text"], "Second try.");
+}

@@ -533,8 +533,35 @@ async fn dynamodb_store_keeps_the_contract() {
     let store = DynamoStore::new(client.clone(), table.clone());
     run_contract(Arc::new(store.clone()), &store, &store).await;
 
-    // The emulator does not enforce the 400 KB item limit: check the layout.
+    // A build that knew no events wrote the run back without its count: the
+    // next write with events numbers on from the stored log, no seq reused.
     let policy = ExecutionPolicy::default();
+    let mut run = new_run("upgrade", 0, 750);
+    insert(&store, &mut run).await;
+    run.claim("w", Timestamp::from_millis(T0 as i64 + 1), &policy).unwrap();
+    store.update(&mut run).await.unwrap();
+    let mut forgetful = run.clone();
+    forgetful.event_seq = 0;
+    forgetful.heartbeat("w", None, Timestamp::from_millis(T0 as i64 + 2), &policy).unwrap();
+    store.update(&mut forgetful).await.unwrap();
+    let mut run = store.get(&owner("upgrade"), run.id).await.unwrap().unwrap();
+    assert_eq!(run.event_seq, 0);
+    let approval = ApprovalId::from_ulid(Ulid::from_parts(T0 + 3, 7));
+    run.park("w", vec![(approval, "go".into())], serde_json::json!({}), Timestamp::from_millis(T0 as i64 + 3), &policy)
+        .unwrap();
+    store.update(&mut run).await.unwrap();
+    assert_eq!(run.event_seq, 4);
+    let log = store.events(run.id, 0, 10).await.unwrap();
+    let seqs: Vec<(u64, &str)> = log.events.iter().map(|event| (event.seq, event.kind.as_str())).collect();
+    assert_eq!(seqs, [(1, "run.created"), (2, "run.started"), (3, "approval.requested"), (4, "run.awaiting_approval")]);
+    assert_eq!(store.get(&owner("upgrade"), run.id).await.unwrap().unwrap().event_seq, 4);
+    // A write that truly lost its race still loses.
+    let mut stale = run.clone();
+    stale.version -= 1;
+    stale.cancel(Timestamp::from_millis(T0 as i64 + 4)).unwrap();
+    assert!(matches!(store.update(&mut stale).await, Err(StoreError::Conflict)));
+
+    // The emulator does not enforce the 400 KB item limit: check the layout.
     let mut run = new_run("layout", 0, 600);
     insert(&store, &mut run).await;
     run.claim("w", Timestamp::from_millis(T0 as i64 + 1), &policy).unwrap();

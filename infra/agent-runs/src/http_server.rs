@@ -81,8 +81,15 @@ async fn into_api_request(request: Request<Incoming>, timeout: Duration) -> Requ
 
 /// Serves the embedded API.
 pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimits, shutdown: impl Future<Output = ()>) {
+    // Event streams never end by themselves while their run goes on: on
+    // shutdown they are told to, so open connections can finish.
+    let (close_streams, closing) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = close_streams.send(true);
+    };
     serve_with_limits(listener, limits, shutdown, move |request| {
-        let api = api.clone();
+        let (api, closing) = (api.clone(), closing.clone());
         async move {
             let mut request = into_api_request(request, limits.body_timeout).await;
             // The rest of an oversized or stalled body is never read: tell
@@ -95,7 +102,7 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimit
             let mut response = response.map(|body| match stream {
                 // A run's events as Server-Sent Events: the stream is the body.
                 Some(stream) => {
-                    BodyExt::boxed_unsync(StreamBody::new(stream.frames().map(|frame| Ok(Frame::data(frame)))))
+                    BodyExt::boxed_unsync(StreamBody::new(stream.frames(closing).map(|frame| Ok(Frame::data(frame)))))
                 }
                 None => BodyExt::boxed_unsync(Full::new(body)),
             });

@@ -685,6 +685,16 @@ fn the_embedded_server_streams_events_as_server_sent_events() {
         .unwrap();
     let ids: Vec<u64> = sse_messages(&resumed).iter().map(|(id, _, _)| *id).collect();
     assert_eq!(ids, [4, 5], "resumed after Last-Event-ID");
+    // The run has ended and the client has seen it all: 204 tells an
+    // EventSource not to reconnect.
+    let over = client
+        .get(&events)
+        .bearer_auth(&key)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", "5")
+        .send()
+        .unwrap();
+    assert_eq!(over.status(), 204);
     let refused = client
         .get(&events)
         .bearer_auth(&key)

@@ -134,14 +134,23 @@ pub(super) async fn handle(
             })
         })
         .transpose()?;
-    let after = last_event_id.or(query.after).unwrap_or(0);
+    let (after, param) = match (last_event_id, query.after) {
+        (Some(after), _) => (after, "Last-Event-ID"),
+        (None, after) => (after.unwrap_or(0), "after"),
+    };
     if after > run.event_seq + 1 {
         return Err(ApiError::invalid(
-            "after",
-            format!("`after` is beyond the end of this run's log, whose last event has `seq` {}.", run.event_seq),
+            param,
+            format!("`{param}` is beyond the end of this run's log, whose last event has `seq` {}.", run.event_seq),
         ));
     }
     let ended = run.status.is_terminal();
+    if stream && ended && after >= run.event_seq {
+        // Nothing will ever come: 204 tells an EventSource not to reconnect.
+        let mut response = http::Response::new(Bytes::new());
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        return Ok(response);
+    }
     if stream {
         let mut response = http::Response::new(Bytes::new());
         let headers = response.headers_mut();
@@ -229,10 +238,10 @@ impl Waiting {
     }
 }
 
-fn frame(run_id: RunId, event: &StoredEvent) -> Option<Bytes> {
-    let view = event_view(run_id, event).ok()?;
-    let json = serde_json::to_string(&view).ok()?;
-    Some(Bytes::from(format!("id: {}\nevent: {}\ndata: {json}\n\n", event.seq, event.kind)))
+fn frame(run_id: RunId, event: &StoredEvent) -> Result<Bytes, ApiError> {
+    let json =
+        serde_json::to_string(&event_view(run_id, event)?).map_err(|error| ApiError::Internal(Box::new(error)))?;
+    Ok(Bytes::from(format!("id: {}\nevent: {}\ndata: {json}\n\n", event.seq, event.kind)))
 }
 
 const TERMINAL_EVENTS: [&str; 3] = ["run.succeeded", "run.failed", "run.canceled"];
@@ -243,18 +252,26 @@ impl EventStream {
     /// last event. It reads a page only when the client has taken the
     /// last one, so a slow client holds at most a page; a client that goes
     /// away drops the stream, and nothing else waits on it.
-    pub fn frames(self) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
+    ///
+    /// It also ends when `closing` turns true (the server is shutting down;
+    /// the client reconnects with its Last-Event-ID).
+    pub fn frames(self, closing: watch::Receiver<bool>) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
         struct State {
             stream: EventStream,
             waiting: Waiting,
+            closing: watch::Receiver<bool>,
             ready: VecDeque<Bytes>,
             done: bool,
             last_sent: Instant,
         }
         let waiting = Waiting::new(self.runs.as_ref(), self.run_id);
-        let state = State { stream: self, waiting, ready: VecDeque::new(), done: false, last_sent: Instant::now() };
+        let state =
+            State { stream: self, waiting, closing, ready: VecDeque::new(), done: false, last_sent: Instant::now() };
         futures_util::stream::unfold(state, |mut state| async move {
             loop {
+                if *state.closing.borrow() {
+                    return None;
+                }
                 if let Some(frame) = state.ready.pop_front() {
                     state.last_sent = Instant::now();
                     return Some((frame, state));
@@ -273,8 +290,16 @@ impl EventStream {
                     }
                 };
                 for event in &page.events {
+                    match frame(*run_id, event) {
+                        Ok(frame) => state.ready.push_back(frame),
+                        Err(error) => {
+                            // Never skip one silently: end where it is.
+                            tracing::error!(run_id = %run_id, seq = event.seq, error = %crate::error_chain(&error), "event stream ended at an unreadable event");
+                            state.done = true;
+                            break;
+                        }
+                    }
                     *after = event.seq;
-                    state.ready.extend(frame(*run_id, event));
                     if TERMINAL_EVENTS.contains(&event.kind.as_str()) {
                         state.done = true;
                         break;
@@ -287,8 +312,14 @@ impl EventStream {
                     return None;
                 }
                 let heartbeat_at = state.last_sent + HEARTBEAT;
-                if !state.waiting.until(heartbeat_at).await && Instant::now() >= heartbeat_at {
-                    state.ready.push_back(Bytes::from_static(b": keep-alive\n\n"));
+                let mut closing = state.closing.clone();
+                tokio::select! {
+                    woken = state.waiting.until(heartbeat_at) => {
+                        if !woken && Instant::now() >= heartbeat_at {
+                            state.ready.push_back(Bytes::from_static(b": keep-alive\n\n"));
+                        }
+                    }
+                    _ = closing.wait_for(|closing| *closing) => return None,
                 }
             }
         })
@@ -314,7 +345,8 @@ mod tests {
         let mut run = Run::new(id, owner, "echo".into(), "hi".into(), Default::default(), &ExecutionPolicy::default());
         store.insert(&mut run, None, 10).await.unwrap();
         let stream = EventStream { runs: store.clone(), run_id: id, after: 0, ended: false };
-        let mut frames = Box::pin(stream.frames());
+        let (close, closing) = watch::channel(false);
+        let mut frames = Box::pin(stream.clone().frames(closing.clone()));
         let first = String::from_utf8(frames.next().await.unwrap().to_vec()).unwrap();
         assert!(first.starts_with("id: 1\nevent: run.created\ndata: {"), "{first}");
         let waited = Instant::now();
@@ -331,6 +363,23 @@ mod tests {
         let (canceled, ended) = waiting.await.unwrap();
         assert!(canceled.starts_with("id: 2\nevent: run.canceled\n"), "{canceled}");
         assert!(ended, "the stream ends after the run's last event");
+
+        // A server shutting down ends the streams that wait.
+        let mut other = Run::new(
+            RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 2)),
+            Owner::parse("acme").unwrap(),
+            "echo".into(),
+            "hi".into(),
+            Default::default(),
+            &ExecutionPolicy::default(),
+        );
+        store.insert(&mut other, None, 10).await.unwrap();
+        let mut waiting = Box::pin(EventStream { run_id: other.id, ..stream }.frames(closing));
+        assert!(waiting.next().await.is_some(), "run.created");
+        let next = tokio::spawn(async move { waiting.next().await });
+        tokio::task::yield_now().await;
+        close.send(true).unwrap();
+        assert!(next.await.unwrap().is_none());
     }
 
     #[test]

@@ -58,6 +58,18 @@ const CHECKPOINT_APART: &str = "checkpoint_apart";
 
 const TERMINAL: [&str; 3] = ["succeeded", "failed", "canceled"];
 
+/// Every write of a run: still the version read, and not ended.
+const UPDATE_CONDITION: &str = "version = :expected AND NOT (#status IN (:t0, :t1, :t2))";
+
+fn update_values(expected_version: u64) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (":expected".to_owned(), n(expected_version)),
+        (":t0".to_owned(), s(TERMINAL[0])),
+        (":t1".to_owned(), s(TERMINAL[1])),
+        (":t2".to_owned(), s(TERMINAL[2])),
+    ])
+}
+
 /// Sends of a transaction that DynamoDB cancels for a conflict with another
 /// transaction or for throttling (the SDK does not retry those), with full
 /// jitter exponential backoff between them.
@@ -342,6 +354,64 @@ impl DynamoStore {
         }
     }
 
+    /// `next` (the run as it is to be stored, version bumped) and its
+    /// events in one transaction, on the condition that the stored run is
+    /// still `run`'s version and not terminal.
+    async fn update_in_transaction(&self, run: &Run, next: &Run, events: &[Event]) -> Result<(), TransactFailure> {
+        let items = self.update_items(run, next, events).map_err(TransactFailure::Store)?;
+        self.transact(items).await
+    }
+
+    fn update_items(&self, run: &Run, next: &Run, events: &[Event]) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let (run_item, checkpoint_item) = run_items(next)?;
+        let put_run = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(run_item))
+            .condition_expression(UPDATE_CONDITION)
+            .expression_attribute_names("#status", "status")
+            .set_expression_attribute_values(Some(update_values(run.version)))
+            .build()
+            .map_err(defect)?;
+        let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
+        if let Some(checkpoint) = checkpoint_item {
+            let put = Put::builder().table_name(&self.table).set_item(Some(checkpoint)).build().map_err(defect)?;
+            items.push(TransactWriteItem::builder().put(put).build());
+        }
+        if next.status.is_terminal() {
+            items.push(TransactWriteItem::builder().update(self.active_counter(&run.owner, -1, None)?).build());
+            // The run's checkpoint item, if it ever had one, is no longer needed.
+            let delete = Delete::builder()
+                .table_name(&self.table)
+                .key("pk", s(owner_pk(&run.owner)))
+                .key("sk", s(checkpoint_sk(run.id)))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().delete(delete).build());
+        }
+        for event in events {
+            items.push(event_put(&self.table, event)?);
+        }
+        Ok(items)
+    }
+
+    /// The `seq` of the run's last stored event (0 when none).
+    async fn last_event_seq(&self, run_id: RunId) -> Result<u64, StoreError> {
+        let page = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :events)")
+            .expression_attribute_values(":pk", s(events_pk(run_id)))
+            .expression_attribute_values(":events", s("EV#"))
+            .scan_index_forward(false)
+            .limit(1)
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        page.items().first().map_or(Ok(0), |item| decode_event(item).map(|event| event.seq))
+    }
+
     pub fn table(&self) -> &str {
         &self.table
     }
@@ -582,17 +652,15 @@ impl RunStore for DynamoStore {
         next.version += 1;
         let events = next.take_events();
         let (run_item, checkpoint_item) = run_items(&next)?;
-        let condition = "version = :expected AND NOT (#status IN (:t0, :t1, :t2))";
-        let values =
-            [(":expected", n(run.version)), (":t0", s(TERMINAL[0])), (":t1", s(TERMINAL[1])), (":t2", s(TERMINAL[2]))];
         if checkpoint_item.is_none() && !next.status.is_terminal() && events.is_empty() {
-            let put = values
-                .into_iter()
-                .fold(self.client.put_item(), |put, (name, value)| put.expression_attribute_values(name, value))
+            let put = self
+                .client
+                .put_item()
                 .table_name(&self.table)
                 .set_item(Some(run_item))
-                .condition_expression(condition)
-                .expression_attribute_names("#status", "status");
+                .condition_expression(UPDATE_CONDITION)
+                .expression_attribute_names("#status", "status")
+                .set_expression_attribute_values(Some(update_values(run.version)));
             return match put.send().await {
                 Ok(_) => {
                     *run = next;
@@ -606,41 +674,39 @@ impl RunStore for DynamoStore {
                 Err(error) => Err(unavailable(error)),
             };
         }
-        let put_run = values
-            .into_iter()
-            .fold(Put::builder(), |put, (name, value)| put.expression_attribute_values(name, value))
-            .table_name(&self.table)
-            .set_item(Some(run_item))
-            .condition_expression(condition)
-            .expression_attribute_names("#status", "status")
-            .build()
-            .map_err(defect)?;
-        let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
-        if let Some(checkpoint) = checkpoint_item {
-            let put = Put::builder().table_name(&self.table).set_item(Some(checkpoint)).build().map_err(defect)?;
-            items.push(TransactWriteItem::builder().put(put).build());
+        let mut events = events;
+        let mut written = self.update_in_transaction(run, &next, &events).await;
+        if let Err(TransactFailure::ConditionsFailed(failed)) = &written
+            && failed.first() != Some(&true)
+            && let Some(first) = events.first().map(|event| event.seq)
+        {
+            // Only an event's seq was taken: the run moved on (an emulator
+            // may name the event's condition rather than the run's), or its
+            // count fell behind its log (a build that knew no events wrote
+            // the run back without it). Only in the second case, the run
+            // still at the version read, are the events numbered after the
+            // last stored one and sent once more (the run's condition still
+            // decides).
+            let stored_version = self
+                .get_item(owner_pk(&run.owner), run_sk(run.id))
+                .await?
+                .and_then(|item| item.get("version").and_then(|value| value.as_n().ok()).cloned());
+            let unchanged = stored_version.is_some_and(|version| version == run.version.to_string());
+            let last = if unchanged { self.last_event_seq(run.id).await? } else { 0 };
+            if unchanged && last >= first {
+                tracing::warn!(run_id = %run.id, count = run.event_seq, last, "a run's event count was behind its log; numbering on from the log");
+                for (event, seq) in events.iter_mut().zip(last + 1..) {
+                    event.seq = seq;
+                }
+                next.event_seq = last + events.len() as u64;
+                written = self.update_in_transaction(run, &next, &events).await;
+            }
         }
-        if next.status.is_terminal() {
-            items.push(TransactWriteItem::builder().update(self.active_counter(&run.owner, -1, None)?).build());
-            // The run's checkpoint item, if it ever had one, is no longer needed.
-            let delete = Delete::builder()
-                .table_name(&self.table)
-                .key("pk", s(owner_pk(&run.owner)))
-                .key("sk", s(checkpoint_sk(run.id)))
-                .build()
-                .map_err(defect)?;
-            items.push(TransactWriteItem::builder().delete(delete).build());
-        }
-        for event in &events {
-            items.push(event_put(&self.table, event)?);
-        }
-        match self.transact(items).await {
+        match written {
             Ok(()) => {
                 *run = next;
                 Ok(())
             }
-            // The run's version moved on; its events' seqs are then taken
-            // too (DynamoDB may name either as the failed condition).
             Err(TransactFailure::ConditionsFailed(_)) => Err(StoreError::Conflict),
             Err(TransactFailure::Store(error)) => Err(error),
         }

@@ -44,6 +44,14 @@ enum WorkerError {
     Transient(#[from] StoreError),
 }
 
+/// Whether a write is held to the run's event limit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Limited {
+    Yes,
+    /// The write that fails the run for reaching it.
+    No,
+}
+
 /// Why a worker's write was not made.
 enum Refused {
     /// The run is no longer this attempt's (canceled, taken over, gone).
@@ -51,6 +59,11 @@ enum Refused {
     /// The write would take the run's log past its limit.
     EventLimit,
 }
+
+/// Approvals one step may ask for: each is an event when asked, decided,
+/// canceled or expired, and a cancel writes all of them in one transaction
+/// (DynamoDB takes at most 100 items).
+pub const MAX_APPROVALS_PER_STEP: usize = 50;
 
 /// Events the agent produced are written at the latest this long after
 /// the last write, or at this many, so clients follow a run as it goes.
@@ -225,7 +238,7 @@ impl Worker {
                             // after the step says whether the lease held.
                             let sent = Instant::now();
                             match self
-                                .write(&mut attempt.run, &attempt.lease, &[], |run, now, lease| {
+                                .write(&mut attempt.run, &attempt.lease, &[], Limited::Yes, |run, now, lease| {
                                     run.heartbeat(lease, None, now, &self.policy)
                                 })
                                 .await
@@ -260,9 +273,15 @@ impl Worker {
             let Some(step) = step else {
                 return self.hand_back(attempt).await;
             };
-            if !matches!(step, Step::AwaitApproval { .. }) {
-                attempt.events.extend(reported.iter().cloned());
-            }
+            // What a step reported goes with the state it leads to: the
+            // checkpoint of a step that goes on, or the step's own end (a
+            // write that, should it fail, hands the run back with neither).
+            let reported = if matches!(step, Step::Continue(_) | Step::Checkpoint(_)) {
+                attempt.events.extend(reported);
+                Vec::new()
+            } else {
+                reported
+            };
             let mut save_now = attempt.events.len() >= EVENTS_FLUSH_AT
                 || (!attempt.events.is_empty() && attempt.renewed_at.elapsed() >= EVENTS_FLUSH_EVERY);
             match step {
@@ -273,13 +292,18 @@ impl Worker {
                 }
                 Step::Succeeded(output) => {
                     return self
-                        .finish(attempt, Vec::new(), |run, now, lease| run.succeed(lease, output.clone(), now))
+                        .finish(attempt, reported, |run, now, lease| run.succeed(lease, output.clone(), now))
                         .await;
                 }
                 Step::Failed(error) => {
-                    return self
-                        .finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now))
-                        .await;
+                    return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
+                }
+                Step::AwaitApproval { actions, .. } if actions.len() > MAX_APPROVALS_PER_STEP => {
+                    let error = format!(
+                        "The agent asked for {} approvals at once; at most {MAX_APPROVALS_PER_STEP} can wait together.",
+                        actions.len()
+                    );
+                    return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
                 }
                 Step::AwaitApproval { actions, checkpoint } => {
                     let requests: Vec<(ApprovalId, String)> = actions
@@ -309,7 +333,7 @@ impl Worker {
                 let saved = attempt.checkpoint.clone();
                 let sent = Instant::now();
                 match self
-                    .write(&mut attempt.run, &attempt.lease, &attempt.events, |run, now, lease| {
+                    .write(&mut attempt.run, &attempt.lease, &attempt.events, Limited::Yes, |run, now, lease| {
                         run.heartbeat(lease, saved.clone(), now, &self.policy)
                     })
                     .await?
@@ -387,13 +411,15 @@ impl Worker {
 
     /// Applies a transition under the attempt's lease and writes it with
     /// the agent's `events` before the transition's own, re-reading on a
-    /// conflict. With events, refused when the log would pass its limit
-    /// (keeping room for the run's last event).
+    /// conflict. A write that adds events is refused when the log would
+    /// pass its limit (keeping room for the run's last event), unless it is
+    /// the failure for that.
     async fn write(
         &self,
         run: &mut Run,
         lease: &str,
         events: &[EventData],
+        limited: Limited,
         change: impl Fn(&mut Run, Timestamp, &str) -> Result<(), TransitionError>,
     ) -> Result<Result<(), Refused>, WorkerError> {
         // Only the attempt holding the run counts its tokens.
@@ -412,7 +438,8 @@ impl Worker {
             }
             change(next, now, lease).map_err(|_| Refused::LeaseLost)?;
             let room = if next.status.is_terminal() { 0 } else { 1 };
-            if !events.is_empty() && next.events_logged() + room > self.policy.max_events {
+            let adds = !next.pending_events.is_empty();
+            if limited == Limited::Yes && adds && next.events_logged() + room > self.policy.max_events {
                 return Err(Refused::EventLimit);
             }
             Ok(Transition::Write(()))
@@ -435,7 +462,12 @@ impl Worker {
         attempt.events.clear();
         let error = crate::domain::event_limit_message(self.policy.max_events);
         tracing::warn!(run_id = %attempt.run.id, "run failed: its log reached the event limit");
-        self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await
+        let failed = self
+            .write(&mut attempt.run, &attempt.lease, &[], Limited::No, |run, now, lease| {
+                run.fail(lease, error.clone(), now)
+            })
+            .await?;
+        Ok(if failed.is_ok() { Outcome::Failed } else { Outcome::LostLease })
     }
 
     /// Writes a transition under the attempt's lease with the agent's
@@ -449,10 +481,10 @@ impl Worker {
         let mut events = std::mem::take(&mut attempt.events);
         let covered = events.len();
         events.extend(more);
-        match self.write(&mut attempt.run, &attempt.lease, &events, change).await {
+        match self.write(&mut attempt.run, &attempt.lease, &events, Limited::Yes, change).await {
             Ok(Ok(())) => {}
             Ok(Err(Refused::LeaseLost)) => return Ok(Outcome::LostLease),
-            Ok(Err(Refused::EventLimit)) => return Box::pin(self.fail_for_event_limit(attempt)).await,
+            Ok(Err(Refused::EventLimit)) => return self.fail_for_event_limit(attempt).await,
             Err(error) => {
                 // Not written: a hand-back after this still carries them
                 // (only those the saved checkpoint covers, not `more`).
