@@ -81,7 +81,15 @@ ceiling=$(cat "$work/fixed-json.rps")
 for op in get list create; do
   awk -v op="$op" -v rps="$(cat "$work/$op.rps")" -v c="$ceiling" 'BEGIN { printf "%-8s %5.1f%% of the fixed-JSON ceiling\n", op, 100 * rps / c }'
 done
-sleep 2  # let the workers finish the created runs
+# Let the workers finish the created runs (the backlog of the create run):
+# how long that takes is the workers' throughput.
+drain_started=$(date +%s.%N)
+for _ in $(seq 1 600); do
+  curl -s "http://$serve/v1/agent/runs?status=queued&limit=1" -H "$auth" | grep -q '"data":\[\]' && break
+  sleep 0.2
+done
+awk -v created="$(awk '/requests in/ {print $1}' "$work/create.wrk")" -v started="$drain_started" -v now="$(date +%s.%N)" \
+  'BEGIN { printf "the workers finished the %d runs created under load %.1f s after the load ended\n", created, now - started }'
 
 echo "== 2. echo create -> succeeded, one client polling get"
 "$bin/echo-latency" "$serve" "$key" 500

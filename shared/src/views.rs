@@ -130,14 +130,20 @@ fn flagged(view: impl Serialize, truncated: bool) -> serde_json::Result<String> 
     serde_json::to_string(&value)
 }
 
-/// The run in an event: its texts (`input`, `output`, `error`) cut as every
-/// text in an event is, so an event stays small whatever the run holds.
+/// The run in an event: its texts (`input`, `output`, `error`, approval
+/// actions) cut as every text in an event is, so an event stays small
+/// whatever the run holds.
 fn run_in_event(run: &Run) -> serde_json::Result<String> {
     let input = EventText::new(&run.input);
     let output = run.output.as_deref().map(EventText::new);
     let error = run.error.as_deref().map(EventText::new);
     let truncated = [Some(&input), output.as_ref(), error.as_ref()].into_iter().flatten().any(|text| text.truncated);
+    let actions: Vec<EventText> = run.approvals.iter().map(|approval| EventText::new(&approval.action)).collect();
+    let truncated = truncated || actions.iter().any(|action| action.truncated);
     let mut view = RunView::from(run);
+    for (approval, action) in view.pending_approvals.iter_mut().zip(&actions) {
+        approval.action = &action.text;
+    }
     view.input = &input.text;
     view.output = output.as_ref().map(|text| text.text.as_str());
     view.error = error.as_ref().map(|text| text.text.as_str());

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_runs_shared::api::{Api, BodyTimedOut, BodyTooLarge, CanStream, EventStream, MAX_BODY_BYTES};
+use agent_runs_shared::api::{Api, ApiError, BodyTimedOut, BodyTooLarge, CanStream, EventStream, MAX_BODY_BYTES};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{Request, Response, header};
@@ -97,7 +97,13 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimit
             let extensions = request.extensions_mut();
             let unread_body = extensions.get::<BodyTooLarge>().is_some() || extensions.get::<BodyTimedOut>().is_some();
             extensions.insert(CanStream);
-            let response = api.handle(request).await;
+            // Its own task: a client that goes away mid-request must not cut
+            // an operation off between its writes (a create stored but not
+            // yet queued would wait for the sweeper); a panic is a 500.
+            let response = match tokio::spawn(async move { api.handle(request).await }).await {
+                Ok(response) => response,
+                Err(_) => ApiError::Internal("the request's task panicked".into()).into_response(),
+            };
             let stream = response.extensions().get::<EventStream>().cloned();
             let mut response = response.map(|body| match stream {
                 // A run's events as Server-Sent Events: the stream is the body.

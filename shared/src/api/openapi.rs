@@ -242,6 +242,10 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                             "text/event-stream": {"schema": {"type": "string"}}
                         }
                     },
+                    "204": {
+                        "description": "With Accept: text/event-stream: the run has ended and its last event was seen; nothing will come (an EventSource stops reconnecting).",
+                        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}}
+                    },
                     "404": not_found
                 }),
             ),

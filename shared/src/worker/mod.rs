@@ -457,9 +457,10 @@ impl Worker {
     }
 
     /// The agent reported more than the run's log may hold: the run fails,
-    /// without the events that did not fit.
+    /// without the events that did not fit. Until that write lands they stay
+    /// with the attempt, which a hand-back then carries (and is refused for
+    /// the limit in turn).
     async fn fail_for_event_limit(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
-        attempt.events.clear();
         let error = crate::domain::event_limit_message(self.policy.max_events);
         tracing::warn!(run_id = %attempt.run.id, "run failed: its log reached the event limit");
         let failed = self
@@ -467,6 +468,7 @@ impl Worker {
                 run.fail(lease, error.clone(), now)
             })
             .await?;
+        attempt.events.clear();
         Ok(if failed.is_ok() { Outcome::Failed } else { Outcome::LostLease })
     }
 
@@ -481,17 +483,19 @@ impl Worker {
         let mut events = std::mem::take(&mut attempt.events);
         let covered = events.len();
         events.extend(more);
-        match self.write(&mut attempt.run, &attempt.lease, &events, Limited::Yes, change).await {
+        let written = self.write(&mut attempt.run, &attempt.lease, &events, Limited::Yes, change).await;
+        if !matches!(written, Ok(Ok(()))) {
+            // Not written: what the saved checkpoint covers stays with the
+            // attempt for whatever writes next (a hand-back, the failure for
+            // the limit); the last step's own events go with the step.
+            events.truncate(covered);
+            attempt.events = events;
+        }
+        match written {
             Ok(Ok(())) => {}
             Ok(Err(Refused::LeaseLost)) => return Ok(Outcome::LostLease),
             Ok(Err(Refused::EventLimit)) => return self.fail_for_event_limit(attempt).await,
-            Err(error) => {
-                // Not written: a hand-back after this still carries them
-                // (only those the saved checkpoint covers, not `more`).
-                events.truncate(covered);
-                attempt.events = events;
-                return Err(error);
-            }
+            Err(error) => return Err(error),
         }
         let run = &attempt.run;
         tracing::debug!(run_id = %run.id, status = run.status.as_str(), "run moved");
