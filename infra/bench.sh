@@ -51,6 +51,19 @@ wrk_run() {
   echo "$rps" > "$work/$name.rps"
 }
 
+# drain ADDR AUTH NAME: waits until no run is queued, and says how long the
+# workers took to finish the runs the load NAME created.
+drain() {
+  local started
+  started=$(date +%s.%N)
+  for _ in $(seq 1 600); do
+    curl -s "http://$1/v1/agent/runs?status=queued&limit=1" -H "$2" | grep -q '"data":\[\]' && break
+    sleep 0.2
+  done
+  awk -v created="$(awk '/requests in/ {print $1}' "$work/$3.wrk")" -v started="$started" -v now="$(date +%s.%N)" \
+    'BEGIN { printf "the workers finished the %d runs created under load %.1f s after it ended\n", created, now - started }'
+}
+
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m); load ${secs}s, ${connections} connections, 2 wrk threads"
 
 "$bin/fixed-json" 127.0.0.1:0 > "$work/fixed.out" & pids+=($!)
@@ -83,13 +96,7 @@ for op in get list create; do
 done
 # Let the workers finish the created runs (the backlog of the create run):
 # how long that takes is the workers' throughput.
-drain_started=$(date +%s.%N)
-for _ in $(seq 1 600); do
-  curl -s "http://$serve/v1/agent/runs?status=queued&limit=1" -H "$auth" | grep -q '"data":\[\]' && break
-  sleep 0.2
-done
-awk -v created="$(awk '/requests in/ {print $1}' "$work/create.wrk")" -v started="$drain_started" -v now="$(date +%s.%N)" \
-  'BEGIN { printf "the workers finished the %d runs created under load %.1f s after the load ended\n", created, now - started }'
+drain "$serve" "$auth" create
 
 echo "== 2. echo create -> succeeded, one client polling get"
 "$bin/echo-latency" "$serve" "$key" 500
@@ -103,7 +110,7 @@ wait_for_line "$work/sse-serve.out"
 sse=$(addr_of "$work/sse-serve.out")
 sse_key=$(sed -n 's/^ *export AGENT_RUNS_KEY=//p' "$work/sse-serve.out")
 wrk_run create-alone "http://$sse/v1/agent/runs" -H "Authorization: Bearer $sse_key" -s "$work/create.lua"
-sleep 2
+drain "$sse" "Authorization: Bearer $sse_key" create-alone
 "$bin/sse-subscribers" "$sse" "$sse_key" 1000 $((secs + 2)) "$sse_server" > "$work/sse.out" 2>&1 & sse_client=$!; pids+=($sse_client)
 for _ in $(seq 1 1200); do grep -q "^READY" "$work/sse.out" && break; sleep 0.1; done
 grep -v "^READY" "$work/sse.out"
