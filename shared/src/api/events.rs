@@ -11,6 +11,7 @@ use http::{HeaderValue, Request, StatusCode, header};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::query::{parameters, whole_number};
 use super::response::json_response;
 use super::{ApiError, ApiResponse, parse_run_id};
 use crate::domain::{EventId, Owner, RunId};
@@ -53,29 +54,8 @@ struct EventsQuery {
     wait: Duration,
 }
 
-fn whole_number(text: &str) -> Option<u64> {
-    text.bytes().all(|b| b.is_ascii_digit()).then(|| text.parse().ok()).flatten()
-}
-
 fn parse_query(query: Option<&str>) -> Result<EventsQuery, ApiError> {
-    let mut values: [Option<String>; 3] = Default::default();
-    let mut seen = [false; 3];
-    for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
-        let Some(index) = PARAMETERS.iter().position(|known| *known == name) else {
-            let shown: String = name.chars().take(64).collect();
-            return Err(ApiError::invalid_param(
-                shown.clone(),
-                format!("Unknown query parameter `{shown}`. Allowed: after, limit, wait."),
-            ));
-        };
-        if std::mem::replace(&mut seen[index], true) {
-            return Err(ApiError::invalid(PARAMETERS[index], format!("`{name}` may be given only once.")));
-        }
-        if !value.is_empty() {
-            values[index] = Some(value.into_owned());
-        }
-    }
-    let [after, limit, wait] = values;
+    let [after, limit, wait] = parameters(query, PARAMETERS)?;
     let after = after
         .map(|text| {
             whole_number(&text).ok_or_else(|| {

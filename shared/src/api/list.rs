@@ -2,6 +2,7 @@
 
 use http::StatusCode;
 
+use super::query::{parameters, whole_number};
 use super::response::json_response;
 use super::{ApiError, ApiResponse};
 use crate::domain::{Cursor, Owner, RunStatus};
@@ -19,24 +20,7 @@ struct ListQuery {
 }
 
 fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
-    let mut values: [Option<String>; 3] = Default::default();
-    let mut seen = [false; 3];
-    for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
-        let Some(index) = PARAMETERS.iter().position(|known| *known == name) else {
-            let shown: String = name.chars().take(64).collect();
-            return Err(ApiError::invalid_param(
-                shown.clone(),
-                format!("Unknown query parameter `{shown}`. Allowed: status, limit, cursor."),
-            ));
-        };
-        if std::mem::replace(&mut seen[index], true) {
-            return Err(ApiError::invalid(PARAMETERS[index], format!("`{name}` may be given only once.")));
-        }
-        if !value.is_empty() {
-            values[index] = Some(value.into_owned());
-        }
-    }
-    let [status, limit, cursor] = values;
+    let [status, limit, cursor] = parameters(query, PARAMETERS)?;
     let status = status
         .map(|text| {
             RunStatus::parse(&text).ok_or_else(|| {
@@ -49,12 +33,9 @@ fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
         .transpose()?;
     let limit = match limit {
         None => DEFAULT_LIMIT,
-        Some(text) => text
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-            .then(|| text.parse::<u32>().ok())
-            .flatten()
-            .filter(|limit| (1..=MAX_LIMIT).contains(limit))
+        Some(text) => whole_number(&text)
+            .filter(|limit| (1..=u64::from(MAX_LIMIT)).contains(limit))
+            .map(|limit| limit as u32)
             .ok_or_else(|| {
                 ApiError::invalid("limit", format!("`limit` must be a whole number from 1 to {MAX_LIMIT}."))
             })?,

@@ -13,6 +13,7 @@ mod events;
 mod get;
 mod list;
 pub mod openapi;
+mod query;
 mod rate_limit;
 mod response;
 pub mod routes;

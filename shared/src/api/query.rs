@@ -1,0 +1,35 @@
+//! Query parameters as the contract wants them read: only the operation's
+//! own, each at most once, an empty value the same as an absent one.
+
+use super::ApiError;
+
+/// The values of `names` in `query`, in that order; a parameter that is not
+/// one of them, or is repeated, is a `400` naming it.
+pub(super) fn parameters<const N: usize>(
+    query: Option<&str>,
+    names: [&'static str; N],
+) -> Result<[Option<String>; N], ApiError> {
+    let mut values: [Option<String>; N] = std::array::from_fn(|_| None);
+    let mut seen = [false; N];
+    for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        let Some(index) = names.iter().position(|known| *known == name) else {
+            let shown: String = name.chars().take(64).collect();
+            return Err(ApiError::invalid_param(
+                shown.clone(),
+                format!("Unknown query parameter `{shown}`. Allowed: {}.", names.join(", ")),
+            ));
+        };
+        if std::mem::replace(&mut seen[index], true) {
+            return Err(ApiError::invalid(names[index], format!("`{name}` may be given only once.")));
+        }
+        if !value.is_empty() {
+            values[index] = Some(value.into_owned());
+        }
+    }
+    Ok(values)
+}
+
+/// A base-10 number of digits only (no sign, no spaces), that fits.
+pub(super) fn whole_number(text: &str) -> Option<u64> {
+    text.bytes().all(|b| b.is_ascii_digit()).then(|| text.parse().ok()).flatten()
+}
