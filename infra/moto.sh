@@ -18,7 +18,8 @@ free_port() {
 # MOTO_PID, and returns once it answers.
 start_moto() {
   mkdir -p target
-  .venv/bin/moto_server -H 127.0.0.1 -p "$1" > target/moto.log 2>&1 &
+  # One request at a time, as DynamoDB isolates transactions (see the script).
+  .venv/bin/python "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py" "$1" > target/moto.log 2>&1 &
   MOTO_PID=$!
   .venv/bin/python - "$1" <<'PY'
 import sys, time, urllib.request

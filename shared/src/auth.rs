@@ -11,7 +11,7 @@ use rand::distr::Alphanumeric;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::domain::{KeyId, Owner, Timestamp};
+use crate::domain::{KeyId, Owner, Scopes, Timestamp};
 use crate::store::{KeyStore, StoreError, StoredKey};
 
 pub const KEY_PREFIX: &str = "ark_";
@@ -42,7 +42,15 @@ fn well_formed(secret: &str) -> bool {
 pub fn generate_key(id: KeyId, owner: Owner, name: Option<String>, now: Timestamp) -> IssuedKey {
     let random: String = rand::rng().sample_iter(Alphanumeric).take(KEY_RANDOM_CHARS).map(char::from).collect();
     let secret = format!("{KEY_PREFIX}{random}");
-    let stored = StoredKey { id, owner, name, hash: hash_key(&secret), created_at: now, revoked_at: None };
+    let stored = StoredKey {
+        id,
+        owner,
+        name,
+        hash: hash_key(&secret),
+        created_at: now,
+        revoked_at: None,
+        scopes: Scopes::all(),
+    };
     IssuedKey { secret, stored }
 }
 
@@ -67,6 +75,7 @@ pub enum AuthError {
 pub struct Principal {
     pub owner: Owner,
     pub key_id: KeyId,
+    pub scopes: Scopes,
 }
 
 /// Verifies keys through the key store, remembering verified ones for
@@ -98,7 +107,7 @@ impl Authenticator {
         if !matches || stored.revoked_at.is_some() {
             return Err(AuthError::Unauthorized);
         }
-        let principal = Principal { owner: stored.owner, key_id: stored.id };
+        let principal = Principal { owner: stored.owner, key_id: stored.id, scopes: stored.scopes };
         if !self.cache_ttl.is_zero() {
             self.remember(hash, principal.clone());
         }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::{
-    ApprovalId, ApprovalStatus, Changed, Clock, DecideOutcome, Decision, ExecutionPolicy, IdGenerator, Owner, Run,
-    RunId, RunStatus, TransitionError,
+    ApprovalId, ApprovalStatus, Changed, Clock, DecideOutcome, Decision, ExecutionPolicy, IdGenerator, KeyId, Owner,
+    Run, RunId, RunStatus, TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -35,6 +35,8 @@ pub struct Lifecycle {
 /// A run to start, as a client asked for it.
 pub struct NewRun {
     pub owner: Owner,
+    /// The key that asked for it.
+    pub created_by: KeyId,
     pub agent: String,
     pub input: String,
     pub metadata: BTreeMap<String, String>,
@@ -109,7 +111,7 @@ impl Lifecycle {
     }
 
     pub async fn start(&self, new_run: NewRun) -> Result<Started, StartError> {
-        let NewRun { owner, agent, input, metadata, idempotency } = new_run;
+        let NewRun { owner, created_by, agent, input, metadata, idempotency } = new_run;
         for _ in 0..CREATE_ATTEMPTS {
             let now = self.clock.now();
             let run_id = RunId::from_ulid(self.ids.ulid_at(now));
@@ -119,7 +121,8 @@ impl Lifecycle {
                 created_at: now,
                 expires_at: now.plus(IDEMPOTENCY_WINDOW),
             });
-            let mut run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &self.policy);
+            let mut run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &self.policy)
+                .created_by(created_by);
             match self.runs.insert(&mut run, claim.as_ref(), self.max_active_runs).await? {
                 InsertOutcome::Inserted => {
                     let key_hash = claim.as_ref().map(|claim| claim.key_hash.as_str());
@@ -228,6 +231,7 @@ impl Lifecycle {
         approval_id: ApprovalId,
         decision: Decision,
         comment: Option<String>,
+        decided_by: KeyId,
     ) -> Result<Run, ChangeError<DecideRefused>> {
         let mut writes = WritesSeen::default();
         let (run, outcome) = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
@@ -237,7 +241,7 @@ impl Lifecycle {
                 return Ok(writes.note(Transition::Write(None)));
             }
             let outcome = run
-                .decide(approval_id, decision, comment.clone(), now, &self.policy)
+                .decide(approval_id, decision, comment.clone(), Some(decided_by), now, &self.policy)
                 .map_err(DecideRefused::Transition)?;
             Ok(writes.note(Transition::write_if(outcome != DecideOutcome::Unchanged, Some(outcome))))
         })

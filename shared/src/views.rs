@@ -17,12 +17,14 @@ pub struct RunView<'a> {
     error: Option<&'a str>,
     pending_approvals: Vec<ApprovalView<'a>>,
     metadata: &'a BTreeMap<String, String>,
+    /// The key that created the run (`null` for runs from before).
+    created_by: Option<String>,
     created_at: String,
     started_at: Option<String>,
     completed_at: Option<String>,
     /// An addition to the contract's keys: present only once the agent's
     /// model has reported token usage, so other runs show exactly the
-    /// contract's eleven keys.
+    /// contract's keys.
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Usage>,
 }
@@ -36,6 +38,8 @@ pub struct ApprovalView<'a> {
     resolved_at: Option<String>,
     comment: Option<&'a str>,
     expires_at: Option<String>,
+    /// The key that decided it.
+    resolved_by: Option<String>,
 }
 
 fn rfc3339(at: Option<Timestamp>) -> Option<String> {
@@ -52,6 +56,7 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             resolved_at: rfc3339(approval.resolved_at),
             comment: approval.comment.as_deref(),
             expires_at: rfc3339(approval.expires_at),
+            resolved_by: approval.resolved_by.map(|key| key.to_string()),
         }
     }
 }
@@ -67,6 +72,7 @@ impl<'a> From<&'a Run> for RunView<'a> {
             error: run.error.as_deref(),
             pending_approvals: run.approvals.iter().map(ApprovalView::from).collect(),
             metadata: &run.metadata,
+            created_by: run.created_by.map(|key| key.to_string()),
             created_at: run.created_at.to_rfc3339(),
             started_at: rfc3339(run.started_at),
             completed_at: rfc3339(run.completed_at),

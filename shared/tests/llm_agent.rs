@@ -141,7 +141,7 @@ impl Fixture {
     async fn decide(&self, message: &RunMessage, decision: Decision, comment: Option<&str>) {
         let mut run = self.run(message).await;
         let approval = run.approvals.last().unwrap().id;
-        run.decide(approval, decision, comment.map(str::to_owned), self.clock.now(), &self.policy).unwrap();
+        run.decide(approval, decision, comment.map(str::to_owned), None, self.clock.now(), &self.policy).unwrap();
         self.store.update(&mut run).await.unwrap();
         assert_eq!(run.status, RunStatus::Queued);
     }

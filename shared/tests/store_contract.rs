@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agent_runs_shared::domain::{
-    AgentDefinition, ApprovalId, EventData, ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Timestamp,
+    AgentDefinition, ApprovalId, EventData, ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Scope, Scopes,
+    Timestamp,
 };
 use agent_runs_shared::store::{
     AgentStore, DueRun, Durability, DynamoStore, EventPage, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest,
@@ -275,6 +276,7 @@ async fn keys_are_found_by_hash_listed_and_revoked(keys: &dyn KeyStore) {
         hash: [7; 32],
         created_at: Timestamp::from_millis(T0 as i64),
         revoked_at: None,
+        scopes: Scopes::of([Scope::RunsRead, Scope::ApprovalsDecide]),
     };
     keys.put_key(&key).await.unwrap();
     assert_eq!(keys.find_key(&[7; 32]).await.unwrap(), Some(key.clone()));
@@ -284,6 +286,10 @@ async fn keys_are_found_by_hash_listed_and_revoked(keys: &dyn KeyStore) {
     let revoked = keys.find_key(&[7; 32]).await.unwrap().unwrap();
     assert_eq!(revoked.revoked_at, Some(Timestamp::from_millis(T0 as i64 + 1)));
     assert!(!keys.revoke_key(KeyId::from_ulid(Ulid::from_parts(T0, 2)), Timestamp::from_millis(0)).await.unwrap());
+    let everything =
+        StoredKey { id: KeyId::from_ulid(Ulid::from_parts(T0, 3)), hash: [9; 32], scopes: Scopes::all(), ..key };
+    keys.put_key(&everything).await.unwrap();
+    assert_eq!(keys.find_key(&[9; 32]).await.unwrap().unwrap().scopes, Scopes::all());
 }
 
 async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<dyn RunStore>) {
@@ -493,7 +499,7 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run));
     drop(store);
     let without_active_counts =
-        "DROP TABLE run_events; DROP INDEX idempotency_by_expiry; DROP TRIGGER runs_active_on_insert;
+        "ALTER TABLE api_keys DROP COLUMN scopes; DROP TABLE run_events; DROP INDEX idempotency_by_expiry; DROP TRIGGER runs_active_on_insert;
         DROP TRIGGER runs_active_on_end; DROP TRIGGER runs_active_on_delete; DROP TABLE active_runs;";
     let connection = rusqlite::Connection::open(&path).unwrap();
     // A database from before the active-run counts (schema 2) has them counted
@@ -515,6 +521,23 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
         store.insert(&mut new_run("acme", 2, 3), None, 2).await.unwrap(),
         InsertOutcome::TooManyActiveRuns
     ));
+    // A key from before scopes (the column empty) may do everything.
+    let old_key = StoredKey {
+        id: KeyId::from_ulid(Ulid::from_parts(T0, 77)),
+        owner: owner("acme"),
+        name: None,
+        hash: [77; 32],
+        created_at: Timestamp::from_millis(T0 as i64),
+        revoked_at: None,
+        scopes: Scopes::of([Scope::RunsRead]),
+    };
+    store.put_key(&old_key).await.unwrap();
+    drop(store);
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    connection.execute("UPDATE api_keys SET scopes = NULL WHERE hash = ?1", [vec![77u8; 32]]).unwrap();
+    drop(connection);
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    assert_eq!(store.find_key(&[77; 32]).await.unwrap().unwrap().scopes, Scopes::all());
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     connection.pragma_update(None, "user_version", 99).unwrap();

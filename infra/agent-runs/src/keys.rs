@@ -4,7 +4,7 @@ use std::path::Path;
 
 use agent_runs_shared::auth::generate_key;
 use agent_runs_shared::config::Config;
-use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
+use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, Scope, Scopes, SystemClock};
 use agent_runs_shared::sdk::sdk_config;
 use agent_runs_shared::store::{AgentStore, Durability, DynamoStore, KeyStore, SqliteStore};
 use clap::Subcommand;
@@ -18,6 +18,11 @@ pub enum KeysCommand {
         /// A label to recognise the key by.
         #[arg(long)]
         name: Option<String>,
+        /// What the key may do (repeatable): runs:read, runs:write,
+        /// approvals:decide, webhooks:manage. Without it, everything.
+        /// runs:write and approvals:decide include runs:read.
+        #[arg(long = "scope", value_name = "SCOPE")]
+        scopes: Vec<String>,
     },
     /// List every key with its owner and status (never the key itself).
     List,
@@ -27,11 +32,21 @@ pub enum KeysCommand {
 
 pub type Error = Box<dyn std::error::Error>;
 
-/// Issues a key and stores its hash; returns the key and its id.
+/// Issues a key with every scope and stores its hash; returns the key and its id.
 pub async fn issue(keys: &dyn KeyStore, owner: Owner, name: Option<String>) -> Result<(String, KeyId), Error> {
+    issue_with(keys, owner, name, Scopes::all()).await
+}
+
+async fn issue_with(
+    keys: &dyn KeyStore,
+    owner: Owner,
+    name: Option<String>,
+    scopes: Scopes,
+) -> Result<(String, KeyId), Error> {
     let now = SystemClock.now();
     let id = KeyId::from_ulid(IdGenerator::default().ulid_at(now));
-    let issued = generate_key(id, owner, name, now);
+    let mut issued = generate_key(id, owner, name, now);
+    issued.stored.scopes = scopes;
     keys.put_key(&issued.stored).await?;
     Ok((issued.secret, id))
 }
@@ -57,22 +72,31 @@ pub async fn run(command: KeysCommand, db: &Path) -> Result<(), Error> {
     let store = admin_store(db).await?;
     let store = store.as_ref();
     match command {
-        KeysCommand::Create { owner, name } => {
+        KeysCommand::Create { owner, name, scopes } => {
             let owner = Owner::parse(&owner)?;
-            let (secret, id) = issue(store, owner.clone(), name).await?;
+            let scopes = if scopes.is_empty() {
+                Scopes::all()
+            } else {
+                Scopes::parse(scopes.iter().map(String::as_str)).map_err(|unknown| {
+                    let known: Vec<&str> = Scope::ALL.iter().map(|scope| scope.as_str()).collect();
+                    format!("unknown scope `{unknown}`; the scopes are {}", known.join(", "))
+                })?
+            };
+            let (secret, id) = issue_with(store, owner.clone(), name, scopes).await?;
             eprintln!("Issued {id} for owner {owner}. It is shown only this once:");
             println!("{secret}");
         }
         KeysCommand::List => {
-            println!("{:<30}  {:<20}  {:<24}  {:<8}  NAME", "ID", "OWNER", "CREATED", "STATUS");
+            println!("{:<30}  {:<20}  {:<24}  {:<8}  {:<60}  NAME", "ID", "OWNER", "CREATED", "STATUS", "SCOPES");
             for key in store.list_keys().await? {
                 let status = if key.revoked_at.is_some() { "revoked" } else { "active" };
                 println!(
-                    "{:<30}  {:<20}  {:<24}  {:<8}  {}",
+                    "{:<30}  {:<20}  {:<24}  {:<8}  {:<60}  {}",
                     key.id,
                     key.owner,
                     key.created_at,
                     status,
+                    key.scopes.names().join(","),
                     key.name.as_deref().unwrap_or("")
                 );
             }

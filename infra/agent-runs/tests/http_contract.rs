@@ -124,6 +124,7 @@ fn create_answers_201_with_location_and_a_queued_run(target: Target) {
         "error",
         "pending_approvals",
         "metadata",
+        "created_by",
         "created_at",
         "started_at",
         "completed_at",
@@ -343,7 +344,7 @@ fn list_pages_newest_first_without_repeats_or_gaps(target: Target) {
     assert_eq!(ids(&last).len(), 1);
     assert_eq!(last["next_cursor"], Value::Null);
     // Every run has the full shape in lists too.
-    assert!(page["data"].as_array().unwrap().iter().all(|run| run.as_object().unwrap().len() == 11));
+    assert!(page["data"].as_array().unwrap().iter().all(|run| run.as_object().unwrap().len() == 12));
 }
 
 fn list_filters_by_status_and_binds_the_cursor_to_the_filter(target: Target) {
@@ -706,6 +707,57 @@ fn the_embedded_server_streams_events_as_server_sent_events() {
     assert_eq!(refused.headers()["content-type"], "application/json");
 }
 
+// ---------------------------------------------------------------- scopes
+
+/// The id of the key named `name` (`agent-runs keys list`).
+fn key_id(server: &Server, name: &str) -> String {
+    let listed = server.admin(&["keys", "list"]);
+    let line = listed.lines().find(|line| line.trim_end().ends_with(&format!("  {name}"))).expect("the key is listed");
+    line.split_whitespace().next().unwrap().to_owned()
+}
+
+fn scopes_limit_what_a_key_may_do_and_decisions_name_their_key(target: Target) {
+    let server = Server::start_on(target, &[]);
+    let scoped = |name: &str, scopes: &[&str]| {
+        let mut args = vec!["keys", "create", "--owner", "dev", "--name", name];
+        for scope in scopes {
+            args.extend(["--scope", scope]);
+        }
+        server.admin(&args).trim().to_owned()
+    };
+    let reader = scoped("reader", &["runs:read"]);
+    let writer = scoped("writer", &["runs:write"]);
+    let approver = scoped("approver", &["approvals:decide"]);
+
+    let run = server.create_script(&writer, "approve Ship it");
+    assert_eq!(run["created_by"].as_str(), Some(key_id(&server, "writer").as_str()), "the run names its creator");
+    let run = server.wait_for_status(&reader, run["id"].as_str().unwrap(), "awaiting_approval");
+    server.get(&reader, &format!("{}/events", run_path(&run))).expect_status(200);
+    server.get(&approver, "/v1/agent/runs").expect_status(200);
+
+    // The missing scope is named, and checked before the request is.
+    let error = server.post(&reader, "/v1/agent/runs", json!({"input": ""})).expect_error(403, "forbidden").clone();
+    assert!(error["message"].as_str().unwrap().contains("runs:write"), "{error}");
+    server.post(&reader, &format!("{}/cancel", run_path(&run)), json!({})).expect_error(403, "forbidden");
+    let decision = format!("{}/approvals/{}", run_path(&run), run["pending_approvals"][0]["id"].as_str().unwrap());
+    let error = server.post(&writer, &decision, json!({"decision": "approve"})).expect_error(403, "forbidden").clone();
+    assert!(error["message"].as_str().unwrap().contains("approvals:decide"), "{error}");
+    server.post(&approver, "/v1/agent/runs", json!({"input": "x"})).expect_error(403, "forbidden");
+
+    let decided = server.post(&approver, &decision, json!({"decision": "approve"})).expect_status(200).clone();
+    assert_eq!(decided["pending_approvals"][0]["resolved_by"].as_str(), Some(key_id(&server, "approver").as_str()));
+    assert_eq!(run["pending_approvals"][0]["resolved_by"], Value::Null, "null while pending");
+    // A key made without --scope may do everything.
+    let dev = server.dev_key.clone().unwrap();
+    let own = server.create_script(&dev, "approve Hold");
+    server.post(&dev, &format!("{}/cancel", run_path(&own)), json!({})).expect_status(200);
+
+    let refused = server.admin_output(&["keys", "create", "--owner", "dev", "--scope", "runs:delete"]);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("runs:delete") && said.contains("approvals:decide"), "{said}");
+}
+
 // ---------------------------------------------------------------- approvals and the script agent
 
 fn approve_resumes_the_script_and_repeats_are_safe(target: Target) {
@@ -956,4 +1008,5 @@ on_every_target!(
     a_defined_agent_is_managed_with_the_cli_and_waits_for_approval,
     events_tell_what_happened_to_a_run_in_order,
     events_parameters_are_checked_strictly,
+    scopes_limit_what_a_key_may_do_and_decisions_name_their_key,
 );

@@ -7,7 +7,8 @@ use sha2::{Digest, Sha256};
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, run_response};
-use crate::domain::{IdempotencyKey, Metadata, Owner, Run, RunInput};
+use crate::auth::Principal;
+use crate::domain::{IdempotencyKey, Metadata, Run, RunInput};
 use crate::lifecycle::{self, IdempotencyRequest, StartError, Started};
 
 const FIELDS: &[&str] = &["input", "agent", "metadata"];
@@ -99,7 +100,7 @@ fn created(run: &Run, replayed: bool) -> ApiResponse {
     response
 }
 
-pub(super) async fn handle(api: &Api, owner: &Owner, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
+pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
     let new_run = parse_body(api, object).await?;
     let key = idempotency_key(request)?;
@@ -111,7 +112,8 @@ pub(super) async fn handle(api: &Api, owner: &Owner, request: &Request<Bytes>) -
     let started = api
         .lifecycle
         .start(lifecycle::NewRun {
-            owner: owner.clone(),
+            owner: by.owner.clone(),
+            created_by: by.key_id,
             agent,
             input: input.into_string(),
             metadata: metadata.into_map(),

@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
-use crate::domain::{ApprovalId, Comment, Decision, Owner, TransitionError};
+use crate::auth::Principal;
+use crate::domain::{ApprovalId, Comment, Decision, TransitionError};
 use crate::lifecycle::DecideRefused;
 use crate::store::ChangeError;
 
@@ -27,7 +28,7 @@ fn parse_decision(value: Option<Value>) -> Result<Decision, ApiError> {
 
 pub(super) async fn handle(
     api: &Api,
-    owner: &Owner,
+    by: &Principal,
     run_id: &str,
     approval_id: &str,
     request: &Request<Bytes>,
@@ -42,7 +43,7 @@ pub(super) async fn handle(
         .transpose()?
         .map(Comment::into_string);
 
-    match api.lifecycle.decide(owner, run_id, approval_id, decision, comment).await {
+    match api.lifecycle.decide(&by.owner, run_id, approval_id, decision, comment, by.key_id).await {
         Ok(run) => Ok(run_response(StatusCode::OK, &run)),
         Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
         Err(ChangeError::Refused(DecideRefused::Expired)) => {

@@ -16,6 +16,9 @@ pub enum ApiError {
     InvalidRequest { message: String, param: Option<String> },
     #[error("unauthorized")]
     Unauthorized,
+    /// A valid key that lacks the scope or the right for the operation.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotFound(String),
     #[error("method not allowed")]
@@ -56,6 +59,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
@@ -72,6 +76,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. } => "invalid_request",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Conflict(_) => "conflict",
@@ -89,6 +94,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { message, .. }
             | ApiError::NotFound(message)
+            | ApiError::Forbidden(message)
             | ApiError::Conflict(message)
             | ApiError::RateLimited { message, .. } => message.clone(),
             ApiError::Unauthorized => "A valid API key is required: send it as `Authorization: Bearer <key>`.".into(),

@@ -176,6 +176,12 @@ impl Api {
         if !served {
             return Err(not_found_path());
         }
+        if !principal.scopes.allows(route.scope) {
+            return Err(ApiError::Forbidden(format!(
+                "This API key lacks the scope `{}` that this operation needs.",
+                route.scope.as_str()
+            )));
+        }
         if request.extensions().get::<BodyTooLarge>().is_some() || request.body().len() > MAX_BODY_BYTES {
             return Err(ApiError::RequestTooLarge);
         }
@@ -188,11 +194,11 @@ impl Api {
             tracing::Span::current().record("run_id", tracing::field::display(run_id));
         }
         match route.operation {
-            Operation::Create => create::handle(self, owner, &request).await,
+            Operation::Create => create::handle(self, &principal, &request).await,
             Operation::List => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
             Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
             Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
-            Operation::Decide => decide::handle(self, owner, run_id, params.get("approval_id"), &request).await,
+            Operation::Decide => decide::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
             Operation::Events => events::handle(&self.runs, owner, run_id, &request).await,
         }
     }

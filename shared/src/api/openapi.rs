@@ -25,6 +25,7 @@ pub fn error_codes() -> Vec<(u16, &'static str)> {
     [
         ApiError::invalid(None, ""),
         ApiError::Unauthorized,
+        ApiError::Forbidden(String::new()),
         ApiError::NotFound(String::new()),
         ApiError::MethodNotAllowed { allow: String::new() },
         ApiError::Conflict(String::new()),
@@ -78,6 +79,10 @@ fn common_errors(responses: &mut Value, with_body: bool) {
     let retry_after = json!({"$ref": "#/components/headers/RetryAfter"});
     responses["400"] = json!({"$ref": "#/components/responses/InvalidRequest"});
     responses["401"] = json!({"$ref": "#/components/responses/Unauthorized"});
+    responses["403"] = error_response(
+        "The API key lacks the scope this operation needs (the message names it), or the right to decide this run's approvals.",
+        &[],
+    );
     responses["429"] =
         error_response("Too many active runs, or too many requests.", &[("Retry-After", retry_after.clone())]);
     responses["500"] = error_response("A defect; retry later and quote the x-request-id.", &[]);
@@ -291,7 +296,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "Run": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_at", "started_at", "completed_at"],
+                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_by", "created_at", "started_at", "completed_at"],
                     "properties": {
                         "id": {"type": "string", "pattern": format!("^run_{ULID}$")},
                         "status": {"type": "string", "enum": statuses},
@@ -301,6 +306,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                         "error": {"type": ["string", "null"], "description": "Set once the run has failed."},
                         "pending_approvals": {"type": "array", "items": {"$ref": "#/components/schemas/Approval"}, "description": "Every approval the run asked for, oldest first, whatever its status."},
                         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "created_by": {"type": ["string", "null"], "pattern": format!("^key_{ULID}$"), "description": "The id of the API key that created the run; null for runs from before keys were recorded."},
                         "created_at": timestamp(false),
                         "started_at": timestamp(true),
                         "completed_at": timestamp(true),
@@ -310,7 +316,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "Approval": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "action", "status", "requested_at", "resolved_at", "comment", "expires_at"],
+                    "required": ["id", "action", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by"],
                     "properties": {
                         "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
                         "action": {"type": "string"},
@@ -318,7 +324,8 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                         "requested_at": timestamp(false),
                         "resolved_at": timestamp(true),
                         "comment": {"type": ["string", "null"]},
-                        "expires_at": {"description": "When a pending approval expires: the run then fails.", "anyOf": [timestamp(true)]}
+                        "expires_at": {"description": "When a pending approval expires: the run then fails.", "anyOf": [timestamp(true)]},
+                        "resolved_by": {"type": ["string", "null"], "pattern": format!("^key_{ULID}$"), "description": "The id of the API key that approved or rejected it; null while pending and for a cancel or expiry."}
                     }
                 },
                 "RunList": {
@@ -450,6 +457,7 @@ mod tests {
             comment: None,
             expires_at: None,
             expiry_warned: false,
+            resolved_by: None,
         });
         let view = serde_json::to_value(RunView::from(&run)).unwrap();
         let schemas = &builtin()["components"]["schemas"];
@@ -469,7 +477,7 @@ mod tests {
     fn every_error_code_and_status_filter_is_listed() {
         let document = builtin();
         let codes = &document["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"];
-        assert_eq!(codes.as_array().unwrap().len(), 11);
+        assert_eq!(codes.as_array().unwrap().len(), 12);
         let statuses = &document["paths"]["/v1/agent/runs"]["get"]["parameters"][0]["schema"]["enum"];
         assert_eq!(statuses.as_array().unwrap().len(), RunStatus::ALL.len() + 1, "the six states and empty");
         let agents = &document["components"]["schemas"]["CreateRun"]["properties"]["agent"]["examples"];

@@ -8,6 +8,8 @@
 
 use http::Method;
 
+use crate::domain::Scope;
+
 /// The operations of the contract; each Lambda function serves one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
@@ -30,6 +32,8 @@ pub struct Route {
     pub operation_id: &'static str,
     /// The Lambda function (the `functions/<function>` crate and binary).
     pub function: &'static str,
+    /// What the API key must be allowed to do.
+    pub scope: Scope,
 }
 
 pub const ROUTES: [Route; 6] = [
@@ -39,6 +43,7 @@ pub const ROUTES: [Route; 6] = [
         path: "/v1/agent/runs",
         operation_id: "createRun",
         function: "create",
+        scope: Scope::RunsWrite,
     },
     Route {
         operation: Operation::List,
@@ -46,6 +51,7 @@ pub const ROUTES: [Route; 6] = [
         path: "/v1/agent/runs",
         operation_id: "listRuns",
         function: "list",
+        scope: Scope::RunsRead,
     },
     Route {
         operation: Operation::Get,
@@ -53,6 +59,7 @@ pub const ROUTES: [Route; 6] = [
         path: "/v1/agent/runs/{run_id}",
         operation_id: "getRun",
         function: "get",
+        scope: Scope::RunsRead,
     },
     Route {
         operation: Operation::Cancel,
@@ -60,6 +67,7 @@ pub const ROUTES: [Route; 6] = [
         path: "/v1/agent/runs/{run_id}/cancel",
         operation_id: "cancelRun",
         function: "cancel",
+        scope: Scope::RunsWrite,
     },
     Route {
         operation: Operation::Decide,
@@ -67,6 +75,7 @@ pub const ROUTES: [Route; 6] = [
         path: "/v1/agent/runs/{run_id}/approvals/{approval_id}",
         operation_id: "decideApproval",
         function: "decide",
+        scope: Scope::ApprovalsDecide,
     },
     Route {
         operation: Operation::Events,
@@ -74,6 +83,7 @@ pub const ROUTES: [Route; 6] = [
         path: "/v1/agent/runs/{run_id}/events",
         operation_id: "listRunEvents",
         function: "events",
+        scope: Scope::RunsRead,
     },
 ];
 

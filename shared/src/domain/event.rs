@@ -160,6 +160,7 @@ mod tests {
             comment: None,
             expires_at: None,
             expiry_warned: false,
+            resolved_by: None,
         };
         let text = EventText::new("");
         let run = || {

@@ -7,6 +7,7 @@ mod event;
 mod fields;
 mod ids;
 mod run;
+mod scope;
 mod time;
 
 #[cfg(test)]
@@ -18,4 +19,5 @@ pub use event::*;
 pub use fields::*;
 pub use ids::{ApprovalId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId};
 pub use run::*;
+pub use scope::{Scope, Scopes};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

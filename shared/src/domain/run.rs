@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{ApprovalId, Event, EventData, NewEvent, Owner, RunId, Timestamp};
+use super::{ApprovalId, Event, EventData, KeyId, NewEvent, Owner, RunId, Timestamp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RunStatus {
@@ -112,6 +112,9 @@ pub struct Approval {
     pub expires_at: Option<Timestamp>,
     /// Whether `approval.expiring` was recorded for it.
     pub expiry_warned: bool,
+    /// The key that decided it; `None` while pending, and for a cancel or
+    /// an expiry.
+    pub resolved_by: Option<KeyId>,
 }
 
 /// A worker's claim on a running run. Another claim may take the run over
@@ -172,6 +175,9 @@ pub struct Run {
     pub output: Option<String>,
     pub error: Option<String>,
     pub approvals: Vec<Approval>,
+    /// The key that created the run; `None` for runs from before keys were
+    /// recorded.
+    pub created_by: Option<KeyId>,
     pub metadata: BTreeMap<String, String>,
     pub created_at: Timestamp,
     pub started_at: Option<Timestamp>,
@@ -316,6 +322,7 @@ impl Run {
             output: None,
             error: None,
             approvals: Vec::new(),
+            created_by: None,
             metadata,
             created_at,
             started_at: None,
@@ -334,6 +341,17 @@ impl Run {
         };
         run.record(created_at, EventData::RunCreated(run.snapshot()));
         run
+    }
+
+    /// The run as created by `key` (its `run.created` shows it too).
+    pub fn created_by(mut self, key: KeyId) -> Run {
+        self.created_by = Some(key);
+        for event in &mut self.pending_events {
+            if let EventData::RunCreated(created) = &mut event.data {
+                created.created_by = Some(key);
+            }
+        }
+        self
     }
 
     /// Adds the event of a change just made, to be written with it.
@@ -478,6 +496,7 @@ impl Run {
         approval_id: ApprovalId,
         decision: Decision,
         comment: Option<String>,
+        decided_by: Option<KeyId>,
         now: Timestamp,
         policy: &ExecutionPolicy,
     ) -> Result<DecideOutcome, TransitionError> {
@@ -499,6 +518,7 @@ impl Run {
         approval.status = decision.resulting_status();
         approval.resolved_at = Some(now.max(approval.requested_at));
         approval.comment = comment;
+        approval.resolved_by = decided_by;
         let decided = approval.clone();
         self.record(now, EventData::ApprovalDecided(decided));
         if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {
@@ -614,6 +634,7 @@ impl Run {
                 comment: None,
                 expires_at: Some(expires_at),
                 expiry_warned: false,
+                resolved_by: None,
             };
             approval_ids.push(id);
             self.record(now, EventData::ApprovalRequested(approval.clone()));

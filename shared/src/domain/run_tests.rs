@@ -225,7 +225,7 @@ fn cancel_from_each_state() {
 #[test]
 fn cancel_cancels_pending_approvals_but_keeps_decided_ones() {
     let mut run = awaiting(2);
-    run.decide(approval_id(1), Decision::Approve, None, at(30), &policy()).unwrap();
+    run.decide(approval_id(1), Decision::Approve, None, None, at(30), &policy()).unwrap();
     run.cancel(at(40)).unwrap();
     assert_eq!(run.approvals[0].status, ApprovalStatus::Approved);
     assert_eq!(run.approvals[0].resolved_at, Some(at(30)));
@@ -237,12 +237,15 @@ fn cancel_cancels_pending_approvals_but_keeps_decided_ones() {
 fn deciding_the_last_pending_approval_requeues_the_run() {
     let mut run = awaiting(2);
     assert_eq!(
-        run.decide(approval_id(1), Decision::Approve, Some("ok".into()), at(30), &policy()),
+        run.decide(approval_id(1), Decision::Approve, Some("ok".into()), None, at(30), &policy()),
         Ok(DecideOutcome::Recorded)
     );
     assert_eq!(run.status, RunStatus::AwaitingApproval);
     assert_eq!(run.approvals[0].comment.as_deref(), Some("ok"));
-    assert_eq!(run.decide(approval_id(2), Decision::Reject, None, at(31), &policy()), Ok(DecideOutcome::Requeued));
+    assert_eq!(
+        run.decide(approval_id(2), Decision::Reject, None, None, at(31), &policy()),
+        Ok(DecideOutcome::Requeued)
+    );
     assert_eq!(run.status, RunStatus::Queued);
     assert_eq!(run.approvals[1].status, ApprovalStatus::Rejected);
     assert_eq!(run.approvals[1].resolved_at, Some(at(31)));
@@ -252,19 +255,19 @@ fn deciding_the_last_pending_approval_requeues_the_run() {
 #[test]
 fn repeating_a_decision_is_unchanged_whatever_the_run_state() {
     let mut run = awaiting(1);
-    run.decide(approval_id(1), Decision::Approve, Some("first".into()), at(30), &policy()).unwrap();
+    run.decide(approval_id(1), Decision::Approve, Some("first".into()), None, at(30), &policy()).unwrap();
     let mut done = run.clone();
     assert!(done.claim("w2", at(40), &policy()).is_ok());
     done.succeed("w2", "x".into(), at(50)).unwrap();
     for mut state in [run, done] {
         let before = state.clone();
         assert_eq!(
-            state.decide(approval_id(1), Decision::Approve, Some("again".into()), at(60), &policy()),
+            state.decide(approval_id(1), Decision::Approve, Some("again".into()), None, at(60), &policy()),
             Ok(DecideOutcome::Unchanged)
         );
         assert_eq!(state, before);
         assert_eq!(
-            state.decide(approval_id(1), Decision::Reject, None, at(60), &policy()),
+            state.decide(approval_id(1), Decision::Reject, None, None, at(60), &policy()),
             Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved))
         );
     }
@@ -276,12 +279,12 @@ fn canceled_approvals_refuse_any_decision_and_unknown_ones_are_not_found() {
     run.cancel(at(30)).unwrap();
     for decision in [Decision::Approve, Decision::Reject] {
         assert_eq!(
-            run.decide(approval_id(1), decision, None, at(40), &policy()),
+            run.decide(approval_id(1), decision, None, None, at(40), &policy()),
             Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Canceled))
         );
     }
     assert_eq!(
-        run.decide(approval_id(99), Decision::Approve, None, at(40), &policy()),
+        run.decide(approval_id(99), Decision::Approve, None, None, at(40), &policy()),
         Err(TransitionError::NoSuchApproval)
     );
 }
@@ -344,7 +347,7 @@ fn parked_approvals_carry_their_deadline_and_the_sweeper_expires_them() {
     run.take_events();
     assert_eq!(run.sweep(warning, &policy()), SweepAction::Nothing, "warned once");
 
-    run.decide(approval_id(1), Decision::Approve, None, at(30), &policy()).unwrap();
+    run.decide(approval_id(1), Decision::Approve, None, None, at(30), &policy()).unwrap();
     run.take_events();
     assert_eq!(run.sweep(deadline, &policy()), SweepAction::Failed);
     assert_eq!(run.status, RunStatus::Failed);
@@ -356,7 +359,7 @@ fn parked_approvals_carry_their_deadline_and_the_sweeper_expires_them() {
     assert_eq!(kinds(&run), ["approval.expired", "run.failed"]);
     // An expired approval cannot be decided any more.
     assert_eq!(
-        run.decide(approval_id(2), Decision::Approve, None, deadline, &policy()),
+        run.decide(approval_id(2), Decision::Approve, None, None, deadline, &policy()),
         Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Expired))
     );
 }
@@ -369,7 +372,7 @@ fn time_awaiting_approval_does_not_count_against_the_execution_limit() {
     run.park("w1", vec![(approval_id(1), "a".into())], serde_json::Value::Null, at(1_000), &policy()).unwrap();
     assert_eq!(run.execution_time(at(999_999_999)), std::time::Duration::from_secs(1), "the clock stops while parked");
     let days_later = at(1_000).plus(policy().approval_timeout).plus(std::time::Duration::from_secs(1));
-    run.decide(approval_id(1), Decision::Approve, None, at(2_000), &policy()).unwrap();
+    run.decide(approval_id(1), Decision::Approve, None, None, at(2_000), &policy()).unwrap();
     assert_eq!(run.claim("w2", days_later, &policy()), Ok(ClaimOutcome::Claimed));
     assert_eq!(run.execution_time(days_later.plus(limit / 2)), std::time::Duration::from_secs(1) + limit / 2);
 }
@@ -476,12 +479,15 @@ fn every_change_records_its_events_and_a_repeat_records_none() {
         matches!(&parked[2].data, EventData::RunAwaitingApproval { approval_ids } if approval_ids == &[approval_id(1), approval_id(2)])
     );
 
-    run.decide(approval_id(1), Decision::Approve, Some("ok".into()), at(30), &policy()).unwrap();
+    run.decide(approval_id(1), Decision::Approve, Some("ok".into()), None, at(30), &policy()).unwrap();
     assert_eq!(kinds(&run), ["approval.decided"]);
     run.take_events();
-    assert_eq!(run.decide(approval_id(1), Decision::Approve, None, at(31), &policy()), Ok(DecideOutcome::Unchanged));
+    assert_eq!(
+        run.decide(approval_id(1), Decision::Approve, None, None, at(31), &policy()),
+        Ok(DecideOutcome::Unchanged)
+    );
     assert!(kinds(&run).is_empty(), "a repeated decision records nothing");
-    run.decide(approval_id(2), Decision::Reject, None, at(32), &policy()).unwrap();
+    run.decide(approval_id(2), Decision::Reject, None, None, at(32), &policy()).unwrap();
     assert_eq!(kinds(&run), ["approval.decided", "run.resumed"]);
     run.take_events();
 

@@ -41,7 +41,7 @@ use super::{
     AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest,
     Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
 };
-use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Timestamp};
+use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Scopes, Timestamp};
 
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
@@ -242,6 +242,9 @@ struct KeyItem {
     name: Option<String>,
     created_at: Timestamp,
     revoked_at: Option<Timestamp>,
+    /// Absent on keys from before scopes: every scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scopes: Option<Vec<String>>,
 }
 
 fn key_pk(hash: &[u8; 32]) -> String {
@@ -262,6 +265,12 @@ fn decode_key(item: Item) -> Result<StoredKey, StoreError> {
         hash,
         created_at: key.created_at,
         revoked_at: key.revoked_at,
+        scopes: match &key.scopes {
+            None => Scopes::all(),
+            Some(names) => {
+                Scopes::parse(names.iter().map(String::as_str)).map_err(|_| defect("key with unknown scopes"))?
+            }
+        },
     })
 }
 
@@ -829,6 +838,7 @@ impl KeyStore for DynamoStore {
             name: key.name.clone(),
             created_at: key.created_at,
             revoked_at: key.revoked_at,
+            scopes: Some(key.scopes.names().into_iter().map(str::to_owned).collect()),
         };
         let mut item: Item = serde_dynamo::to_item(record).map_err(defect)?;
         item.insert("pk".into(), s(key_pk(&key.hash)));

@@ -8,7 +8,7 @@ mod sqlite;
 
 use async_trait::async_trait;
 
-use crate::domain::{AgentDefinition, KeyId, Owner, RunId, RunStatus, Timestamp};
+use crate::domain::{AgentDefinition, KeyId, Owner, RunId, RunStatus, Scopes, Timestamp};
 
 pub use crate::domain::Run;
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if};
@@ -167,6 +167,8 @@ pub struct StoredKey {
     pub hash: [u8; 32],
     pub created_at: Timestamp,
     pub revoked_at: Option<Timestamp>,
+    /// What the key may do; every scope for keys from before scopes.
+    pub scopes: Scopes,
 }
 
 #[async_trait]

@@ -22,6 +22,8 @@ pub(super) struct StoredRun {
     output: Option<String>,
     error: Option<String>,
     approvals: Vec<StoredApproval>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    created_by: Option<String>,
     metadata: BTreeMap<String, String>,
     /// Times are milliseconds since the Unix epoch.
     created_at: i64,
@@ -66,6 +68,8 @@ struct StoredApproval {
     expires_at: Option<i64>,
     #[serde(default, skip_serializing_if = "is_false")]
     expiry_warned: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resolved_by: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -107,8 +111,10 @@ impl From<&Run> for StoredRun {
                     comment: approval.comment.clone(),
                     expires_at: approval.expires_at.map(millis),
                     expiry_warned: approval.expiry_warned,
+                    resolved_by: approval.resolved_by.map(|key| key.to_string()),
                 })
                 .collect(),
+            created_by: run.created_by.map(|key| key.to_string()),
             metadata: run.metadata.clone(),
             created_at: run.created_at.millis(),
             started_at: run.started_at.map(millis),
@@ -159,6 +165,10 @@ impl TryFrom<StoredRun> for Run {
                     comment: approval.comment,
                     expires_at: at(approval.expires_at),
                     expiry_warned: approval.expiry_warned,
+                    resolved_by: approval
+                        .resolved_by
+                        .map(|key| key.parse().map_err(|_| malformed("approval resolved_by")))
+                        .transpose()?,
                 })
             })
             .collect::<Result<_, StoreError>>()?;
@@ -171,6 +181,7 @@ impl TryFrom<StoredRun> for Run {
             output: stored.output,
             error: stored.error,
             approvals,
+            created_by: stored.created_by.map(|key| key.parse().map_err(|_| malformed("created_by"))).transpose()?,
             metadata: stored.metadata,
             created_at: Timestamp::from_millis(stored.created_at),
             started_at: at(stored.started_at),

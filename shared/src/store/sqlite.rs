@@ -22,7 +22,7 @@ use super::{
     AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest,
     Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
 };
-use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Timestamp};
+use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Scopes, Timestamp};
 
 const READERS: usize = 4;
 
@@ -113,8 +113,14 @@ CREATE TABLE run_events (
 ) WITHOUT ROWID;
 ";
 
+/// Version 6: key scopes, space-separated names; NULL (keys from before)
+/// is every scope.
+const SCHEMA_6: &str = "
+ALTER TABLE api_keys ADD COLUMN scopes TEXT;
+";
+
 /// Schema version N is reached by running the first N steps, in order.
-const MIGRATIONS: [&str; 5] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5];
+const MIGRATIONS: [&str; 6] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6];
 
 /// Expired idempotency records removed by each create that adds one: more
 /// than one, so the table shrinks back to the keys still in their window.
@@ -698,15 +704,31 @@ impl RunStore for SqliteStore {
     }
 }
 
-fn key_from_row(
-    row: &rusqlite::Row<'_>,
-) -> rusqlite::Result<(String, Vec<u8>, String, Option<String>, i64, Option<i64>)> {
-    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?))
+/// A key's row as read.
+struct KeyRow {
+    id: String,
+    hash: Vec<u8>,
+    owner: String,
+    name: Option<String>,
+    created_at: i64,
+    revoked_at: Option<i64>,
+    scopes: Option<String>,
 }
 
-fn decode_key(
-    (id, hash, owner, name, created_at, revoked_at): (String, Vec<u8>, String, Option<String>, i64, Option<i64>),
-) -> Result<StoredKey, StoreError> {
+fn key_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRow> {
+    Ok(KeyRow {
+        id: row.get(0)?,
+        hash: row.get(1)?,
+        owner: row.get(2)?,
+        name: row.get(3)?,
+        created_at: row.get(4)?,
+        revoked_at: row.get(5)?,
+        scopes: row.get(6)?,
+    })
+}
+
+fn decode_key(row: KeyRow) -> Result<StoredKey, StoreError> {
+    let KeyRow { id, hash, owner, name, created_at, revoked_at, scopes } = row;
     let defect = |what: &str| StoreError::Defect(format!("malformed stored key: {what}"));
     Ok(StoredKey {
         id: id.parse().map_err(|_| defect("id"))?,
@@ -715,10 +737,14 @@ fn decode_key(
         hash: hash.try_into().map_err(|_| defect("hash"))?,
         created_at: Timestamp::from_millis(created_at),
         revoked_at: revoked_at.map(Timestamp::from_millis),
+        scopes: match scopes {
+            None => Scopes::all(),
+            Some(names) => Scopes::parse(names.split_whitespace()).map_err(|_| defect("scopes"))?,
+        },
     })
 }
 
-const KEY_COLUMNS: &str = "id, hash, owner, name, created_at, revoked_at";
+const KEY_COLUMNS: &str = "id, hash, owner, name, created_at, revoked_at, scopes";
 
 #[async_trait]
 impl KeyStore for SqliteStore {
@@ -727,14 +753,15 @@ impl KeyStore for SqliteStore {
         self.write(move |connection| {
             connection
                 .execute(
-                    &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"),
+                    &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
                     params![
                         key.id.to_string(),
                         key.hash.to_vec(),
                         key.owner.as_str(),
                         key.name,
                         key.created_at.millis(),
-                        key.revoked_at.map(Timestamp::millis)
+                        key.revoked_at.map(Timestamp::millis),
+                        key.scopes.names().join(" ")
                     ],
                 )
                 .map_err(unavailable)?;
