@@ -290,6 +290,9 @@ async fn keys_are_found_by_hash_listed_and_revoked(keys: &dyn KeyStore) {
         StoredKey { id: KeyId::from_ulid(Ulid::from_parts(T0, 3)), hash: [9; 32], scopes: Scopes::all(), ..key };
     keys.put_key(&everything).await.unwrap();
     assert_eq!(keys.find_key(&[9; 32]).await.unwrap().unwrap().scopes, Scopes::all());
+    assert_eq!(Scopes::all().to_stored(), None, "every scope is kept as none named: later ones included");
+    let from_a_later_build = Scopes::stored(Some(["runs:read", "runs:delete"]));
+    assert_eq!(from_a_later_build, Scopes::of([Scope::RunsRead]), "an unknown name grants nothing");
 }
 
 async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<dyn RunStore>) {

@@ -16,7 +16,7 @@ pub enum ApiError {
     InvalidRequest { message: String, param: Option<String> },
     #[error("unauthorized")]
     Unauthorized,
-    /// A valid key that lacks the scope or the right for the operation.
+    /// A valid key that lacks the scope for the operation.
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]

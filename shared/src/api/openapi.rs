@@ -79,10 +79,7 @@ fn common_errors(responses: &mut Value, with_body: bool) {
     let retry_after = json!({"$ref": "#/components/headers/RetryAfter"});
     responses["400"] = json!({"$ref": "#/components/responses/InvalidRequest"});
     responses["401"] = json!({"$ref": "#/components/responses/Unauthorized"});
-    responses["403"] = error_response(
-        "The API key lacks the scope this operation needs (the message names it), or the right to decide this run's approvals.",
-        &[],
-    );
+    responses["403"] = error_response("The API key lacks the scope this operation needs (the message names it).", &[]);
     responses["429"] =
         error_response("Too many active runs, or too many requests.", &[("Retry-After", retry_after.clone())]);
     responses["500"] = error_response("A defect; retry later and quote the x-request-id.", &[]);

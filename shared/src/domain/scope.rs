@@ -64,8 +64,28 @@ impl Scopes {
         Scope::ALL.into_iter().filter(|scope| self.0 & scope.bit() != 0).map(Scope::as_str).collect()
     }
 
-    /// Parses names as stored or given on the command line; `Err` names the
-    /// first unknown one.
+    /// Whether these are all the scopes this build knows.
+    pub fn is_all(self) -> bool {
+        self == Scopes::all()
+    }
+
+    /// The scopes of a stored key: `None` (a key from before scopes, or one
+    /// made without `--scope`) is every scope, also ones added later; a name
+    /// this build does not know grants nothing.
+    pub fn stored<'a>(names: Option<impl IntoIterator<Item = &'a str>>) -> Scopes {
+        match names {
+            None => Scopes::all(),
+            Some(names) => Scopes::of(names.into_iter().filter_map(Scope::parse)),
+        }
+    }
+
+    /// What a store keeps: `None` for every scope.
+    pub fn to_stored(self) -> Option<Vec<&'static str>> {
+        (!self.is_all()).then(|| self.names())
+    }
+
+    /// Parses names given on the command line; `Err` names the first
+    /// unknown one.
     pub fn parse<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Scopes, String> {
         names
             .into_iter()

@@ -242,7 +242,8 @@ struct KeyItem {
     name: Option<String>,
     created_at: Timestamp,
     revoked_at: Option<Timestamp>,
-    /// Absent on keys from before scopes: every scope.
+    /// Absent on keys from before scopes and keys made without `--scope`:
+    /// every scope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     scopes: Option<Vec<String>>,
 }
@@ -265,12 +266,7 @@ fn decode_key(item: Item) -> Result<StoredKey, StoreError> {
         hash,
         created_at: key.created_at,
         revoked_at: key.revoked_at,
-        scopes: match &key.scopes {
-            None => Scopes::all(),
-            Some(names) => {
-                Scopes::parse(names.iter().map(String::as_str)).map_err(|_| defect("key with unknown scopes"))?
-            }
-        },
+        scopes: Scopes::stored(key.scopes.as_ref().map(|names| names.iter().map(String::as_str))),
     })
 }
 
@@ -838,7 +834,7 @@ impl KeyStore for DynamoStore {
             name: key.name.clone(),
             created_at: key.created_at,
             revoked_at: key.revoked_at,
-            scopes: Some(key.scopes.names().into_iter().map(str::to_owned).collect()),
+            scopes: key.scopes.to_stored().map(|names| names.into_iter().map(str::to_owned).collect()),
         };
         let mut item: Item = serde_dynamo::to_item(record).map_err(defect)?;
         item.insert("pk".into(), s(key_pk(&key.hash)));

@@ -113,8 +113,8 @@ CREATE TABLE run_events (
 ) WITHOUT ROWID;
 ";
 
-/// Version 6: key scopes, space-separated names; NULL (keys from before)
-/// is every scope.
+/// Version 6: key scopes, space-separated names; NULL (keys from before,
+/// and keys made without `--scope`) is every scope.
 const SCHEMA_6: &str = "
 ALTER TABLE api_keys ADD COLUMN scopes TEXT;
 ";
@@ -737,10 +737,7 @@ fn decode_key(row: KeyRow) -> Result<StoredKey, StoreError> {
         hash: hash.try_into().map_err(|_| defect("hash"))?,
         created_at: Timestamp::from_millis(created_at),
         revoked_at: revoked_at.map(Timestamp::from_millis),
-        scopes: match scopes {
-            None => Scopes::all(),
-            Some(names) => Scopes::parse(names.split_whitespace()).map_err(|_| defect("scopes"))?,
-        },
+        scopes: Scopes::stored(scopes.as_deref().map(str::split_whitespace)),
     })
 }
 
@@ -761,7 +758,7 @@ impl KeyStore for SqliteStore {
                         key.name,
                         key.created_at.millis(),
                         key.revoked_at.map(Timestamp::millis),
-                        key.scopes.names().join(" ")
+                        key.scopes.to_stored().map(|names| names.join(" "))
                     ],
                 )
                 .map_err(unavailable)?;
