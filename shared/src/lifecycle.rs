@@ -222,8 +222,9 @@ impl Lifecycle {
         Ok(run)
     }
 
-    /// Records a decision. When it was the last one the run waited for, the
-    /// run is queued again (should that send fail, the sweeper sends it).
+    /// Records a decision (`known`: the run as the caller read it, tried
+    /// first). When it was the last one the run waited for, the run is
+    /// queued again (should that send fail, the sweeper sends it).
     pub async fn decide(
         &self,
         owner: &Owner,
@@ -232,9 +233,10 @@ impl Lifecycle {
         decision: Decision,
         comment: Option<String>,
         decided_by: KeyId,
+        known: Option<Run>,
     ) -> Result<Run, ChangeError<DecideRefused>> {
         let mut writes = WritesSeen::default();
-        let (run, outcome) = change_run(self.runs.as_ref(), owner, run_id, None, |run| {
+        let (run, outcome) = change_run(self.runs.as_ref(), owner, run_id, known, |run| {
             writes.next_attempt();
             let now = self.clock.now();
             if run.expire_if_due(approval_id, now, &self.policy) {

@@ -709,6 +709,12 @@ fn the_embedded_server_streams_events_as_server_sent_events() {
 
 // ---------------------------------------------------------------- scopes
 
+/// The id of a key, from a run it created.
+fn key_id_of(server: &Server, key: &str) -> Value {
+    let run = server.create(key, json!({"input": "who am I"}));
+    run["created_by"].clone()
+}
+
 /// The id of the key named `name` (`agent-runs keys list`).
 fn key_id(server: &Server, name: &str) -> String {
     let listed = server.admin(&["keys", "list"]);
@@ -917,6 +923,7 @@ model = "stand-in-1"
 base_url = "{url}/v1"
 system_prompt = "You keep the repository tidy."
 allow_private_network = true   # the stand-in's tool listens on 127.0.0.1
+separate_approver = true
 
 [[tools]]
 name = "delete_branch"
@@ -946,6 +953,7 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     let shown: Value = serde_json::from_str(&server.admin(&["agents", "get", "janitor"])).unwrap();
     assert_eq!(shown["tools"][0]["requires_approval"], true);
     assert_eq!(shown["allow_private_network"], true);
+    assert_eq!(shown["separate_approver"], true);
 
     let run = server.create(&key, json!({"agent": "janitor", "input": "Delete the branch old"}));
     assert_eq!(run["agent"], "janitor");
@@ -955,7 +963,12 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     assert_eq!(approval["action"], r#"Call the tool `delete_branch` with {"branch":"old"}"#);
     assert!(model.tool_calls().is_empty());
     let path = format!("{}/approvals/{}", run_path(&run), approval["id"].as_str().unwrap());
-    server.post(&key, &path, json!({"decision": "approve"})).expect_status(200);
+    // Another person decides: the key that created the run may not.
+    let error = server.post(&key, &path, json!({"decision": "approve"})).expect_error(403, "forbidden").clone();
+    assert!(error["message"].as_str().unwrap().contains("another API key"), "{error}");
+    let second = server.key("dev");
+    let decided = server.post(&second, &path, json!({"decision": "approve"})).expect_status(200).clone();
+    assert_eq!(decided["pending_approvals"][0]["resolved_by"], key_id_of(&server, &second));
     let done = server.wait_for_status(&key, run["id"].as_str().unwrap(), "succeeded");
     assert_eq!(done["output"], "Deleted old.");
     assert_eq!(done["usage"], json!({"input_tokens": 20, "output_tokens": 10, "total_tokens": 30}));

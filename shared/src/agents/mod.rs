@@ -145,6 +145,18 @@ impl AgentRegistry {
         }
     }
 
+    /// Whether the agent of that name wants a run's approvals decided by
+    /// another key than the one that created the run.
+    pub async fn requires_separate_approver(&self, name: &str) -> Result<bool, StoreError> {
+        if self.builtin.contains_key(name) {
+            return Ok(false);
+        }
+        match &self.defined {
+            Some(defined) => Ok(defined.store.get_agent(name).await?.is_some_and(|agent| agent.separate_approver)),
+            None => Ok(false),
+        }
+    }
+
     /// The agent of that name, ready to execute; `None` when there is none.
     pub async fn resolve(&self, name: &str) -> Result<Option<Arc<dyn Agent>>, StoreError> {
         if let Some(agent) = self.builtin.get(name) {

@@ -43,7 +43,14 @@ pub(super) async fn handle(
         .transpose()?
         .map(Comment::into_string);
 
-    match api.lifecycle.decide(&by.owner, run_id, approval_id, decision, comment, by.key_id).await {
+    let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    if run.created_by == Some(by.key_id) && api.agents.requires_separate_approver(&run.agent).await? {
+        return Err(ApiError::Forbidden(format!(
+            "The agent `{}` wants its runs' approvals decided by another API key than the one that created the run.",
+            run.agent
+        )));
+    }
+    match api.lifecycle.decide(&by.owner, run_id, approval_id, decision, comment, by.key_id, Some(run)).await {
         Ok(run) => Ok(run_response(StatusCode::OK, &run)),
         Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
         Err(ChangeError::Refused(DecideRefused::Expired)) => {

@@ -122,6 +122,10 @@ pub struct AgentDefinition {
     /// definition when false, so a definition without it reads as before.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_private_network: bool,
+    /// The key that created a run may not decide its approvals (a second
+    /// person must). Left out of the stored definition when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub separate_approver: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
