@@ -6,11 +6,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_runs_shared::api::{Api, ApiError, BodyTimedOut, BodyTooLarge, CanStream, EventStream, MAX_BODY_BYTES};
+use agent_runs_shared::api::{
+    Api, ApiError, BodyTimedOut, BodyTooLarge, CanStream, EventStream, MAX_BODY_BYTES, asks_for_event_stream,
+};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{Request, Response, header};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
+use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited, StreamBody};
 use hyper::body::Frame;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -94,9 +96,11 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimit
             let mut request = into_api_request(request, limits.body_timeout).await;
             // The rest of an oversized or stalled body is never read: tell
             // the client not to send another request on this connection.
-            let extensions = request.extensions_mut();
+            let extensions = request.extensions();
             let unread_body = extensions.get::<BodyTooLarge>().is_some() || extensions.get::<BodyTimedOut>().is_some();
-            extensions.insert(CanStream);
+            if asks_for_event_stream(request.headers()) {
+                request.extensions_mut().insert(CanStream);
+            }
             // Its own task: a client that goes away mid-request must not cut
             // an operation off between its writes (a create stored but not
             // yet queued would wait for the sweeper); a panic is a 500.
@@ -107,10 +111,10 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimit
             let stream = response.extensions().get::<EventStream>().cloned();
             let mut response = response.map(|body| match stream {
                 // A run's events as Server-Sent Events: the stream is the body.
-                Some(stream) => {
-                    BodyExt::boxed_unsync(StreamBody::new(stream.frames(closing).map(|frame| Ok(Frame::data(frame)))))
-                }
-                None => BodyExt::boxed_unsync(Full::new(body)),
+                Some(stream) => Either::Right(BodyExt::boxed_unsync(StreamBody::new(
+                    stream.frames(closing).map(|frame| Ok::<_, Infallible>(Frame::data(frame))),
+                ))),
+                None => Either::Left(Full::new(body)),
             });
             if unread_body {
                 response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
@@ -144,7 +148,8 @@ pub async fn serve_with_limits<H, F, B>(
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
-    B: hyper::body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);

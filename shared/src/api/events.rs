@@ -11,10 +11,10 @@ use http::{HeaderValue, Request, StatusCode, header};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::query::{parameters, whole_number};
+use super::query::{page_size, parameters, whole_number};
 use super::response::json_response;
 use super::{ApiError, ApiResponse, parse_run_id};
-use crate::domain::{EventId, Owner, RunId};
+use crate::domain::{EventId, Owner, RunId, RunStatus};
 use crate::store::{EventPage, RunStore, StoredEvent};
 use crate::views::{EventPageView, EventView};
 
@@ -33,7 +33,9 @@ const POLL_MIN: Duration = Duration::from_millis(100);
 const POLL_MAX: Duration = Duration::from_secs(1);
 
 /// Set on a request by a server that can stream a response (the embedded
-/// one): `Accept: text/event-stream` is then answered with a stream.
+/// one): `Accept: text/event-stream` is then answered with a stream. (The
+/// server sets it only on requests that ask for one, sparing the others an
+/// allocation.)
 #[derive(Debug, Clone, Copy)]
 pub struct CanStream;
 
@@ -63,14 +65,7 @@ fn parse_query(query: Option<&str>) -> Result<EventsQuery, ApiError> {
             })
         })
         .transpose()?;
-    let limit = match limit {
-        None => DEFAULT_LIMIT,
-        Some(text) => {
-            whole_number(&text).filter(|limit| (1..=u64::from(MAX_LIMIT)).contains(limit)).ok_or_else(|| {
-                ApiError::invalid("limit", format!("`limit` must be a whole number from 1 to {MAX_LIMIT}."))
-            })? as u32
-        }
-    };
+    let limit = page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let wait = match wait {
         None => 0,
         Some(text) => whole_number(&text).filter(|secs| *secs <= MAX_WAIT_SECS).ok_or_else(|| {
@@ -80,17 +75,20 @@ fn parse_query(query: Option<&str>) -> Result<EventsQuery, ApiError> {
     Ok(EventsQuery { after, limit, wait: Duration::from_secs(wait) })
 }
 
+/// Whether the request's `Accept` names `text/event-stream`.
+pub fn asks_for_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|media| {
+            media.split(';').next().is_some_and(|media| media.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
 fn wants_stream<B>(request: &Request<B>) -> bool {
-    request.extensions().get::<CanStream>().is_some()
-        && request
-            .headers()
-            .get_all(header::ACCEPT)
-            .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
-            .any(|media| {
-                media.split(';').next().is_some_and(|media| media.trim().eq_ignore_ascii_case("text/event-stream"))
-            })
+    request.extensions().get::<CanStream>().is_some() && asks_for_event_stream(request.headers())
 }
 
 pub(super) async fn handle(
@@ -224,7 +222,11 @@ fn frame(run_id: RunId, event: &StoredEvent) -> Result<Bytes, ApiError> {
     Ok(Bytes::from(format!("id: {}\nevent: {}\ndata: {json}\n\n", event.seq, event.kind)))
 }
 
-const TERMINAL_EVENTS: [&str; 3] = ["run.succeeded", "run.failed", "run.canceled"];
+/// Whether an event of this type ends its run's log: `run.<status>` for a
+/// terminal status.
+fn ends_the_run(kind: &str) -> bool {
+    kind.strip_prefix("run.").and_then(RunStatus::parse).is_some_and(RunStatus::is_terminal)
+}
 
 impl EventStream {
     /// The stream's body: a message per event, a comment every
@@ -280,7 +282,7 @@ impl EventStream {
                         }
                     }
                     *after = event.seq;
-                    if TERMINAL_EVENTS.contains(&event.kind.as_str()) {
+                    if ends_the_run(&event.kind) {
                         state.done = true;
                         break;
                     }

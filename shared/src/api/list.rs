@@ -2,7 +2,7 @@
 
 use http::StatusCode;
 
-use super::query::{parameters, whole_number};
+use super::query::{page_size, parameters};
 use super::response::json_response;
 use super::{ApiError, ApiResponse};
 use crate::domain::{Cursor, Owner, RunStatus};
@@ -31,15 +31,7 @@ fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
             })
         })
         .transpose()?;
-    let limit = match limit {
-        None => DEFAULT_LIMIT,
-        Some(text) => whole_number(&text)
-            .filter(|limit| (1..=u64::from(MAX_LIMIT)).contains(limit))
-            .map(|limit| limit as u32)
-            .ok_or_else(|| {
-                ApiError::invalid("limit", format!("`limit` must be a whole number from 1 to {MAX_LIMIT}."))
-            })?,
-    };
+    let limit = page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     Ok(ListQuery { status, limit, cursor })
 }
 

@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
-pub use events::{CanStream, EventStream};
+pub use events::{CanStream, EventStream, asks_for_event_stream};
 pub use rate_limit::RateLimit;
 pub use response::ApiResponse;
 pub use routes::{Operation, ROUTES};

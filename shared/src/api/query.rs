@@ -29,6 +29,18 @@ pub(super) fn parameters<const N: usize>(
     Ok(values)
 }
 
+/// The `limit` parameter: `default` when absent, else a whole number from 1
+/// to `max`.
+pub(super) fn page_size(value: Option<String>, default: u32, max: u32) -> Result<u32, ApiError> {
+    let Some(text) = value else {
+        return Ok(default);
+    };
+    whole_number(&text)
+        .filter(|limit| (1..=u64::from(max)).contains(limit))
+        .map(|limit| limit as u32)
+        .ok_or_else(|| ApiError::invalid("limit", format!("`limit` must be a whole number from 1 to {max}.")))
+}
+
 /// A base-10 number of digits only (no sign, no spaces), that fits.
 pub(super) fn whole_number(text: &str) -> Option<u64> {
     text.bytes().all(|b| b.is_ascii_digit()).then(|| text.parse().ok()).flatten()

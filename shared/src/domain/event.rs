@@ -115,11 +115,6 @@ impl EventData {
     pub fn output(text: &str) -> Self {
         EventData::OutputAppended { text: EventText::new(text) }
     }
-
-    /// Whether this is the last event a run can have.
-    pub fn is_terminal(&self) -> bool {
-        matches!(self, EventData::RunSucceeded(_) | EventData::RunFailed(_) | EventData::RunCanceled(_))
-    }
 }
 
 /// An event not yet written: the store numbers it when it writes the run.

@@ -295,6 +295,11 @@ fn approval_expired_message(action: &str, timeout: Duration) -> String {
     format!("Nobody decided the approval \"{shown}\" within {} seconds; it expired.", timeout.as_secs())
 }
 
+/// When `approval.expiring` is due for an approval that expires then.
+fn warning_time(expires_at: Timestamp, policy: &ExecutionPolicy) -> Timestamp {
+    Timestamp::from_millis(expires_at.millis() - policy.approval_warning.as_millis() as i64)
+}
+
 pub fn event_limit_message(max_events: u64) -> String {
     format!("The run was stopped: its log reached this deployment's limit of {max_events} events.")
 }
@@ -405,11 +410,7 @@ impl Run {
             .filter_map(|approval| {
                 let expires_at = approval.expires_at?;
                 let warn = !approval.expiry_warned && !policy.approval_warning.is_zero();
-                Some(if warn {
-                    Timestamp::from_millis(expires_at.millis() - policy.approval_warning.as_millis() as i64)
-                } else {
-                    expires_at
-                })
+                Some(if warn { warning_time(expires_at, policy) } else { expires_at })
             })
             .min()
     }
@@ -741,9 +742,7 @@ impl Run {
                         approval.status = ApprovalStatus::Expired;
                         approval.resolved_at = Some(now.max(approval.requested_at));
                         expired.push(approval.clone());
-                    } else if !approval.expiry_warned
-                        && expires_at.millis() - policy.approval_warning.as_millis() as i64 <= now.millis()
-                    {
+                    } else if !approval.expiry_warned && warning_time(expires_at, policy) <= now {
                         approval.expiry_warned = true;
                         warned.push(approval.clone());
                     }

@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
 use rand::Rng;
@@ -401,7 +402,7 @@ impl DynamoStore {
 
     /// The `seq` of the run's last stored event (0 when none).
     async fn last_event_seq(&self, run_id: RunId) -> Result<u64, StoreError> {
-        let page = self
+        let query = self
             .client
             .query()
             .table_name(&self.table)
@@ -409,12 +410,9 @@ impl DynamoStore {
             .expression_attribute_values(":pk", s(events_pk(run_id)))
             .expression_attribute_values(":events", s("EV#"))
             .scan_index_forward(false)
-            .limit(1)
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        page.items().first().map_or(Ok(0), |item| decode_event(item).map(|event| event.seq))
+            .consistent_read(true);
+        let last = self.query_up_to(query, None, 1, |item| decode_event(&item)).await?;
+        Ok(last.first().map_or(0, |event| event.seq))
     }
 
     pub fn table(&self) -> &str {
@@ -465,35 +463,50 @@ impl DynamoStore {
         index: Option<&str>,
         partition: (&str, String),
         sort: &str,
-        mut start_after: Option<Item>,
+        start_after: Option<Item>,
         count: u32,
     ) -> Result<Vec<Run>, StoreError> {
         let (partition_name, partition_value) = partition;
-        let mut runs = Vec::new();
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .set_index_name(index.map(str::to_owned))
+            .key_condition_expression("#p = :p AND begins_with(#s, :run)")
+            .expression_attribute_names("#p", partition_name)
+            .expression_attribute_names("#s", sort)
+            .expression_attribute_values(":p", s(&partition_value))
+            .expression_attribute_values(":run", s("RUN#"))
+            .scan_index_forward(false)
+            .set_consistent_read(index.is_none().then_some(true));
+        self.query_up_to(query, start_after, count as usize, decode_run).await
+    }
+
+    /// Up to `count` items of `query` from `start_after` on, decoded: a
+    /// Query answers at most 1 MB, so it goes on from where a page ended
+    /// until it has them or there are no more.
+    async fn query_up_to<T>(
+        &self,
+        query: QueryFluentBuilder,
+        mut start_after: Option<Item>,
+        count: usize,
+        decode: impl Fn(Item) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut found = Vec::new();
         loop {
-            let output = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .set_index_name(index.map(str::to_owned))
-                .key_condition_expression("#p = :p AND begins_with(#s, :run)")
-                .expression_attribute_names("#p", partition_name)
-                .expression_attribute_names("#s", sort)
-                .expression_attribute_values(":p", s(&partition_value))
-                .expression_attribute_values(":run", s("RUN#"))
-                .scan_index_forward(false)
-                .set_consistent_read(index.is_none().then_some(true))
+            let output = query
+                .clone()
                 .set_exclusive_start_key(start_after)
-                .limit((count as usize - runs.len()) as i32)
+                .limit((count - found.len()) as i32)
                 .send()
                 .await
                 .map_err(unavailable)?;
             for item in output.items.unwrap_or_default() {
-                runs.push(decode_run(item)?);
+                found.push(decode(item)?);
             }
             start_after = output.last_evaluated_key;
-            if runs.len() >= count as usize || start_after.is_none() {
-                return Ok(runs);
+            if found.len() >= count || start_after.is_none() {
+                return Ok(found);
             }
         }
     }
@@ -718,32 +731,15 @@ impl RunStore for DynamoStore {
     }
 
     async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
-        let fetch = limit as usize + 1;
-        let mut events = Vec::with_capacity(fetch);
-        let mut start: Option<Item> = None;
-        // A page of DynamoDB holds at most 1 MB: go on until enough are read.
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("pk = :pk AND sk > :after")
-                .expression_attribute_values(":pk", s(events_pk(run_id)))
-                .expression_attribute_values(":after", s(event_sk(after)))
-                .consistent_read(true)
-                .limit((fetch - events.len()) as i32)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(unavailable)?;
-            for item in page.items() {
-                events.push(decode_event(item)?);
-            }
-            start = page.last_evaluated_key;
-            if start.is_none() || events.len() >= fetch {
-                break;
-            }
-        }
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND sk > :after")
+            .expression_attribute_values(":pk", s(events_pk(run_id)))
+            .expression_attribute_values(":after", s(event_sk(after)))
+            .consistent_read(true);
+        let mut events = self.query_up_to(query, None, limit as usize + 1, |item| decode_event(&item)).await?;
         let has_more = events.len() > limit as usize;
         events.truncate(limit as usize);
         Ok(EventPage { events, has_more })

@@ -51,10 +51,6 @@ fn is_zero(number: &u64) -> bool {
     *number == 0
 }
 
-fn is_false(flag: &bool) -> bool {
-    !flag
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredApproval {
     id: String,
@@ -66,7 +62,7 @@ struct StoredApproval {
     /// Absent from records made before approvals expired.
     #[serde(default)]
     expires_at: Option<i64>,
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     expiry_warned: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     resolved_by: Option<String>,
