@@ -222,21 +222,21 @@ impl Lifecycle {
         Ok(run)
     }
 
-    /// Records a decision (`known`: the run as the caller read it, tried
-    /// first). When it was the last one the run waited for, the run is
-    /// queued again (should that send fail, the sweeper sends it).
+    /// Records a decision on `read`, the run as the caller read it (tried
+    /// first; a fresh read when it changed meanwhile). When it was the last
+    /// one the run waited for, the run is queued again (should that send
+    /// fail, the sweeper sends it).
     pub async fn decide(
         &self,
-        owner: &Owner,
-        run_id: RunId,
+        read: Run,
         approval_id: ApprovalId,
         decision: Decision,
         comment: Option<String>,
         decided_by: KeyId,
-        known: Option<Run>,
     ) -> Result<Run, ChangeError<DecideRefused>> {
+        let (owner, run_id) = (read.owner.clone(), read.id);
         let mut writes = WritesSeen::default();
-        let (run, outcome) = change_run(self.runs.as_ref(), owner, run_id, known, |run| {
+        let (run, outcome) = change_run(self.runs.as_ref(), &owner, run_id, Some(read), |run| {
             writes.next_attempt();
             let now = self.clock.now();
             if run.expire_if_due(approval_id, now, &self.policy) {

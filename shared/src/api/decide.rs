@@ -50,7 +50,7 @@ pub(super) async fn handle(
             run.agent
         )));
     }
-    match api.lifecycle.decide(&by.owner, run_id, approval_id, decision, comment, by.key_id, Some(run)).await {
+    match api.lifecycle.decide(run, approval_id, decision, comment, by.key_id).await {
         Ok(run) => Ok(run_response(StatusCode::OK, &run)),
         Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
         Err(ChangeError::Refused(DecideRefused::Expired)) => {
