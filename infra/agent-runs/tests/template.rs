@@ -239,3 +239,50 @@ fn the_queue_outlasts_the_worker_and_failures_go_to_the_dead_letter_queue() {
         "maximum concurrency is a parameter"
     );
 }
+
+/// The DynamoDB actions a function may take on the table itself (not its
+/// indexes).
+fn table_actions(function: &Value) -> BTreeSet<String> {
+    let on_table = |resource: &Value| match resource {
+        Value::Tagged(tagged) => tagged.tag == "GetAtt" && tagged.value == "RunsTable.Arn",
+        _ => false,
+    };
+    let mut actions = BTreeSet::new();
+    for policy in function["Properties"]["Policies"].as_sequence().into_iter().flatten() {
+        for statement in policy["Statement"].as_sequence().into_iter().flatten() {
+            if statement["Effect"] != "Allow" || !on_table(&statement["Resource"]) {
+                continue;
+            }
+            match &statement["Action"] {
+                Value::String(action) => {
+                    actions.insert(action.clone());
+                }
+                Value::Sequence(list) => {
+                    actions.extend(list.iter().filter_map(|action| action.as_str().map(str::to_owned)))
+                }
+                _ => {}
+            }
+        }
+    }
+    actions
+}
+
+/// Every function that writes runs may do every call a run write can make:
+/// a terminal write deletes the checkpoint item, and a write whose run's
+/// event count fell behind its log queries the run's last event (the
+/// emulator does not enforce IAM, so only this test sees a missing one).
+#[test]
+fn functions_that_write_runs_may_make_every_call_a_run_write_makes() {
+    let template = template();
+    let writers = ["cancel", "decide", "worker", "sweeper", "dead-letter"];
+    let needed: BTreeSet<String> =
+        ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query"]
+            .map(str::to_owned)
+            .into();
+    for (name, function) in functions(&template) {
+        if writers.contains(&binary(function)) {
+            let allowed = table_actions(function);
+            assert!(allowed.is_superset(&needed), "{name} may only {allowed:?}");
+        }
+    }
+}

@@ -158,6 +158,11 @@ fn decode_event(item: &Item) -> Result<StoredEvent, StoreError> {
     })
 }
 
+/// How many of `events` follow on from `after` without a gap.
+fn following_on(after: u64, events: &[StoredEvent]) -> usize {
+    events.iter().zip(after + 1..).take_while(|(event, seq)| event.seq == *seq).count()
+}
+
 fn checkpoint_sk(run_id: RunId) -> String {
     format!("CKPT#{run_id}")
 }
@@ -740,8 +745,17 @@ impl RunStore for DynamoStore {
             .expression_attribute_values(":after", s(event_sk(after)))
             .consistent_read(true);
         let mut events = self.query_up_to(query, None, limit as usize + 1, |item| decode_event(&item)).await?;
-        let has_more = events.len() > limit as usize;
+        let mut has_more = events.len() > limit as usize;
         events.truncate(limit as usize);
+        // A Query is read-committed item by item: it can see part of a
+        // transaction being applied, a later event without an earlier one.
+        // Only the events that follow on from `after` are answered; the rest
+        // are read again (and complete) next time.
+        let following_on = following_on(after, &events);
+        if following_on < events.len() {
+            events.truncate(following_on);
+            has_more = true;
+        }
         Ok(EventPage { events, has_more })
     }
 
@@ -931,5 +945,25 @@ impl AgentStore for DynamoStore {
             .await
             .map_err(unavailable)?;
         Ok(output.attributes.is_some_and(|old| !old.is_empty()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: u64) -> StoredEvent {
+        StoredEvent { seq, kind: "output.appended".into(), at: Timestamp::from_millis(0), data: "{}".into() }
+    }
+
+    /// A Query that saw part of a transaction (seq 4 without 3) answers
+    /// only what follows on from `after`: a client never skips an event.
+    #[test]
+    fn only_events_that_follow_on_without_a_gap_are_answered() {
+        let seqs = |after, list: &[u64]| following_on(after, &list.iter().copied().map(event).collect::<Vec<_>>());
+        assert_eq!(seqs(0, &[1, 2, 3]), 3);
+        assert_eq!(seqs(2, &[3, 5, 6]), 1);
+        assert_eq!(seqs(2, &[4, 5]), 0, "the first is missing: nothing yet");
+        assert_eq!(seqs(7, &[]), 0);
     }
 }

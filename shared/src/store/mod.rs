@@ -147,7 +147,9 @@ pub trait RunStore: Send + Sync + 'static {
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError>;
 
     /// The run's events with a `seq` above `after`, oldest first, at most
-    /// `limit` (strongly consistent). Whose run it is, the caller checks.
+    /// `limit`, following on from `after` without a gap (strongly
+    /// consistent: what was committed before the call). Whose run it is,
+    /// the caller checks.
     async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError>;
 
     /// Where the store can tell, a signal that changes after every commit
