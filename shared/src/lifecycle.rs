@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::{
-    ApprovalId, ApprovalStatus, Changed, Clock, DecideOutcome, Decision, ExecutionPolicy, IdGenerator, KeyId, Owner,
-    Run, RunId, RunStatus, TransitionError,
+    ApprovalId, ApprovalStatus, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId,
+    Owner, Run, RunId, RunStatus, TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -230,9 +230,7 @@ impl Lifecycle {
         &self,
         read: Run,
         approval_id: ApprovalId,
-        decision: Decision,
-        comment: Option<String>,
-        decided_by: KeyId,
+        request: DecisionRequest,
     ) -> Result<Run, ChangeError<DecideRefused>> {
         let (owner, run_id) = (read.owner.clone(), read.id);
         let mut writes = WritesSeen::default();
@@ -242,9 +240,8 @@ impl Lifecycle {
             if run.expire_if_due(approval_id, now, &self.policy) {
                 return Ok(writes.note(Transition::Write(None)));
             }
-            let outcome = run
-                .decide(approval_id, decision, comment.clone(), Some(decided_by), now, &self.policy)
-                .map_err(DecideRefused::Transition)?;
+            let outcome =
+                run.decide(approval_id, request.clone(), now, &self.policy).map_err(DecideRefused::Transition)?;
             Ok(writes.note(Transition::write_if(outcome != DecideOutcome::Unchanged, Some(outcome))))
         })
         .await?;
@@ -265,5 +262,28 @@ impl Lifecycle {
             }
         }
         Ok(run)
+    }
+
+    /// Moves a pending approval's expiry to `by` from now. An approval
+    /// found past its time expires instead (and the run fails): extending
+    /// never revives one.
+    pub async fn extend(
+        &self,
+        read: Run,
+        approval_id: ApprovalId,
+        by: Duration,
+    ) -> Result<Run, ChangeError<DecideRefused>> {
+        let (owner, run_id) = (read.owner.clone(), read.id);
+        let (run, extended) = change_run(self.runs.as_ref(), &owner, run_id, Some(read), |run| {
+            let now = self.clock.now();
+            if run.expire_if_due(approval_id, now, &self.policy) {
+                return Ok(Transition::Write(false));
+            }
+            let changed =
+                run.extend_approval(approval_id, by, now, &self.policy).map_err(DecideRefused::Transition)?;
+            Ok(Transition::write_if(changed == Changed::Yes, true))
+        })
+        .await?;
+        if extended { Ok(run) } else { Err(ChangeError::Refused(DecideRefused::Expired)) }
     }
 }

@@ -32,7 +32,11 @@ pub struct RunView<'a> {
 #[derive(Serialize)]
 pub struct ApprovalView<'a> {
     id: String,
+    kind: &'static str,
     action: &'a str,
+    tool: Option<&'a str>,
+    arguments: Option<&'a serde_json::Value>,
+    arguments_sha256: Option<String>,
     status: &'static str,
     requested_at: String,
     resolved_at: Option<String>,
@@ -40,6 +44,7 @@ pub struct ApprovalView<'a> {
     expires_at: Option<String>,
     /// The key that decided it.
     resolved_by: Option<String>,
+    edited_arguments: Option<&'a serde_json::Value>,
 }
 
 fn rfc3339(at: Option<Timestamp>) -> Option<String> {
@@ -50,13 +55,18 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
     fn from(approval: &'a Approval) -> Self {
         ApprovalView {
             id: approval.id.to_string(),
+            kind: approval.kind().as_str(),
             action: &approval.action,
+            tool: approval.call.as_ref().map(|call| call.tool.as_str()),
+            arguments: approval.call.as_ref().map(|call| &call.arguments),
+            arguments_sha256: approval.arguments_sha256(),
             status: approval.status.as_str(),
             requested_at: approval.requested_at.to_rfc3339(),
             resolved_at: rfc3339(approval.resolved_at),
             comment: approval.comment.as_deref(),
             expires_at: rfc3339(approval.expires_at),
             resolved_by: approval.resolved_by.map(|key| key.to_string()),
+            edited_arguments: approval.edited_arguments.as_ref(),
         }
     }
 }
@@ -102,6 +112,7 @@ pub fn event_data_json(data: &EventData) -> String {
         EventData::ApprovalRequested(approval)
         | EventData::ApprovalDecided(approval)
         | EventData::ApprovalExpiring(approval)
+        | EventData::ApprovalExtended(approval)
         | EventData::ApprovalExpired(approval)
         | EventData::ApprovalCanceled(approval) => approval_in_event(approval),
         EventData::OutputAppended { text } => {
@@ -147,8 +158,13 @@ fn run_in_event(run: &Run) -> serde_json::Result<String> {
     let actions: Vec<EventText> = run.approvals.iter().map(|approval| EventText::new(&approval.action)).collect();
     let truncated = truncated || actions.iter().any(|action| action.truncated);
     let mut view = RunView::from(run);
+    // The approvals' arguments are in their own events; a run's event
+    // names the call by its digest, so that it stays small.
+    let truncated = truncated || run.approvals.iter().any(|approval| approval.call.is_some());
     for (approval, action) in view.pending_approvals.iter_mut().zip(&actions) {
         approval.action = &action.text;
+        approval.arguments = None;
+        approval.edited_arguments = None;
     }
     view.input = &input.text;
     view.output = output.as_ref().map(|text| text.text.as_str());

@@ -11,7 +11,7 @@ use std::time::Duration;
 use agent_runs_shared::agents::AgentRegistry;
 use agent_runs_shared::agents::llm::{LlmRuntime, RetryPolicy};
 use agent_runs_shared::domain::{
-    AgentDefinition, ApprovalStatus, Clock, Decision, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId,
+    AgentDefinition, ApprovalKind, ApprovalStatus, Clock, Decision, DecisionRequest, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId,
     RunStatus, Timestamp, Usage,
 };
 use agent_runs_shared::faults::{Fault, FaultPlan, OnCalls};
@@ -141,7 +141,9 @@ impl Fixture {
     async fn decide(&self, message: &RunMessage, decision: Decision, comment: Option<&str>) {
         let mut run = self.run(message).await;
         let approval = run.approvals.last().unwrap().id;
-        run.decide(approval, decision, comment.map(str::to_owned), None, self.clock.now(), &self.policy).unwrap();
+        let request =
+            DecisionRequest { decision, comment: comment.map(str::to_owned), seen_sha256: None, decided_by: None };
+        run.decide(approval, request, self.clock.now(), &self.policy).unwrap();
         self.store.update(&mut run).await.unwrap();
         assert_eq!(run.status, RunStatus::Queued);
     }
@@ -270,6 +272,45 @@ async fn an_approved_call_waits_then_runs_exactly_once() {
         ]
     );
     assert_eq!(log[8].1["arguments"], json!({"branch": "old"}));
+}
+
+#[tokio::test]
+async fn an_edited_call_runs_once_with_the_edited_arguments_and_the_model_is_told() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_3", "delete_branch", r#"{"branch": "main"}"#), text("Done.")]);
+    let message = fixture.create("Delete a branch").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+
+    let run = fixture.run(&message).await;
+    let approval = &run.approvals[0];
+    assert_eq!(approval.kind(), ApprovalKind::ToolCall);
+    let call = approval.call.as_ref().unwrap();
+    assert_eq!((call.tool.as_str(), &call.arguments), ("delete_branch", &json!({"branch": "main"})));
+    // printf '%s' '{"branch":"main"}' | sha256sum
+    assert_eq!(
+        approval.arguments_sha256().as_deref(),
+        Some("6461b20cebcb7034bd8b13089d21a90cf5ce300bd7d74eb625c7a342cf6ccdac")
+    );
+
+    fixture.decide(&message, Decision::Edit(json!({"branch": "old"})), None).await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.process(&message).await, Outcome::Dropped);
+
+    let calls = fixture.stand_in.tool_calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "old"}));
+    let run = fixture.run(&message).await;
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Approved);
+    assert_eq!(run.approvals[0].edited_arguments, Some(json!({"branch": "old"})));
+    let answer = &messages(&fixture, 1)[3];
+    let content = answer["content"].as_str().unwrap();
+    assert!(content.contains(r#"changed the arguments to {"branch":"old"}"#), "{content}");
+    let log = events(&fixture, &message).await;
+    let completed = log.iter().find(|(kind, _)| kind == "tool.completed").unwrap();
+    assert_eq!(completed.1["arguments"], json!({"branch": "old"}));
+    let decided = log.iter().find(|(kind, _)| kind == "approval.decided").unwrap();
+    assert_eq!(decided.1["edited_arguments"], json!({"branch": "old"}));
+    assert_eq!(decided.1["arguments"], json!({"branch": "main"}));
 }
 
 #[tokio::test]

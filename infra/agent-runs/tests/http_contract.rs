@@ -833,6 +833,11 @@ fn decide_validates_its_body_and_ids(target: Target) {
         (json!({"decision": "approve", "comment": 5}), "comment"),
         (json!({"decision": "approve", "comment": "é".repeat(1_001)}), "comment"),
         (json!({"decision": "approve", "why": "x"}), "why"),
+        (json!({"decision": "edit"}), "arguments"),
+        (json!({"decision": "edit", "arguments": [1]}), "arguments"),
+        (json!({"decision": "approve", "arguments": {}}), "arguments"),
+        (json!({"decision": "edit", "arguments": {}}), "decision"),
+        (json!({"decision": "approve", "arguments_sha256": "xyz"}), "arguments_sha256"),
     ];
     for (body, param) in cases {
         let error = server.post(&key, &path, body.clone()).expect_error(400, "invalid_request").clone();
@@ -846,6 +851,9 @@ fn decide_validates_its_body_and_ids(target: Target) {
         .expect_error(404, "not_found");
     let unknown_run = format!("{RUNS}/{UNKNOWN_RUN}/approvals/{}", run["pending_approvals"][0]["id"].as_str().unwrap());
     server.post(&key, &unknown_run, json!({"decision": "approve"})).expect_error(404, "not_found");
+    // An action has no arguments: a decision bound to some is for another call.
+    let bound = json!({"decision": "approve", "arguments_sha256": "0".repeat(64)});
+    server.post(&key, &path, bound).expect_error(409, "conflict");
     // Still pending after all that; a comment of exactly 1,000 characters is fine.
     let run = server
         .post(&key, &path, json!({"decision": "reject", "comment": "é".repeat(1_000)}))
@@ -961,18 +969,49 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     let waiting = server.wait_for_status(&key, run["id"].as_str().unwrap(), "awaiting_approval");
     let approval = &waiting["pending_approvals"][0];
     assert_eq!(approval["action"], r#"Call the tool `delete_branch` with {"branch":"old"}"#);
+    assert_eq!((&approval["kind"], &approval["tool"]), (&json!("tool_call"), &json!("delete_branch")));
+    assert_eq!(approval["arguments"], json!({"branch": "old"}));
+    // printf '%s' '{"branch":"old"}' | sha256sum
+    let digest = "d5452dfb77be7dc74e9780744bb1e0234297d52fca8d58a22d737eb81caa723b";
+    assert_eq!(approval["arguments_sha256"], digest);
+    assert_eq!(approval["edited_arguments"], Value::Null);
     assert!(model.tool_calls().is_empty());
     let path = format!("{}/approvals/{}", run_path(&run), approval["id"].as_str().unwrap());
     // Another person decides: the key that created the run may not.
     let error = server.post(&key, &path, json!({"decision": "approve"})).expect_error(403, "forbidden").clone();
     assert!(error["message"].as_str().unwrap().contains("another API key"), "{error}");
     let second = server.key("dev");
-    let decided = server.post(&second, &path, json!({"decision": "approve"})).expect_status(200).clone();
+    // An edit is checked against the tool's schema; a stale digest changes nothing.
+    let wrong = json!({"decision": "edit", "arguments": {"branch": 7}, "arguments_sha256": digest});
+    let error = server.post(&second, &path, wrong).expect_error(400, "invalid_request").clone();
+    assert_eq!(error["param"], "arguments");
+    assert!(error["message"].as_str().unwrap().contains("/branch"), "{error}");
+    let stale = json!({"decision": "edit", "arguments": {"branch": "stale"}, "arguments_sha256": "ab".repeat(32)});
+    server.post(&second, &path, stale).expect_error(409, "conflict");
+    let extended = server.post(&second, &format!("{path}/extend"), json!({"seconds": 604_800})).expect_status(200).clone();
+    assert!(
+        extended["pending_approvals"][0]["expires_at"].as_str() > approval["expires_at"].as_str(),
+        "{extended}"
+    );
+    for seconds in [json!(59), json!(604_801), json!("60"), json!(null)] {
+        let reply = server.post(&second, &format!("{path}/extend"), json!({"seconds": seconds}));
+        assert_eq!(reply.expect_error(400, "invalid_request")["param"], "seconds");
+    }
+    let edit = json!({"decision": "edit", "arguments": {"branch": "older"}, "arguments_sha256": digest.to_uppercase()});
+    let decided = server.post(&second, &path, edit.clone()).expect_status(200).clone();
     assert_eq!(decided["pending_approvals"][0]["resolved_by"], key_id_of(&server, &second));
+    assert_eq!(decided["pending_approvals"][0]["status"], "approved");
+    assert_eq!(decided["pending_approvals"][0]["edited_arguments"], json!({"branch": "older"}));
     let done = server.wait_for_status(&key, run["id"].as_str().unwrap(), "succeeded");
     assert_eq!(done["output"], "Deleted old.");
     assert_eq!(done["usage"], json!({"input_tokens": 20, "output_tokens": 10, "total_tokens": 30}));
-    assert_eq!(model.tool_calls().len(), 1);
+    let calls = model.tool_calls();
+    assert_eq!(calls.len(), 1, "the edited call, once");
+    assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "older"}));
+    // The same edit again is a repeat; another decision is not.
+    server.post(&second, &path, edit).expect_status(200);
+    server.post(&second, &path, json!({"decision": "approve"})).expect_error(409, "conflict");
+    server.post(&second, &format!("{path}/extend"), json!({"seconds": 60})).expect_error(409, "conflict");
 
     server.admin(&["agents", "delete", "janitor"]);
     let reply = server.post(&key, RUNS, json!({"agent": "janitor", "input": "again"}));

@@ -274,7 +274,7 @@ fn table_actions(function: &Value) -> BTreeSet<String> {
 #[test]
 fn functions_that_write_runs_may_make_every_call_a_run_write_makes() {
     let template = template();
-    let writers = ["cancel", "decide", "worker", "sweeper", "dead-letter"];
+    let writers = ["cancel", "decide", "extend", "worker", "sweeper", "dead-letter"];
     let needed: BTreeSet<String> =
         ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query"]
             .map(str::to_owned)

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::domain::{Approval, EventData, RunId, Usage};
+use crate::domain::{Approval, ApprovalRequest, EventData, RunId, Usage};
 use crate::lock;
 use crate::store::{AgentStore, StoreError};
 
@@ -60,9 +60,9 @@ pub enum Step {
     /// More to do, and what was done must not be done again: the worker
     /// saves this state before the next step.
     Checkpoint(serde_json::Value),
-    /// Wait for a human decision on each action; resume from the checkpoint.
+    /// Wait for a human decision on each request; resume from the checkpoint.
     AwaitApproval {
-        actions: Vec<String>,
+        requests: Vec<ApprovalRequest>,
         checkpoint: serde_json::Value,
     },
     Succeeded(String),
@@ -155,6 +155,26 @@ impl AgentRegistry {
             Some(defined) => Ok(defined.store.get_agent(name).await?.is_some_and(|agent| agent.separate_approver)),
             None => Ok(false),
         }
+    }
+
+    /// Whether `arguments` a person edited fit the JSON Schema of the
+    /// agent's tool as it is defined now; `Err(why)` says what is wrong.
+    pub async fn check_tool_arguments(
+        &self,
+        agent: &str,
+        tool: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<Result<(), String>, StoreError> {
+        let definition = match &self.defined {
+            Some(defined) if !self.builtin.contains_key(agent) => defined.store.get_agent(agent).await?,
+            _ => None,
+        };
+        let Some(tool) = definition.and_then(|definition| definition.tools.into_iter().find(|t| t.name == tool)) else {
+            return Ok(Err(format!("The agent `{agent}` no longer has the tool `{tool}`; its call cannot be edited.")));
+        };
+        let tool = llm::Tool::new(tool)
+            .map_err(|error| StoreError::Defect(format!("stored agent `{agent}` has an invalid tool schema: {error}")))?;
+        Ok(tool.check_arguments(&arguments.to_string()).map(|_| ()))
     }
 
     /// The agent of that name, ready to execute; `None` when there is none.

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{Agent, Step, StepInput};
-use crate::domain::{ApprovalStatus, EventData};
+use crate::domain::{ApprovalRequest, ApprovalStatus, EventData};
 
 pub const MAX_SLEEP_MS: u64 = 60_000;
 /// A long sleep is taken in slices so a cancel is noticed between them.
@@ -166,7 +166,7 @@ impl Agent for ScriptAgent {
             Command::Approve(action) => {
                 progress.awaiting = Some(step.approvals.len());
                 return Step::AwaitApproval {
-                    actions: vec![action.to_owned()],
+                    requests: vec![ApprovalRequest::action(action)],
                     checkpoint: serde_json::to_value(progress).unwrap_or_default(),
                 };
             }

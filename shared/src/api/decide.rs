@@ -1,28 +1,144 @@
-//! `POST /v1/agent/runs/{run_id}/approvals/{approval_id}`: approve or reject.
+//! `POST /v1/agent/runs/{run_id}/approvals/{approval_id}`: approve, reject
+//! or edit. The parsing and checks here serve the batch too.
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
 use crate::auth::Principal;
-use crate::domain::{ApprovalId, Comment, Decision, TransitionError};
+use crate::domain::{
+    ApprovalId, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES, Run, TransitionError, canonical_json,
+};
 use crate::lifecycle::DecideRefused;
 use crate::store::ChangeError;
 
-fn approval_not_found() -> ApiError {
+pub(super) const DECISION_FIELDS: [&str; 4] = ["decision", "comment", "arguments", "arguments_sha256"];
+
+pub(super) fn approval_not_found() -> ApiError {
     ApiError::NotFound("The run has no approval with that id.".into())
 }
 
-fn parse_decision(value: Option<Value>) -> Result<Decision, ApiError> {
-    match value.as_ref().and_then(Value::as_str) {
-        Some("approve") => Ok(Decision::Approve),
-        Some("reject") => Ok(Decision::Reject),
-        _ if value.is_none() || value == Some(Value::Null) => {
-            Err(ApiError::invalid("decision", "`decision` is required: \"approve\" or \"reject\"."))
+/// A decision as its body states it, before it is checked against the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DecisionBody {
+    decision: Decision,
+    comment: Option<String>,
+    seen_sha256: Option<String>,
+}
+
+impl DecisionBody {
+    /// Reads the decision fields, removing them from `body`.
+    pub(super) fn parse(body: &mut Map<String, Value>) -> Result<DecisionBody, ApiError> {
+        let decision = body.remove("decision");
+        let arguments = body.remove("arguments").filter(|value| !value.is_null());
+        let decision = match (decision.as_ref().and_then(Value::as_str), arguments) {
+            (Some("edit"), Some(Value::Object(fields))) => {
+                let arguments = Value::Object(fields);
+                if canonical_json(&arguments).len() > MAX_APPROVAL_ARGUMENTS_BYTES {
+                    return Err(ApiError::invalid(
+                        "arguments",
+                        format!("`arguments` may be at most {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON."),
+                    ));
+                }
+                Decision::Edit(arguments)
+            }
+            (Some("edit"), Some(_)) => return Err(ApiError::invalid("arguments", "`arguments` must be a JSON object.")),
+            (Some("edit"), None) => {
+                return Err(ApiError::invalid("arguments", "`arguments` is required with \"edit\": the call to make."));
+            }
+            (Some("approve" | "reject"), Some(_)) => {
+                return Err(ApiError::invalid("arguments", "`arguments` goes only with the decision \"edit\"."));
+            }
+            (Some("approve"), None) => Decision::Approve,
+            (Some("reject"), None) => Decision::Reject,
+            _ if decision.is_none() || decision == Some(Value::Null) => {
+                return Err(ApiError::invalid(
+                    "decision",
+                    "`decision` is required: \"approve\", \"reject\" or \"edit\".",
+                ));
+            }
+            _ => return Err(ApiError::invalid("decision", "`decision` must be \"approve\", \"reject\" or \"edit\".")),
+        };
+        let comment = optional_string(body, "comment")?
+            .map(|text| Comment::parse(text).map_err(|error| ApiError::invalid("comment", error.0)))
+            .transpose()?
+            .map(Comment::into_string);
+        let seen_sha256 = optional_string(body, "arguments_sha256")?
+            .map(|digest| {
+                let hex = digest.len() == 64 && digest.bytes().all(|byte| byte.is_ascii_hexdigit());
+                hex.then(|| digest.to_ascii_lowercase()).ok_or_else(|| {
+                    ApiError::invalid("arguments_sha256", "`arguments_sha256` must be 64 hexadecimal characters.")
+                })
+            })
+            .transpose()?;
+        Ok(DecisionBody { decision, comment, seen_sha256 })
+    }
+
+    /// Checks the decision against the run it is for (who may decide it,
+    /// what may be edited) and makes it the lifecycle's request.
+    pub(super) async fn check(
+        self,
+        api: &Api,
+        by: &Principal,
+        run: &Run,
+        approval_id: ApprovalId,
+    ) -> Result<DecisionRequest, ApiError> {
+        if run.created_by == Some(by.key_id) && api.agents.requires_separate_approver(&run.agent).await? {
+            return Err(ApiError::Forbidden(format!(
+                "The agent `{}` wants its runs' approvals decided by another API key than the one that created the run.",
+                run.agent
+            )));
         }
-        _ => Err(ApiError::invalid("decision", "`decision` must be \"approve\" or \"reject\".")),
+        let approval =
+            run.approvals.iter().find(|approval| approval.id == approval_id).ok_or_else(approval_not_found)?;
+        if let Decision::Edit(arguments) = &self.decision {
+            let Some(call) = &approval.call else {
+                return Err(ApiError::invalid(
+                    "decision",
+                    "Only a `tool_call` approval can be edited; this one is an `action`.",
+                ));
+            };
+            if let Err(problem) = api.agents.check_tool_arguments(&run.agent, &call.tool, arguments).await? {
+                return Err(ApiError::invalid("arguments", problem));
+            }
+        }
+        Ok(DecisionRequest {
+            decision: self.decision,
+            comment: self.comment,
+            seen_sha256: self.seen_sha256,
+            decided_by: Some(by.key_id),
+        })
+    }
+}
+
+/// The answer to a decision the lifecycle refused.
+pub(super) fn refused(error: ChangeError<DecideRefused>, decision: &Decision) -> ApiError {
+    match error {
+        ChangeError::Gone => ApiError::run_not_found(),
+        ChangeError::Refused(DecideRefused::Expired) => {
+            ApiError::Conflict("The approval expired before this request arrived; the run has failed.".into())
+        }
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval)) => approval_not_found(),
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::ArgumentsChanged)) => ApiError::Conflict(
+            "`arguments_sha256` is not the approval's: the decision was made for another call. Nothing was changed."
+                .into(),
+        ),
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::NothingToEdit)) => {
+            ApiError::invalid("decision", "Only a `tool_call` approval can be edited; this one is an `action`.")
+        }
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(status))) => {
+            ApiError::Conflict(format!(
+                "The approval is already {}; the decision \"{}\" differs from the one recorded.",
+                status.as_str(),
+                decision.name()
+            ))
+        }
+        ChangeError::Refused(DecideRefused::Transition(other)) => {
+            ApiError::Conflict(format!("The approval cannot be decided: {other}."))
+        }
+        ChangeError::Store(error) => error.into(),
     }
 }
 
@@ -36,39 +152,14 @@ pub(super) async fn handle(
     let run_id = parse_run_id(run_id)?;
     let approval_id: ApprovalId = approval_id.parse().map_err(|_| approval_not_found())?;
     let mut body = json_object(request.headers(), request.body(), false)?;
-    reject_unknown_fields(&body, &["decision", "comment"])?;
-    let decision = parse_decision(body.remove("decision"))?;
-    let comment = optional_string(&mut body, "comment")?
-        .map(|text| Comment::parse(text).map_err(|error| ApiError::invalid("comment", error.0)))
-        .transpose()?
-        .map(Comment::into_string);
+    reject_unknown_fields(&body, &DECISION_FIELDS)?;
+    let decision = DecisionBody::parse(&mut body)?;
 
     let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
-    if run.created_by == Some(by.key_id) && api.agents.requires_separate_approver(&run.agent).await? {
-        return Err(ApiError::Forbidden(format!(
-            "The agent `{}` wants its runs' approvals decided by another API key than the one that created the run.",
-            run.agent
-        )));
-    }
-    match api.lifecycle.decide(run, approval_id, decision, comment, by.key_id).await {
+    let request = decision.check(api, by, &run, approval_id).await?;
+    let name = request.decision.clone();
+    match api.lifecycle.decide(run, approval_id, request).await {
         Ok(run) => Ok(run_response(StatusCode::OK, &run)),
-        Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
-        Err(ChangeError::Refused(DecideRefused::Expired)) => {
-            Err(ApiError::Conflict("The approval expired before this decision arrived; the run has failed.".into()))
-        }
-        Err(ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval))) => {
-            Err(approval_not_found())
-        }
-        Err(ChangeError::Refused(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(status)))) => {
-            Err(ApiError::Conflict(format!(
-                "The approval is already {}; it can no longer be {}.",
-                status.as_str(),
-                if decision == Decision::Approve { "approved" } else { "rejected" }
-            )))
-        }
-        Err(ChangeError::Refused(DecideRefused::Transition(other))) => {
-            Err(ApiError::Conflict(format!("The approval cannot be decided: {other}.")))
-        }
-        Err(ChangeError::Store(error)) => Err(error.into()),
+        Err(error) => Err(refused(error, &name)),
     }
 }

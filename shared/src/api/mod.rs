@@ -10,6 +10,7 @@ mod create;
 mod decide;
 mod error;
 mod events;
+mod extend;
 mod get;
 mod list;
 pub mod openapi;
@@ -199,6 +200,9 @@ impl Api {
             Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
             Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
             Operation::Decide => decide::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
+            Operation::Extend => {
+                extend::handle(self, owner, run_id, params.get("approval_id"), &request).await
+            }
             Operation::Events => events::handle(&self.runs, owner, run_id, &request).await,
         }
     }

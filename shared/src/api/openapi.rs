@@ -11,7 +11,7 @@ use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
 use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
 use crate::domain::{
-    ApprovalStatus, EVENT_TYPES, MAX_COMMENT_CHARS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS,
+    ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS,
     MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS, RunStatus,
 };
 
@@ -100,6 +100,25 @@ fn operation(id: &str, summary: &str, parameters: Value, body: Option<Value>, mu
         operation["requestBody"] = body;
     }
     operation
+}
+
+/// A decision's body; `extra` adds the properties a batch element has.
+fn decision_schema(extra: Value) -> Value {
+    let mut schema = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["decision"],
+        "properties": {
+            "decision": {"type": "string", "enum": ["approve", "reject", "edit"], "description": "edit: approve with `arguments` in place of the proposed ones (tool_call approvals only; checked against the tool's JSON Schema)."},
+            "comment": {"type": ["string", "null"], "maxLength": MAX_COMMENT_CHARS, "description": "A reject's comment reaches the model as the reason."},
+            "arguments": {"type": ["object", "null"], "description": format!("With edit only: the arguments to call the tool with, at most {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON.")},
+            "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-fA-F]{64}$", "description": "The approval's arguments_sha256 as the person saw it; another value is 409 and nothing changes."}
+        }
+    });
+    for (name, property) in extra.as_object().into_iter().flatten() {
+        schema["properties"][name] = property.clone();
+    }
+    schema
 }
 
 /// The document, with `agents` as the values `agent` may take.
@@ -213,16 +232,33 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 Some(
                     json!({"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CancelRun"}}}}),
                 ),
-                json!({"200": run_response("The run, canceled.", json!({})), "404": not_found, "409": conflict.clone()}),
+                json!({"200": run_response("The run, canceled.", json!({})), "404": not_found.clone(), "409": conflict}),
             ),
             Operation::Decide => operation(
                 route.operation_id,
-                "Approve or reject an approval",
+                "Approve, edit or reject an approval",
                 json!([run_id, approval_id]),
                 Some(
                     json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Decision"}}}}),
                 ),
-                json!({"200": run_response("The run as it is now.", json!({})), "404": not_found.clone(), "409": conflict}),
+                json!({
+                    "200": run_response("The run as it is now.", json!({})),
+                    "404": not_found.clone(),
+                    "409": error_response("The approval was decided otherwise, has expired, or arguments_sha256 is not its digest; nothing changed.", &[])
+                }),
+            ),
+            Operation::Extend => operation(
+                route.operation_id,
+                "Give a pending approval more time",
+                json!([run_id, approval_id]),
+                Some(
+                    json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Extension"}}}}),
+                ),
+                json!({
+                    "200": run_response("The run, with the approval's new expires_at (never earlier than it was).", json!({})),
+                    "404": not_found.clone(),
+                    "409": error_response("The approval is not pending (an expired one never runs).", &[])
+                }),
             ),
             Operation::Events => operation(
                 route.operation_id,
@@ -313,10 +349,15 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "Approval": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "action", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by"],
+                    "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments"],
                     "properties": {
                         "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
-                        "action": {"type": "string"},
+                        "kind": {"type": "string", "enum": [ApprovalKind::Action.as_str(), ApprovalKind::ToolCall.as_str()], "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly."},
+                        "action": {"type": "string", "description": "In plain words, what approving does."},
+                        "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
+                        "arguments": {"type": ["object", "null"], "description": "The arguments the model proposed."},
+                        "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` as JSON with object keys sorted and no whitespace; send it with a decision to bind the decision to this exact call."},
+                        "edited_arguments": {"type": ["object", "null"], "description": "The arguments a person approved instead (decision edit); the tool is called with these."},
                         "status": {"type": "string", "enum": approval_statuses},
                         "requested_at": timestamp(false),
                         "resolved_at": timestamp(true),
@@ -373,13 +414,13 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     }
                 },
                 "CancelRun": {"type": "object", "additionalProperties": false, "maxProperties": 0},
-                "Decision": {
+                "Decision": decision_schema(json!({})),
+                "Extension": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["decision"],
+                    "required": ["seconds"],
                     "properties": {
-                        "decision": {"type": "string", "enum": ["approve", "reject"]},
-                        "comment": {"type": ["string", "null"], "maxLength": MAX_COMMENT_CHARS}
+                        "seconds": {"type": "integer", "minimum": 60, "maximum": 604_800, "description": "expires_at becomes now plus this (never earlier than it was)."}
                     }
                 },
                 "Error": {
@@ -448,6 +489,7 @@ mod tests {
         run.approvals.push(Approval {
             id: ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_124, 2)),
             action: "a".into(),
+            call: None,
             status: ApprovalStatus::Pending,
             requested_at: Timestamp::from_millis(1_795_303_478_124),
             resolved_at: None,
@@ -455,6 +497,7 @@ mod tests {
             expires_at: None,
             expiry_warned: false,
             resolved_by: None,
+            edited_arguments: None,
         });
         let view = serde_json::to_value(RunView::from(&run)).unwrap();
         let schemas = &builtin()["components"]["schemas"];

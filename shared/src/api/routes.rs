@@ -18,6 +18,7 @@ pub enum Operation {
     Get,
     Cancel,
     Decide,
+    Extend,
     Events,
 }
 
@@ -36,7 +37,7 @@ pub struct Route {
     pub scope: Scope,
 }
 
-pub const ROUTES: [Route; 6] = [
+pub const ROUTES: [Route; 7] = [
     Route {
         operation: Operation::Create,
         method: Method::POST,
@@ -75,6 +76,14 @@ pub const ROUTES: [Route; 6] = [
         path: "/v1/agent/runs/{run_id}/approvals/{approval_id}",
         operation_id: "decideApproval",
         function: "decide",
+        scope: Scope::ApprovalsDecide,
+    },
+    Route {
+        operation: Operation::Extend,
+        method: Method::POST,
+        path: "/v1/agent/runs/{run_id}/approvals/{approval_id}/extend",
+        operation_id: "extendApproval",
+        function: "extend",
         scope: Scope::ApprovalsDecide,
     },
     Route {

@@ -27,7 +27,7 @@ impl EventText {
 }
 
 /// Every event type a run's log can hold.
-pub const EVENT_TYPES: [&str; 16] = [
+pub const EVENT_TYPES: [&str; 17] = [
     "run.created",
     "run.started",
     "run.awaiting_approval",
@@ -39,6 +39,7 @@ pub const EVENT_TYPES: [&str; 16] = [
     "approval.requested",
     "approval.decided",
     "approval.expiring",
+    "approval.extended",
     "approval.expired",
     "approval.canceled",
     "output.appended",
@@ -65,6 +66,8 @@ pub enum EventData {
     ApprovalRequested(Approval),
     ApprovalDecided(Approval),
     ApprovalExpiring(Approval),
+    /// A person moved its expiry later.
+    ApprovalExtended(Approval),
     ApprovalExpired(Approval),
     ApprovalCanceled(Approval),
     OutputAppended {
@@ -103,6 +106,7 @@ impl EventData {
             EventData::ApprovalRequested(_) => "approval.requested",
             EventData::ApprovalDecided(_) => "approval.decided",
             EventData::ApprovalExpiring(_) => "approval.expiring",
+            EventData::ApprovalExtended(_) => "approval.extended",
             EventData::ApprovalExpired(_) => "approval.expired",
             EventData::ApprovalCanceled(_) => "approval.canceled",
             EventData::OutputAppended { .. } => "output.appended",
@@ -149,6 +153,7 @@ mod tests {
         let approval = Approval {
             id: ApprovalId::from_ulid(ulid::Ulid::nil()),
             action: String::new(),
+            call: None,
             status: super::super::ApprovalStatus::Pending,
             requested_at: Timestamp::from_millis(0),
             resolved_at: None,
@@ -156,6 +161,7 @@ mod tests {
             expires_at: None,
             expiry_warned: false,
             resolved_by: None,
+            edited_arguments: None,
         };
         let text = EventText::new("");
         let run = || {
@@ -181,6 +187,7 @@ mod tests {
             EventData::ApprovalRequested(approval.clone()),
             EventData::ApprovalDecided(approval.clone()),
             EventData::ApprovalExpiring(approval.clone()),
+            EventData::ApprovalExtended(approval.clone()),
             EventData::ApprovalExpired(approval.clone()),
             EventData::ApprovalCanceled(approval),
             EventData::OutputAppended { text: text.clone() },

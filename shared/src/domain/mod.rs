@@ -2,6 +2,7 @@
 //! Knows nothing of HTTP, AWS or SQLite.
 
 mod agent;
+mod approval;
 mod cursor;
 mod event;
 mod fields;
@@ -14,6 +15,7 @@ mod time;
 mod run_tests;
 
 pub use agent::*;
+pub use approval::*;
 pub use cursor::{Cursor, CursorError};
 pub use event::*;
 pub use fields::*;

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{ApprovalId, Event, EventData, KeyId, NewEvent, Owner, RunId, Timestamp};
+use super::{
+    Approval, ApprovalId, ApprovalRequest, ApprovalStatus, DecisionRequest, Event, EventData, KeyId, NewEvent, Owner,
+    RunId, Timestamp,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RunStatus {
@@ -49,72 +52,6 @@ impl RunStatus {
     pub fn is_terminal(self) -> bool {
         matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled)
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ApprovalStatus {
-    Pending,
-    Approved,
-    Rejected,
-    Canceled,
-    Expired,
-}
-
-impl ApprovalStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalStatus::Pending => "pending",
-            ApprovalStatus::Approved => "approved",
-            ApprovalStatus::Rejected => "rejected",
-            ApprovalStatus::Canceled => "canceled",
-            ApprovalStatus::Expired => "expired",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<ApprovalStatus> {
-        [
-            ApprovalStatus::Pending,
-            ApprovalStatus::Approved,
-            ApprovalStatus::Rejected,
-            ApprovalStatus::Canceled,
-            ApprovalStatus::Expired,
-        ]
-        .into_iter()
-        .find(|status| status.as_str() == text)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
-    Approve,
-    Reject,
-}
-
-impl Decision {
-    fn resulting_status(self) -> ApprovalStatus {
-        match self {
-            Decision::Approve => ApprovalStatus::Approved,
-            Decision::Reject => ApprovalStatus::Rejected,
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Approval {
-    pub id: ApprovalId,
-    pub action: String,
-    pub status: ApprovalStatus,
-    pub requested_at: Timestamp,
-    pub resolved_at: Option<Timestamp>,
-    pub comment: Option<String>,
-    /// When a pending approval expires; `None` for records from before
-    /// approvals expired.
-    pub expires_at: Option<Timestamp>,
-    /// Whether `approval.expiring` was recorded for it.
-    pub expiry_warned: bool,
-    /// The key that decided it; `None` while pending, and for a cancel or
-    /// an expiry.
-    pub resolved_by: Option<KeyId>,
 }
 
 /// A worker's claim on a running run. Another claim may take the run over
@@ -233,6 +170,12 @@ pub enum TransitionError {
     ApprovalAlreadyResolved(ApprovalStatus),
     #[error("the worker does not hold the run's lease")]
     LeaseLost,
+    /// The decision was made for other arguments than the approval's.
+    #[error("the arguments_sha256 sent is not the approval's")]
+    ArgumentsChanged,
+    /// Only a tool call's arguments can be edited.
+    #[error("the approval has no arguments to edit")]
+    NothingToEdit,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -495,9 +438,7 @@ impl Run {
     pub fn decide(
         &mut self,
         approval_id: ApprovalId,
-        decision: Decision,
-        comment: Option<String>,
-        decided_by: Option<KeyId>,
+        request: DecisionRequest,
         now: Timestamp,
         policy: &ExecutionPolicy,
     ) -> Result<DecideOutcome, TransitionError> {
@@ -506,20 +447,31 @@ impl Run {
             .iter_mut()
             .find(|approval| approval.id == approval_id)
             .ok_or(TransitionError::NoSuchApproval)?;
+        if request.seen_sha256.is_some() && request.seen_sha256 != approval.arguments_sha256() {
+            return Err(TransitionError::ArgumentsChanged);
+        }
+        if approval.call.is_none() && request.decision.edited_arguments().is_some() {
+            return Err(TransitionError::NothingToEdit);
+        }
+        let status = request.decision.resulting_status();
+        let edited_arguments = request.decision.edited_arguments().cloned();
         match approval.status {
             ApprovalStatus::Pending => {}
-            status if status == decision.resulting_status() => return Ok(DecideOutcome::Unchanged),
-            status => return Err(TransitionError::ApprovalAlreadyResolved(status)),
+            decided if decided == status && approval.edited_arguments == edited_arguments => {
+                return Ok(DecideOutcome::Unchanged);
+            }
+            decided => return Err(TransitionError::ApprovalAlreadyResolved(decided)),
         }
         if self.status != RunStatus::AwaitingApproval {
             // Pending approvals exist only while awaiting; anything else is a
             // corrupted record, refused rather than made worse.
             return Err(TransitionError::InvalidState(self.status));
         }
-        approval.status = decision.resulting_status();
+        approval.status = status;
         approval.resolved_at = Some(now.max(approval.requested_at));
-        approval.comment = comment;
-        approval.resolved_by = decided_by;
+        approval.comment = request.comment;
+        approval.resolved_by = request.decided_by;
+        approval.edited_arguments = edited_arguments;
         let decided = approval.clone();
         self.record(now, EventData::ApprovalDecided(decided));
         if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {
@@ -528,6 +480,39 @@ impl Run {
         self.requeue(now, policy);
         self.record(now, EventData::RunResumed);
         Ok(DecideOutcome::Requeued)
+    }
+
+    /// Moves a pending approval's expiry to `now + by`, never earlier than
+    /// it was; the warning before it is due again. An approval whose time
+    /// is already up is not extended: the caller expires it first.
+    pub fn extend_approval(
+        &mut self,
+        approval_id: ApprovalId,
+        by: Duration,
+        now: Timestamp,
+        policy: &ExecutionPolicy,
+    ) -> Result<Changed, TransitionError> {
+        let approval = self
+            .approvals
+            .iter_mut()
+            .find(|approval| approval.id == approval_id)
+            .ok_or(TransitionError::NoSuchApproval)?;
+        if approval.status != ApprovalStatus::Pending {
+            return Err(TransitionError::ApprovalAlreadyResolved(approval.status));
+        }
+        if self.status != RunStatus::AwaitingApproval {
+            return Err(TransitionError::InvalidState(self.status));
+        }
+        let extended = now.plus(by);
+        if approval.expires_at.is_some_and(|at| at >= extended) {
+            return Ok(Changed::No);
+        }
+        approval.expires_at = Some(extended);
+        approval.expiry_warned = false;
+        let approval = approval.clone();
+        self.record(now, EventData::ApprovalExtended(approval));
+        self.due_at = self.next_approval_due(policy);
+        Ok(Changed::Yes)
     }
 
     /// A worker takes the run: `queued`, or `running` with an expired lease.
@@ -616,7 +601,7 @@ impl Run {
     pub fn park(
         &mut self,
         worker: &str,
-        requests: Vec<(ApprovalId, String)>,
+        requests: Vec<(ApprovalId, ApprovalRequest)>,
         checkpoint: serde_json::Value,
         now: Timestamp,
         policy: &ExecutionPolicy,
@@ -625,10 +610,11 @@ impl Run {
         let requested_at = now.max(self.created_at);
         let expires_at = requested_at.plus(policy.approval_timeout);
         let mut approval_ids = Vec::with_capacity(requests.len());
-        for (id, action) in requests {
+        for (id, request) in requests {
             let approval = Approval {
                 id,
-                action,
+                action: request.action,
+                call: request.call,
                 status: ApprovalStatus::Pending,
                 requested_at,
                 resolved_at: None,
@@ -636,6 +622,7 @@ impl Run {
                 expires_at: Some(expires_at),
                 expiry_warned: false,
                 resolved_by: None,
+                edited_arguments: None,
             };
             approval_ids.push(id);
             self.record(now, EventData::ApprovalRequested(approval.clone()));

@@ -2,6 +2,7 @@
 //! refused one.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use ulid::Ulid;
 
@@ -26,6 +27,10 @@ fn approval_id(n: u128) -> ApprovalId {
     ApprovalId::from_ulid(Ulid::from_parts(T0 as u64, n))
 }
 
+fn ask(decision: Decision, comment: Option<String>) -> DecisionRequest {
+    DecisionRequest { decision, comment, seen_sha256: None, decided_by: None }
+}
+
 fn queued() -> Run {
     let id = RunId::from_ulid(Ulid::from_parts(T0 as u64, 1));
     Run::new(id, Owner::parse("acme").unwrap(), "script".into(), "say hi".into(), BTreeMap::new(), &policy())
@@ -39,7 +44,7 @@ fn running() -> Run {
 
 fn awaiting(actions: usize) -> Run {
     let mut run = running();
-    let requests = (0..actions).map(|n| (approval_id(n as u128 + 1), format!("action {n}"))).collect();
+    let requests = (0..actions).map(|n| (approval_id(n as u128 + 1), ApprovalRequest::action(format!("action {n}")))).collect();
     run.park("w1", requests, serde_json::json!({"next": 1}), at(20), &policy()).unwrap();
     run
 }
@@ -225,7 +230,7 @@ fn cancel_from_each_state() {
 #[test]
 fn cancel_cancels_pending_approvals_but_keeps_decided_ones() {
     let mut run = awaiting(2);
-    run.decide(approval_id(1), Decision::Approve, None, None, at(30), &policy()).unwrap();
+    run.decide(approval_id(1), ask(Decision::Approve, None), at(30), &policy()).unwrap();
     run.cancel(at(40)).unwrap();
     assert_eq!(run.approvals[0].status, ApprovalStatus::Approved);
     assert_eq!(run.approvals[0].resolved_at, Some(at(30)));
@@ -237,13 +242,13 @@ fn cancel_cancels_pending_approvals_but_keeps_decided_ones() {
 fn deciding_the_last_pending_approval_requeues_the_run() {
     let mut run = awaiting(2);
     assert_eq!(
-        run.decide(approval_id(1), Decision::Approve, Some("ok".into()), None, at(30), &policy()),
+        run.decide(approval_id(1), ask(Decision::Approve, Some("ok".into())), at(30), &policy()),
         Ok(DecideOutcome::Recorded)
     );
     assert_eq!(run.status, RunStatus::AwaitingApproval);
     assert_eq!(run.approvals[0].comment.as_deref(), Some("ok"));
     assert_eq!(
-        run.decide(approval_id(2), Decision::Reject, None, None, at(31), &policy()),
+        run.decide(approval_id(2), ask(Decision::Reject, None), at(31), &policy()),
         Ok(DecideOutcome::Requeued)
     );
     assert_eq!(run.status, RunStatus::Queued);
@@ -255,19 +260,19 @@ fn deciding_the_last_pending_approval_requeues_the_run() {
 #[test]
 fn repeating_a_decision_is_unchanged_whatever_the_run_state() {
     let mut run = awaiting(1);
-    run.decide(approval_id(1), Decision::Approve, Some("first".into()), None, at(30), &policy()).unwrap();
+    run.decide(approval_id(1), ask(Decision::Approve, Some("first".into())), at(30), &policy()).unwrap();
     let mut done = run.clone();
     assert!(done.claim("w2", at(40), &policy()).is_ok());
     done.succeed("w2", "x".into(), at(50)).unwrap();
     for mut state in [run, done] {
         let before = state.clone();
         assert_eq!(
-            state.decide(approval_id(1), Decision::Approve, Some("again".into()), None, at(60), &policy()),
+            state.decide(approval_id(1), ask(Decision::Approve, Some("again".into())), at(60), &policy()),
             Ok(DecideOutcome::Unchanged)
         );
         assert_eq!(state, before);
         assert_eq!(
-            state.decide(approval_id(1), Decision::Reject, None, None, at(60), &policy()),
+            state.decide(approval_id(1), ask(Decision::Reject, None), at(60), &policy()),
             Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved))
         );
     }
@@ -279,12 +284,12 @@ fn canceled_approvals_refuse_any_decision_and_unknown_ones_are_not_found() {
     run.cancel(at(30)).unwrap();
     for decision in [Decision::Approve, Decision::Reject] {
         assert_eq!(
-            run.decide(approval_id(1), decision, None, None, at(40), &policy()),
+            run.decide(approval_id(1), ask(decision, None), at(40), &policy()),
             Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Canceled))
         );
     }
     assert_eq!(
-        run.decide(approval_id(99), Decision::Approve, None, None, at(40), &policy()),
+        run.decide(approval_id(99), ask(Decision::Approve, None), at(40), &policy()),
         Err(TransitionError::NoSuchApproval)
     );
 }
@@ -347,7 +352,7 @@ fn parked_approvals_carry_their_deadline_and_the_sweeper_expires_them() {
     run.take_events();
     assert_eq!(run.sweep(warning, &policy()), SweepAction::Nothing, "warned once");
 
-    run.decide(approval_id(1), Decision::Approve, None, None, at(30), &policy()).unwrap();
+    run.decide(approval_id(1), ask(Decision::Approve, None), at(30), &policy()).unwrap();
     run.take_events();
     assert_eq!(run.sweep(deadline, &policy()), SweepAction::Failed);
     assert_eq!(run.status, RunStatus::Failed);
@@ -359,7 +364,7 @@ fn parked_approvals_carry_their_deadline_and_the_sweeper_expires_them() {
     assert_eq!(kinds(&run), ["approval.expired", "run.failed"]);
     // An expired approval cannot be decided any more.
     assert_eq!(
-        run.decide(approval_id(2), Decision::Approve, None, None, deadline, &policy()),
+        run.decide(approval_id(2), ask(Decision::Approve, None), deadline, &policy()),
         Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Expired))
     );
 }
@@ -372,7 +377,7 @@ fn time_awaiting_approval_does_not_count_against_the_execution_limit() {
     run.park("w1", vec![(approval_id(1), "a".into())], serde_json::Value::Null, at(1_000), &policy()).unwrap();
     assert_eq!(run.execution_time(at(999_999_999)), std::time::Duration::from_secs(1), "the clock stops while parked");
     let days_later = at(1_000).plus(policy().approval_timeout).plus(std::time::Duration::from_secs(1));
-    run.decide(approval_id(1), Decision::Approve, None, None, at(2_000), &policy()).unwrap();
+    run.decide(approval_id(1), ask(Decision::Approve, None), at(2_000), &policy()).unwrap();
     assert_eq!(run.claim("w2", days_later, &policy()), Ok(ClaimOutcome::Claimed));
     assert_eq!(run.execution_time(days_later.plus(limit / 2)), std::time::Duration::from_secs(1) + limit / 2);
 }
@@ -479,15 +484,15 @@ fn every_change_records_its_events_and_a_repeat_records_none() {
         matches!(&parked[2].data, EventData::RunAwaitingApproval { approval_ids } if approval_ids == &[approval_id(1), approval_id(2)])
     );
 
-    run.decide(approval_id(1), Decision::Approve, Some("ok".into()), None, at(30), &policy()).unwrap();
+    run.decide(approval_id(1), ask(Decision::Approve, Some("ok".into())), at(30), &policy()).unwrap();
     assert_eq!(kinds(&run), ["approval.decided"]);
     run.take_events();
     assert_eq!(
-        run.decide(approval_id(1), Decision::Approve, None, None, at(31), &policy()),
+        run.decide(approval_id(1), ask(Decision::Approve, None), at(31), &policy()),
         Ok(DecideOutcome::Unchanged)
     );
     assert!(kinds(&run).is_empty(), "a repeated decision records nothing");
-    run.decide(approval_id(2), Decision::Reject, None, None, at(32), &policy()).unwrap();
+    run.decide(approval_id(2), ask(Decision::Reject, None), at(32), &policy()).unwrap();
     assert_eq!(kinds(&run), ["approval.decided", "run.resumed"]);
     run.take_events();
 
@@ -526,4 +531,107 @@ fn a_claim_that_would_fill_the_log_fails_the_run_instead() {
     assert!(run.error.as_deref().unwrap().contains("limit of 3 events"), "{:?}", run.error);
     // A hand-back took the last place: the end is recorded one past it.
     assert_eq!((kinds(&run).last(), run.events_logged()), (Some(&"run.failed"), 4));
+}
+
+fn awaiting_tool_call() -> Run {
+    let mut run = running();
+    let request = ApprovalRequest {
+        action: "Call the tool `deploy`".into(),
+        call: Some(ProposedCall { tool: "deploy".into(), arguments: serde_json::json!({"env": "prod", "version": 7}) }),
+    };
+    run.park("w1", vec![(approval_id(1), request)], serde_json::json!({}), at(20), &policy()).unwrap();
+    run
+}
+
+fn edit(arguments: serde_json::Value) -> DecisionRequest {
+    ask(Decision::Edit(arguments), None)
+}
+
+#[test]
+fn a_decision_for_other_arguments_changes_nothing() {
+    let mut run = awaiting_tool_call();
+    let digest = run.approvals[0].arguments_sha256().unwrap();
+    let before = run.clone();
+    let stale = DecisionRequest { seen_sha256: Some("0".repeat(64)), ..ask(Decision::Approve, None) };
+    assert_eq!(run.decide(approval_id(1), stale, at(30), &policy()), Err(TransitionError::ArgumentsChanged));
+    assert_eq!(run, before);
+    let bound = DecisionRequest { seen_sha256: Some(digest), ..ask(Decision::Approve, None) };
+    assert_eq!(run.decide(approval_id(1), bound, at(30), &policy()), Ok(DecideOutcome::Requeued));
+}
+
+#[test]
+fn an_edit_approves_with_the_new_arguments_and_repeats_only_as_itself() {
+    let mut run = awaiting_tool_call();
+    let edited = serde_json::json!({"env": "staging", "version": 7});
+    assert_eq!(run.decide(approval_id(1), edit(edited.clone()), at(30), &policy()), Ok(DecideOutcome::Requeued));
+    let approval = &run.approvals[0];
+    assert_eq!((approval.status, approval.edited_arguments.as_ref()), (ApprovalStatus::Approved, Some(&edited)));
+    assert_eq!(approval.arguments_to_use(), Some(&edited));
+    assert_eq!(approval.call.as_ref().unwrap().arguments["env"], "prod", "what was proposed stays on record");
+    assert_eq!(run.decide(approval_id(1), edit(edited), at(31), &policy()), Ok(DecideOutcome::Unchanged));
+    for other in [edit(serde_json::json!({"env": "dev"})), ask(Decision::Approve, None)] {
+        assert_eq!(
+            run.decide(approval_id(1), other, at(32), &policy()),
+            Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved))
+        );
+    }
+}
+
+#[test]
+fn an_action_has_no_arguments_to_edit_or_bind_to() {
+    let mut run = awaiting(1);
+    assert_eq!(run.approvals[0].kind(), ApprovalKind::Action);
+    assert_eq!(run.approvals[0].arguments_sha256(), None);
+    assert_eq!(
+        run.decide(approval_id(1), edit(serde_json::json!({})), at(30), &policy()),
+        Err(TransitionError::NothingToEdit)
+    );
+    let bound = DecisionRequest { seen_sha256: Some("0".repeat(64)), ..ask(Decision::Approve, None) };
+    assert_eq!(run.decide(approval_id(1), bound, at(30), &policy()), Err(TransitionError::ArgumentsChanged));
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Pending);
+}
+
+#[test]
+fn extending_moves_expiry_later_only_and_warns_again() {
+    let mut run = awaiting(1);
+    let expires_at = run.approvals[0].expires_at.unwrap();
+    let warn_at = run.due_at.unwrap();
+    assert_eq!(run.sweep(warn_at, &policy()), SweepAction::Warned);
+    assert!(run.approvals[0].expiry_warned);
+    run.take_events();
+
+    let day = Duration::from_secs(24 * 60 * 60);
+    assert_eq!(run.extend_approval(approval_id(1), Duration::from_secs(60), warn_at, &policy()), Ok(Changed::No));
+    assert_eq!(run.approvals[0].expires_at, Some(expires_at), "never earlier than it was");
+
+    let now = warn_at.plus(Duration::from_secs(1));
+    assert_eq!(run.extend_approval(approval_id(1), day, now, &policy()), Ok(Changed::Yes));
+    assert_eq!(run.approvals[0].expires_at, Some(now.plus(day)));
+    assert!(!run.approvals[0].expiry_warned);
+    let warning = policy().approval_warning.as_millis() as i64;
+    assert_eq!(run.due_at, Some(Timestamp::from_millis(now.plus(day).millis() - warning)));
+    assert_eq!(kinds(&run), ["approval.extended"]);
+    assert_eq!(
+        run.extend_approval(approval_id(2), day, now, &policy()),
+        Err(TransitionError::NoSuchApproval)
+    );
+    run.decide(approval_id(1), ask(Decision::Approve, None), now, &policy()).unwrap();
+    assert_eq!(
+        run.extend_approval(approval_id(1), day, now, &policy()),
+        Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved))
+    );
+}
+
+#[test]
+fn an_approval_past_its_time_expires_at_the_boundary_and_is_never_decided() {
+    let mut run = awaiting(1);
+    let expires_at = run.approvals[0].expires_at.unwrap();
+    let just_before = Timestamp::from_millis(expires_at.millis() - 1);
+    assert!(!run.clone().expire_if_due(approval_id(1), just_before, &policy()));
+    assert!(run.expire_if_due(approval_id(1), expires_at, &policy()));
+    assert_eq!((run.status, run.approvals[0].status), (RunStatus::Failed, ApprovalStatus::Expired));
+    assert_eq!(
+        run.decide(approval_id(1), ask(Decision::Approve, None), expires_at, &policy()),
+        Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Expired))
+    );
 }

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use crate::domain::{Approval, ApprovalStatus, Lease, Owner, Run, RunStatus, Timestamp, Usage};
+use crate::domain::{
+    Approval, ApprovalStatus, Lease, Owner, ProposedCall, Run, RunStatus, Timestamp, Usage, canonical_json,
+};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) struct StoredRun {
@@ -66,6 +68,14 @@ struct StoredApproval {
     expiry_warned: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     resolved_by: Option<String>,
+    /// A tool call's tool, and its arguments as canonical JSON text (kept
+    /// as text so that no store's number format can change the digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    arguments: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    edited_arguments: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -108,6 +118,9 @@ impl From<&Run> for StoredRun {
                     expires_at: approval.expires_at.map(millis),
                     expiry_warned: approval.expiry_warned,
                     resolved_by: approval.resolved_by.map(|key| key.to_string()),
+                    tool: approval.call.as_ref().map(|call| call.tool.clone()),
+                    arguments: approval.call.as_ref().map(|call| canonical_json(&call.arguments)),
+                    edited_arguments: approval.edited_arguments.as_ref().map(canonical_json),
                 })
                 .collect(),
             created_by: run.created_by.map(|key| key.to_string()),
@@ -152,9 +165,19 @@ impl TryFrom<StoredRun> for Run {
             .approvals
             .into_iter()
             .map(|approval| {
+                let json = |text: String| {
+                    serde_json::from_str::<serde_json::Value>(&text).map_err(|_| malformed("approval arguments"))
+                };
+                let call = match (approval.tool, approval.arguments) {
+                    (Some(tool), Some(arguments)) => Some(ProposedCall { tool, arguments: json(arguments)? }),
+                    (None, None) => None,
+                    _ => return Err(malformed("approval call")),
+                };
                 Ok(Approval {
                     id: approval.id.parse().map_err(|_| malformed("approval id"))?,
                     action: approval.action,
+                    call,
+                    edited_arguments: approval.edited_arguments.map(json).transpose()?,
                     status: ApprovalStatus::parse(&approval.status).ok_or_else(|| malformed("approval status"))?,
                     requested_at: Timestamp::from_millis(approval.requested_at),
                     resolved_at: at(approval.resolved_at),

@@ -15,7 +15,8 @@ use tracing::Instrument;
 
 use crate::agents::{AgentRegistry, MustFinish, Step, StepInput};
 use crate::domain::{
-    ApprovalId, ClaimOutcome, Clock, EventData, ExecutionPolicy, IdGenerator, Run, Timestamp, TransitionError,
+    ApprovalId, ApprovalRequest, ClaimOutcome, Clock, EventData, ExecutionPolicy, IdGenerator, Run, Timestamp,
+    TransitionError,
 };
 use crate::queue::RunMessage;
 use crate::store::{ChangeError, RunStore, StoreError, Transition, change_run, change_run_if};
@@ -298,17 +299,17 @@ impl Worker {
                 Step::Failed(error) => {
                     return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
                 }
-                Step::AwaitApproval { actions, .. } if actions.len() > MAX_APPROVALS_PER_STEP => {
+                Step::AwaitApproval { requests, .. } if requests.len() > MAX_APPROVALS_PER_STEP => {
                     let error = format!(
                         "The agent asked for {} approvals at once; at most {MAX_APPROVALS_PER_STEP} can wait together.",
-                        actions.len()
+                        requests.len()
                     );
                     return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
                 }
-                Step::AwaitApproval { actions, checkpoint } => {
-                    let requests: Vec<(ApprovalId, String)> = actions
+                Step::AwaitApproval { requests, checkpoint } => {
+                    let requests: Vec<(ApprovalId, ApprovalRequest)> = requests
                         .into_iter()
-                        .map(|action| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), action))
+                        .map(|request| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), request))
                         .collect();
                     // Not kept in `attempt.checkpoint` (nor its events in
                     // `attempt.events`): should the park fail, the run is

@@ -16,7 +16,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
-use crate::domain::{AgentDefinition, ApprovalStatus, EventData, EventText, ProviderKind, ToolCompleted};
+use crate::domain::{
+    AgentDefinition, ApprovalRequest, ApprovalStatus, EventData, EventText, MAX_APPROVAL_ARGUMENTS_BYTES, ProposedCall,
+    ProviderKind, ToolCompleted, canonical_json,
+};
 
 pub use bedrock::{BedrockModel, to_document, to_value};
 pub use model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, RetryPolicy, ToolCall, ToolSpec};
@@ -234,12 +237,19 @@ impl LlmAgent {
         self.save(transcript).map_or_else(|failed| failed, Step::Checkpoint)
     }
 
-    /// In plain words, what approving the call will do.
-    fn action(call: &ToolCall) -> String {
-        let arguments = serde_json::from_str::<serde_json::Value>(&call.arguments)
-            .map(|value| value.to_string())
-            .unwrap_or_else(|_| call.arguments.clone());
-        format!("Call the tool `{}` with {}", call.name, shorten(&arguments, MAX_ACTION_ARGUMENT_CHARS))
+    /// What a human is asked: the call in plain words, and exactly.
+    fn approval_request(&self, call: &ToolCall) -> ApprovalRequest {
+        // Only checked calls wait for approval, but the definition may have
+        // changed since: the model's text is shown then (the call is checked
+        // again before it is made).
+        let arguments = self.checked(call).map(|(_, arguments)| arguments).unwrap_or_else(|_| {
+            serde_json::from_str(&call.arguments).unwrap_or_else(|_| serde_json::Value::String(call.arguments.clone()))
+        });
+        let shown = canonical_json(&arguments);
+        ApprovalRequest {
+            action: format!("Call the tool `{}` with {}", call.name, shorten(&shown, MAX_ACTION_ARGUMENT_CHARS)),
+            call: Some(ProposedCall { tool: call.name.clone(), arguments }),
+        }
     }
 
     /// Answers the first pending call: runs it, or tells the model a human
@@ -255,9 +265,20 @@ impl LlmAgent {
         let pending = transcript.pending.remove(0);
         let call = &pending.call;
         let outcome = match pending.approval.map(|index| approvals.get(index)) {
-            None => self.run_tool(run_id, call, must_finish, events).await,
+            None => self.run_tool(run_id, call, None, must_finish, events).await,
             Some(Some(approval)) if approval.status == ApprovalStatus::Approved => {
-                self.run_tool(run_id, call, must_finish, events).await
+                match &approval.edited_arguments {
+                    None => self.run_tool(run_id, call, None, must_finish, events).await,
+                    Some(edited) => {
+                        let outcome = self.run_tool(run_id, call, Some(edited), must_finish, events).await;
+                        let told = format!(
+                            "A human reviewer changed the arguments to {} before the call was made. {}",
+                            canonical_json(edited),
+                            outcome.content
+                        );
+                        ToolOutcome { content: told, ..outcome }
+                    }
+                }
             }
             Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => {
                 let comment =
@@ -276,14 +297,24 @@ impl LlmAgent {
     }
 
     /// Checks the call again (the definition may have changed while it
-    /// waited for a human) and makes it.
+    /// waited for a human) and makes it, with `edited` arguments in place
+    /// of the model's when a human edited them.
     async fn run_tool(
         &self,
         run_id: &str,
         call: &ToolCall,
+        edited: Option<&serde_json::Value>,
         must_finish: &super::MustFinish,
         events: &mut Vec<EventData>,
     ) -> ToolOutcome {
+        let edited_call;
+        let call = match edited {
+            Some(arguments) => {
+                edited_call = ToolCall { arguments: arguments.to_string(), ..call.clone() };
+                &edited_call
+            }
+            None => call,
+        };
         match self.checked(call) {
             Ok((tool, arguments)) => {
                 must_finish.set();
@@ -348,6 +379,15 @@ impl LlmAgent {
         for call in reply.tool_calls {
             // Calls that cannot be made are answered at once, never put to a human.
             match self.checked(&call) {
+                Ok((tool, arguments))
+                    if tool.definition.requires_approval
+                        && canonical_json(&arguments).len() > MAX_APPROVAL_ARGUMENTS_BYTES =>
+                {
+                    let content = format!(
+                        "The arguments are too long to put to a human reviewer (over {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON); the call was not made. Send shorter arguments."
+                    );
+                    transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true });
+                }
                 Ok(_) => transcript.pending.push(PendingCall { call, approval: None }),
                 Err(content) => transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true }),
             }
@@ -375,16 +415,16 @@ impl Agent for LlmAgent {
         }
         // Every gated call of the model's turn is put to a human at once.
         let first_approval = step.approvals.len();
-        let mut actions = Vec::new();
+        let mut requests = Vec::new();
         for pending in &mut transcript.pending {
             if pending.approval.is_none() && self.needs_approval(&pending.call) {
-                pending.approval = Some(first_approval + actions.len());
-                actions.push(Self::action(&pending.call));
+                pending.approval = Some(first_approval + requests.len());
+                requests.push(self.approval_request(&pending.call));
             }
         }
-        if !actions.is_empty() {
+        if !requests.is_empty() {
             return match self.save(&transcript) {
-                Ok(checkpoint) => Step::AwaitApproval { actions, checkpoint },
+                Ok(checkpoint) => Step::AwaitApproval { requests, checkpoint },
                 Err(failed) => failed,
             };
         }
