@@ -11,7 +11,10 @@ use rand::{Rng, SeedableRng};
 
 use crate::domain::{Owner, Run, RunId, Timestamp};
 use crate::queue::{QueueError, RunMessage, RunQueue};
-use crate::store::{DueRun, EventPage, IdempotencyClaim, InsertOutcome, ListPage, ListRequest, RunStore, StoreError};
+use crate::store::{
+    DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage, ListRequest, RunStore,
+    StoreError,
+};
 
 /// What happens to one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,6 +262,10 @@ impl RunStore for FaultyStore {
 
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
         faulty(self.plan.as_ref(), "list", store_fault, self.inner.list(owner, request)).await
+    }
+
+    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
+        faulty(self.plan.as_ref(), "inbox", store_fault, self.inner.inbox(owner, request)).await
     }
 
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {

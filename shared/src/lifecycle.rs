@@ -279,8 +279,7 @@ impl Lifecycle {
             if run.expire_if_due(approval_id, now, &self.policy) {
                 return Ok(Transition::Write(false));
             }
-            let changed =
-                run.extend_approval(approval_id, by, now, &self.policy).map_err(DecideRefused::Transition)?;
+            let changed = run.extend_approval(approval_id, by, now, &self.policy).map_err(DecideRefused::Transition)?;
             Ok(Transition::write_if(changed == Changed::Yes, true))
         })
         .await?;

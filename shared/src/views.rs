@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::domain::{Approval, EventData, EventText, Run, Timestamp, Usage};
+use crate::domain::{Approval, EventData, EventText, InboxEntry, Run, Timestamp, Usage};
 
 #[derive(Serialize)]
 pub struct RunView<'a> {
@@ -91,10 +91,32 @@ impl<'a> From<&'a Run> for RunView<'a> {
     }
 }
 
+/// A page of a list: `{"data", "next_cursor"}`.
 #[derive(Serialize)]
-pub struct ListView<'a> {
-    pub data: Vec<RunView<'a>>,
+pub struct PageView<T> {
+    pub data: Vec<T>,
     pub next_cursor: Option<String>,
+}
+
+/// An approval of the inbox: the approval and what it shows of its run.
+#[derive(Serialize)]
+pub struct InboxEntryView<'a> {
+    #[serde(flatten)]
+    approval: ApprovalView<'a>,
+    run_id: String,
+    agent: &'a str,
+    run_status: &'static str,
+}
+
+impl<'a> From<&'a InboxEntry> for InboxEntryView<'a> {
+    fn from(entry: &'a InboxEntry) -> Self {
+        InboxEntryView {
+            approval: ApprovalView::from(&entry.approval),
+            run_id: entry.run_id.to_string(),
+            agent: &entry.agent,
+            run_status: entry.run_status.as_str(),
+        }
+    }
 }
 
 /// The `data` of an event, as JSON: what the store keeps and clients get.

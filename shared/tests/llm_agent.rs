@@ -11,8 +11,8 @@ use std::time::Duration;
 use agent_runs_shared::agents::AgentRegistry;
 use agent_runs_shared::agents::llm::{LlmRuntime, RetryPolicy};
 use agent_runs_shared::domain::{
-    AgentDefinition, ApprovalKind, ApprovalStatus, Clock, Decision, DecisionRequest, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId,
-    RunStatus, Timestamp, Usage,
+    AgentDefinition, ApprovalKind, ApprovalStatus, Clock, Decision, DecisionRequest, ExecutionPolicy, IdGenerator,
+    ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage,
 };
 use agent_runs_shared::faults::{Fault, FaultPlan, OnCalls};
 use agent_runs_shared::queue::RunMessage;

@@ -133,6 +133,13 @@ impl RunStore for Observed {
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
         self.inner.list(owner, request).await
     }
+    async fn inbox(
+        &self,
+        owner: &Owner,
+        request: agent_runs_shared::store::InboxRequest,
+    ) -> Result<agent_runs_shared::store::InboxPage, StoreError> {
+        self.inner.inbox(owner, request).await
+    }
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
         self.inner.due(until, after, limit).await
     }

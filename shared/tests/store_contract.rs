@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agent_runs_shared::domain::{
-    AgentDefinition, ApprovalId, EventData, ExecutionPolicy, KeyId, Owner, Run, RunId, RunStatus, Scope, Scopes,
-    Timestamp,
+    AgentDefinition, ApprovalId, ApprovalStatus, Decision, DecisionRequest, EventData, ExecutionPolicy, KeyId, Owner,
+    Run, RunId, RunStatus, Scope, Scopes, Timestamp,
 };
 use agent_runs_shared::store::{
-    AgentStore, DueRun, Durability, DynamoStore, EventPage, IdempotencyClaim, InsertOutcome, KeyStore, ListRequest,
-    RunStore, SqliteStore, StoreError, StoredKey,
+    AgentStore, DueRun, Durability, DynamoStore, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore,
+    ListRequest, RunStore, SqliteStore, StoreError, StoredKey,
 };
 use ulid::Ulid;
 
@@ -443,7 +443,72 @@ async fn events_are_written_with_their_change_and_read_in_order(store: &dyn RunS
     assert!(store.events(other.id, 0, 10).await.unwrap().events.is_empty());
 }
 
+/// A run of `agent` awaiting `approvals` approvals requested `at` ms after T0.
+async fn awaiting(store: &dyn RunStore, owner_name: &str, agent: &str, at: u64, approvals: u128) -> Run {
+    let policy = ExecutionPolicy::default();
+    let mut run = new_run(owner_name, at, 1);
+    run.agent = agent.into();
+    insert(store, &mut run).await;
+    let when = Timestamp::from_millis((T0 + at) as i64);
+    run.claim("w", when, &policy).unwrap();
+    let requests = (1..=approvals)
+        .map(|n| (ApprovalId::from_ulid(Ulid::from_parts(T0 + at, n)), format!("step {n}").as_str().into()))
+        .collect();
+    run.park("w", requests, serde_json::json!({}), when, &policy).unwrap();
+    store.update(&mut run).await.unwrap();
+    run
+}
+
+async fn inbox(store: &dyn RunStore, owner_name: &str, status: ApprovalStatus, agent: Option<&str>) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let request = InboxRequest { status, agent: agent.map(str::to_owned), after, limit: 2 };
+        let page = store.inbox(&owner(owner_name), request).await.unwrap();
+        assert!(page.entries.len() <= 2);
+        for entry in &page.entries {
+            let run = store.get(&owner(owner_name), entry.run_id).await.unwrap().unwrap();
+            assert_eq!((entry.agent.as_str(), entry.run_status), (run.agent.as_str(), run.status));
+            assert_eq!(entry.approval.status, status);
+            seen.push(format!("{}:{}", run.agent, entry.approval.action));
+        }
+        if !page.has_more {
+            return seen;
+        }
+        assert_eq!(page.entries.len(), 2, "a page that says more follow is full");
+        after = page.entries.last().map(|entry| entry.position());
+    }
+}
+
+async fn the_inbox_lists_approvals_newest_first_by_status_and_agent(store: &dyn RunStore) {
+    let policy = ExecutionPolicy::default();
+    let mut older = awaiting(store, "inbox", "echo", 10, 2).await;
+    let mut newer = awaiting(store, "inbox", "script", 20, 1).await;
+    awaiting(store, "inbox-other", "echo", 30, 1).await;
+    let pending = ApprovalStatus::Pending;
+    assert_eq!(inbox(store, "inbox", pending, None).await, ["script:step 1", "echo:step 2", "echo:step 1"]);
+    assert_eq!(inbox(store, "inbox", pending, Some("echo")).await, ["echo:step 2", "echo:step 1"]);
+    assert!(inbox(store, "inbox", pending, Some("nobody")).await.is_empty());
+    assert_eq!(inbox(store, "inbox-other", pending, None).await, ["echo:step 1"]);
+
+    let first = older.approvals[0].id;
+    let approve = DecisionRequest { decision: Decision::Approve, comment: None, seen_sha256: None, decided_by: None };
+    older.decide(first, approve, Timestamp::from_millis((T0 + 40) as i64), &policy).unwrap();
+    store.update(&mut older).await.unwrap();
+    newer.cancel(Timestamp::from_millis((T0 + 41) as i64)).unwrap();
+    store.update(&mut newer).await.unwrap();
+    assert_eq!(inbox(store, "inbox", pending, None).await, ["echo:step 2"]);
+    assert_eq!(inbox(store, "inbox", ApprovalStatus::Approved, None).await, ["echo:step 1"]);
+    assert_eq!(inbox(store, "inbox", ApprovalStatus::Canceled, Some("script")).await, ["script:step 1"]);
+    assert!(inbox(store, "inbox", ApprovalStatus::Canceled, Some("echo")).await.is_empty());
+    let request = InboxRequest { status: ApprovalStatus::Canceled, agent: None, after: None, limit: 5 };
+    let canceled = store.inbox(&owner("inbox"), request).await.unwrap();
+    assert_eq!(canceled.entries[0].run_status, RunStatus::Canceled);
+    assert!(!canceled.has_more);
+}
+
 async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
+    the_inbox_lists_approvals_newest_first_by_status_and_agent(runs.as_ref()).await;
     undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;
     agents_are_put_replaced_listed_and_deleted(agents).await;
     large_checkpoints_round_trip(runs.as_ref()).await;
@@ -500,9 +565,17 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     }
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap(), Some(run));
+    awaiting(&store, "acme-inbox", "script", 5, 2).await;
+    drop(store);
+    // A database from before the inbox (schema 6) has it filled from its runs.
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    connection.execute_batch("DROP TABLE approvals; PRAGMA user_version = 6;").unwrap();
+    drop(connection);
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    assert_eq!(inbox(&store, "acme-inbox", ApprovalStatus::Pending, None).await, ["script:step 2", "script:step 1"]);
     drop(store);
     let without_active_counts =
-        "ALTER TABLE api_keys DROP COLUMN scopes; DROP TABLE run_events; DROP INDEX idempotency_by_expiry; DROP TRIGGER runs_active_on_insert;
+        "DROP TABLE approvals; ALTER TABLE api_keys DROP COLUMN scopes; DROP TABLE run_events; DROP INDEX idempotency_by_expiry; DROP TRIGGER runs_active_on_insert;
         DROP TRIGGER runs_active_on_end; DROP TRIGGER runs_active_on_delete; DROP TABLE active_runs;";
     let connection = rusqlite::Connection::open(&path).unwrap();
     // A database from before the active-run counts (schema 2) has them counted

@@ -187,6 +187,13 @@ impl RunStore for OneBrokenRun {
     ) -> Result<agent_runs_shared::store::ListPage, StoreError> {
         self.inner.list(owner, request).await
     }
+    async fn inbox(
+        &self,
+        owner: &Owner,
+        request: agent_runs_shared::store::InboxRequest,
+    ) -> Result<agent_runs_shared::store::InboxPage, StoreError> {
+        self.inner.inbox(owner, request).await
+    }
     async fn due(
         &self,
         until: Timestamp,

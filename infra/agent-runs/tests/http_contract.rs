@@ -740,6 +740,11 @@ fn scopes_limit_what_a_key_may_do_and_decisions_name_their_key(target: Target) {
     let run = server.wait_for_status(&reader, run["id"].as_str().unwrap(), "awaiting_approval");
     server.get(&reader, &format!("{}/events", run_path(&run))).expect_status(200);
     server.get(&approver, "/v1/agent/runs").expect_status(200);
+    server.get(&approver, "/v1/approvals").expect_status(200);
+    let error = server.get(&writer, "/v1/approvals").expect_error(403, "forbidden").clone();
+    assert!(error["message"].as_str().unwrap().contains("approvals:decide"), "{error}");
+    let extend = format!("{}/approvals/{}/extend", run_path(&run), run["pending_approvals"][0]["id"].as_str().unwrap());
+    server.post(&reader, &extend, json!({"seconds": 60})).expect_error(403, "forbidden");
 
     // The missing scope is named, and checked before the request is.
     let error = server.post(&reader, "/v1/agent/runs", json!({"input": ""})).expect_error(403, "forbidden").clone();
@@ -862,6 +867,63 @@ fn decide_validates_its_body_and_ids(target: Target) {
     assert_eq!(run["pending_approvals"][0]["status"], "rejected");
     let done = server.wait_for_status(&key, run["id"].as_str().unwrap(), "succeeded");
     assert_eq!(done["output"], "rejected: Go");
+}
+
+fn the_inbox_lists_approvals_across_runs_newest_first(target: Target) {
+    let server = Server::start_on(target, &[]);
+    let key = server.dev_key.clone().unwrap();
+    let first = server.create_script(&key, "approve Rotate the keys");
+    let first = server.wait_for_status(&key, first["id"].as_str().unwrap(), "awaiting_approval");
+    let second = server.create_script(&key, "approve Ship it");
+    let second = server.wait_for_status(&key, second["id"].as_str().unwrap(), "awaiting_approval");
+
+    let page = server.get(&key, "/v1/approvals").expect_status(200).clone();
+    let entries = page["data"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{page}");
+    assert_eq!(page["next_cursor"], Value::Null);
+    let newest = &entries[0];
+    assert_eq!((&newest["run_id"], &newest["action"]), (&second["id"], &json!("Ship it")));
+    assert_eq!((&newest["agent"], &newest["run_status"]), (&json!("script"), &json!("awaiting_approval")));
+    assert_eq!((&newest["kind"], &newest["status"]), (&json!("action"), &json!("pending")));
+    for absent in ["tool", "arguments", "arguments_sha256", "edited_arguments", "resolved_by"] {
+        assert_eq!(newest[absent], Value::Null, "{absent}");
+    }
+    assert_eq!(entries[1]["run_id"], first["id"]);
+
+    // Pages of one: the cursor leads on, and the last page says so.
+    let one = server.get(&key, "/v1/approvals?limit=1").expect_status(200).clone();
+    assert_eq!(one["data"][0]["id"], newest["id"]);
+    let cursor = one["next_cursor"].as_str().unwrap().to_owned();
+    let rest = server.get(&key, &format!("/v1/approvals?limit=1&cursor={cursor}")).expect_status(200).clone();
+    assert_eq!((&rest["data"][0]["id"], &rest["next_cursor"]), (&entries[1]["id"], &Value::Null));
+    let other_filter = format!("/v1/approvals?status=approved&cursor={cursor}");
+    assert_eq!(server.get(&key, &other_filter).expect_error(400, "invalid_request")["param"], "cursor");
+    let by_agent = server.get(&key, "/v1/approvals?agent=script&status=").expect_status(200).clone();
+    assert_eq!(by_agent["data"].as_array().unwrap().len(), 2);
+    let none = server.get(&key, "/v1/approvals?agent=echo").expect_status(200).clone();
+    assert_eq!(none, json!({"data": [], "next_cursor": null}));
+    for (query, param) in
+        [("status=waiting", "status"), ("agent=no%20such", "agent"), ("limit=101", "limit"), ("sort=asc", "sort")]
+    {
+        let reply = server.get(&key, &format!("/v1/approvals?{query}"));
+        assert_eq!(reply.expect_error(400, "invalid_request")["param"], param, "{query}");
+    }
+
+    // A decision moves the approval from the pending inbox to the approved one.
+    let decide = format!("{}/approvals/{}", run_path(&second), newest["id"].as_str().unwrap());
+    server.post(&key, &decide, json!({"decision": "approve"})).expect_status(200);
+    let pending = server.get(&key, "/v1/approvals").expect_status(200).clone();
+    assert_eq!(pending["data"].as_array().unwrap().len(), 1);
+    assert_eq!(pending["data"][0]["run_id"], first["id"]);
+    server.wait_for_status(&key, second["id"].as_str().unwrap(), "succeeded");
+    let approved = server.get(&key, "/v1/approvals?status=approved").expect_status(200).clone();
+    assert_eq!(approved["data"][0]["id"], newest["id"]);
+    assert_eq!(approved["data"][0]["run_status"], "succeeded");
+    assert!(approved["data"][0]["resolved_by"].as_str().unwrap().starts_with("key_"));
+    // Another owner sees none of it.
+    let stranger = server.key("someone-else");
+    let theirs = server.get(&stranger, "/v1/approvals").expect_status(200).clone();
+    assert_eq!(theirs["data"], json!([]));
 }
 
 fn the_script_agent_says_sleeps_and_fails(target: Target) {
@@ -988,11 +1050,9 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     assert!(error["message"].as_str().unwrap().contains("/branch"), "{error}");
     let stale = json!({"decision": "edit", "arguments": {"branch": "stale"}, "arguments_sha256": "ab".repeat(32)});
     server.post(&second, &path, stale).expect_error(409, "conflict");
-    let extended = server.post(&second, &format!("{path}/extend"), json!({"seconds": 604_800})).expect_status(200).clone();
-    assert!(
-        extended["pending_approvals"][0]["expires_at"].as_str() > approval["expires_at"].as_str(),
-        "{extended}"
-    );
+    let extended =
+        server.post(&second, &format!("{path}/extend"), json!({"seconds": 604_800})).expect_status(200).clone();
+    assert!(extended["pending_approvals"][0]["expires_at"].as_str() > approval["expires_at"].as_str(), "{extended}");
     for seconds in [json!(59), json!(604_801), json!("60"), json!(null)] {
         let reply = server.post(&second, &format!("{path}/extend"), json!({"seconds": seconds}));
         assert_eq!(reply.expect_error(400, "invalid_request")["param"], "seconds");
@@ -1061,4 +1121,5 @@ on_every_target!(
     events_tell_what_happened_to_a_run_in_order,
     events_parameters_are_checked_strictly,
     scopes_limit_what_a_key_may_do_and_decisions_name_their_key,
+    the_inbox_lists_approvals_across_runs_newest_first,
 );

@@ -73,7 +73,11 @@ async fn the_emulator_resources_match_the_template() {
     assert_eq!(indexes, expected);
     assert_eq!(
         expected.keys().collect::<Vec<_>>(),
-        [agent_runs_shared::store::STATUS_INDEX, agent_runs_shared::store::DUE_INDEX]
+        [
+            agent_runs_shared::store::STATUS_INDEX,
+            agent_runs_shared::store::DUE_INDEX,
+            agent_runs_shared::store::APPROVALS_INDEX
+        ]
     );
     let ttl = dynamodb
         .describe_time_to_live()
@@ -154,10 +158,22 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
             "{name} has a log group with retention"
         );
     }
-    let expected: BTreeSet<String> =
-        ["create", "list", "get", "cancel", "decide", "events", "fallback", "worker", "sweeper", "dead-letter"]
-            .map(str::to_owned)
-            .into();
+    let expected: BTreeSet<String> = [
+        "create",
+        "list",
+        "get",
+        "cancel",
+        "decide",
+        "extend",
+        "events",
+        "approvals",
+        "fallback",
+        "worker",
+        "sweeper",
+        "dead-letter",
+    ]
+    .map(str::to_owned)
+    .into();
     assert_eq!(binaries, expected);
 }
 

@@ -172,8 +172,9 @@ impl AgentRegistry {
         let Some(tool) = definition.and_then(|definition| definition.tools.into_iter().find(|t| t.name == tool)) else {
             return Ok(Err(format!("The agent `{agent}` no longer has the tool `{tool}`; its call cannot be edited.")));
         };
-        let tool = llm::Tool::new(tool)
-            .map_err(|error| StoreError::Defect(format!("stored agent `{agent}` has an invalid tool schema: {error}")))?;
+        let tool = llm::Tool::new(tool).map_err(|error| {
+            StoreError::Defect(format!("stored agent `{agent}` has an invalid tool schema: {error}"))
+        })?;
         Ok(tool.check_arguments(&arguments.to_string()).map(|_| ()))
     }
 

@@ -44,7 +44,9 @@ impl DecisionBody {
                 }
                 Decision::Edit(arguments)
             }
-            (Some("edit"), Some(_)) => return Err(ApiError::invalid("arguments", "`arguments` must be a JSON object.")),
+            (Some("edit"), Some(_)) => {
+                return Err(ApiError::invalid("arguments", "`arguments` must be a JSON object."));
+            }
             (Some("edit"), None) => {
                 return Err(ApiError::invalid("arguments", "`arguments` is required with \"edit\": the call to make."));
             }

@@ -7,7 +7,7 @@ use super::response::json_response;
 use super::{ApiError, ApiResponse};
 use crate::domain::{Cursor, Owner, RunStatus};
 use crate::store::{ListRequest, RunStore};
-use crate::views::{ListView, RunView};
+use crate::views::{PageView, RunView};
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 100;
@@ -49,6 +49,6 @@ pub(super) async fn handle(runs: &dyn RunStore, owner: &Owner, query: Option<&st
         .then(|| page.runs.last())
         .flatten()
         .map(|last| Cursor { status: query.status, last: last.id }.encode(owner));
-    let view = ListView { data: page.runs.iter().map(RunView::from).collect(), next_cursor };
+    let view = PageView { data: page.runs.iter().map(RunView::from).collect(), next_cursor };
     Ok(json_response(StatusCode::OK, &view))
 }

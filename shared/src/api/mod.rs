@@ -12,6 +12,7 @@ mod error;
 mod events;
 mod extend;
 mod get;
+mod inbox;
 mod list;
 pub mod openapi;
 mod query;
@@ -200,10 +201,9 @@ impl Api {
             Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
             Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
             Operation::Decide => decide::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
-            Operation::Extend => {
-                extend::handle(self, owner, run_id, params.get("approval_id"), &request).await
-            }
+            Operation::Extend => extend::handle(self, owner, run_id, params.get("approval_id"), &request).await,
             Operation::Events => events::handle(&self.runs, owner, run_id, &request).await,
+            Operation::Inbox => inbox::handle(self.runs.as_ref(), owner, request.uri().query()).await,
         }
     }
 
@@ -230,7 +230,7 @@ enum Serving {
 }
 
 fn not_found_path() -> ApiError {
-    ApiError::NotFound("No such path. Operations live under /v1/agent/runs.".into())
+    ApiError::NotFound("No such path. Operations live under /v1/agent/runs and /v1/approvals.".into())
 }
 
 /// A run id from a path; a malformed one names no run, so it is a `404`.

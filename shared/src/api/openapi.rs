@@ -6,13 +6,14 @@
 
 use serde_json::{Value, json};
 
-use super::events;
 use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
 use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
+use super::{events, inbox};
 use crate::domain::{
-    ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS,
-    MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS, RunStatus,
+    ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS,
+    MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS,
+    RunStatus,
 };
 
 pub const PATH: &str = "/v1/openapi.json";
@@ -124,16 +125,7 @@ fn decision_schema(extra: Value) -> Value {
 /// The document, with `agents` as the values `agent` may take.
 pub fn document(agents: &[&str], default_agent: &str) -> Value {
     let statuses: Vec<&str> = RunStatus::ALL.iter().map(|status| status.as_str()).collect();
-    let approval_statuses: Vec<&str> = [
-        ApprovalStatus::Pending,
-        ApprovalStatus::Approved,
-        ApprovalStatus::Rejected,
-        ApprovalStatus::Canceled,
-        ApprovalStatus::Expired,
-    ]
-    .iter()
-    .map(|status| status.as_str())
-    .collect();
+    let approval_statuses: Vec<&str> = ApprovalStatus::ALL.iter().map(|status| status.as_str()).collect();
     let codes: Vec<&str> = error_codes().into_iter().map(|(_, code)| code).collect();
     let run_id = json!({"name": "run_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^run_{ULID}$")}});
     let approval_id = json!({"name": "approval_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^apr_{ULID}$")}});
@@ -156,6 +148,33 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
             "total_tokens": {"type": "integer", "minimum": 0}
         }
     });
+    let approval = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments"],
+        "properties": {
+            "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
+            "kind": {"type": "string", "enum": [ApprovalKind::Action.as_str(), ApprovalKind::ToolCall.as_str()], "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly."},
+            "action": {"type": "string", "description": "In plain words, what approving does."},
+            "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
+            "arguments": {"type": ["object", "null"], "description": "The arguments the model proposed."},
+            "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` as JSON with object keys sorted and no whitespace; send it with a decision to bind the decision to this exact call."},
+            "edited_arguments": {"type": ["object", "null"], "description": "The arguments a person approved instead (decision edit); the tool is called with these."},
+            "status": {"type": "string", "enum": approval_statuses},
+            "requested_at": timestamp(false),
+            "resolved_at": timestamp(true),
+            "comment": {"type": ["string", "null"]},
+            "expires_at": {"description": "When a pending approval expires: the run then fails.", "anyOf": [timestamp(true)]},
+            "resolved_by": {"type": ["string", "null"], "pattern": format!("^key_{ULID}$"), "description": "The id of the API key that approved or rejected it; null while pending and for a cancel or expiry."}
+        }
+    });
+    let mut inbox_entry = approval.clone();
+    inbox_entry["properties"]["run_id"] = json!({"type": "string", "pattern": format!("^run_{ULID}$")});
+    inbox_entry["properties"]["agent"] = json!({"type": "string"});
+    inbox_entry["properties"]["run_status"] = json!({"type": "string", "enum": statuses});
+    for key in ["run_id", "agent", "run_status"] {
+        inbox_entry["required"].as_array_mut().expect("a list").push(json!(key));
+    }
     // The paths come from the route table: an operation without its
     // description here does not compile.
     let mut paths = serde_json::Map::new();
@@ -260,6 +279,24 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     "409": error_response("The approval is not pending (an expired one never runs).", &[])
                 }),
             ),
+            Operation::Inbox => operation(
+                route.operation_id,
+                "List approvals across runs, newest requested first",
+                json!([
+                    {"name": "status", "in": "query", "required": false, "description": "Only approvals in this state (default pending). Empty is the same as absent.", "schema": {"type": "string", "enum": approval_statuses.iter().copied().chain([""]).collect::<Vec<_>>(), "default": "pending"}},
+                    {"name": "agent", "in": "query", "required": false, "description": "Only approvals of runs of this agent. Empty is the same as absent.", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"}},
+                    {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": inbox::MAX_LIMIT}, {"const": ""}], "default": inbox::DEFAULT_LIMIT}},
+                    {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status and agent filters.", "schema": {"type": "string"}}
+                ]),
+                None,
+                json!({
+                    "200": {
+                        "description": "One page of approvals.",
+                        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ApprovalList"}}}
+                    }
+                }),
+            ),
             Operation::Events => operation(
                 route.operation_id,
                 "List a run's events, oldest first; wait for new ones",
@@ -346,24 +383,15 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                         "usage": usage
                     }
                 },
-                "Approval": {
+                "Approval": approval,
+                "InboxEntry": inbox_entry,
+                "ApprovalList": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments"],
+                    "required": ["data", "next_cursor"],
                     "properties": {
-                        "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
-                        "kind": {"type": "string", "enum": [ApprovalKind::Action.as_str(), ApprovalKind::ToolCall.as_str()], "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly."},
-                        "action": {"type": "string", "description": "In plain words, what approving does."},
-                        "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
-                        "arguments": {"type": ["object", "null"], "description": "The arguments the model proposed."},
-                        "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` as JSON with object keys sorted and no whitespace; send it with a decision to bind the decision to this exact call."},
-                        "edited_arguments": {"type": ["object", "null"], "description": "The arguments a person approved instead (decision edit); the tool is called with these."},
-                        "status": {"type": "string", "enum": approval_statuses},
-                        "requested_at": timestamp(false),
-                        "resolved_at": timestamp(true),
-                        "comment": {"type": ["string", "null"]},
-                        "expires_at": {"description": "When a pending approval expires: the run then fails.", "anyOf": [timestamp(true)]},
-                        "resolved_by": {"type": ["string", "null"], "pattern": format!("^key_{ULID}$"), "description": "The id of the API key that approved or rejected it; null while pending and for a cancel or expiry."}
+                        "data": {"type": "array", "items": {"$ref": "#/components/schemas/InboxEntry"}},
+                        "next_cursor": {"type": ["string", "null"], "description": "null exactly when no further approval matched."}
                     }
                 },
                 "RunList": {

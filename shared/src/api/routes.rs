@@ -20,6 +20,7 @@ pub enum Operation {
     Decide,
     Extend,
     Events,
+    Inbox,
 }
 
 /// Where an operation lives and what serves it.
@@ -37,7 +38,7 @@ pub struct Route {
     pub scope: Scope,
 }
 
-pub const ROUTES: [Route; 7] = [
+pub const ROUTES: [Route; 8] = [
     Route {
         operation: Operation::Create,
         method: Method::POST,
@@ -93,6 +94,14 @@ pub const ROUTES: [Route; 7] = [
         operation_id: "listRunEvents",
         function: "events",
         scope: Scope::RunsRead,
+    },
+    Route {
+        operation: Operation::Inbox,
+        method: Method::GET,
+        path: "/v1/approvals",
+        operation_id: "listApprovals",
+        function: "approvals",
+        scope: Scope::ApprovalsDecide,
     },
 ];
 

@@ -132,7 +132,7 @@ pub struct AgentDefinition {
 #[error("{0}")]
 pub struct DefinitionError(pub String);
 
-fn valid_name(name: &str) -> bool {
+pub fn valid_agent_name(name: &str) -> bool {
     !name.is_empty()
         && name.chars().count() <= MAX_AGENT_NAME_CHARS
         && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-')
@@ -157,7 +157,7 @@ impl AgentDefinition {
     /// Checks a definition as an operator wrote it.
     pub fn parse(self) -> Result<Self, DefinitionError> {
         let fail = |message: String| Err(DefinitionError(message));
-        if !valid_name(&self.name) {
+        if !valid_agent_name(&self.name) {
             return fail(format!(
                 "`name` must be 1 to {MAX_AGENT_NAME_CHARS} letters, digits, `_` or `-`; got {:?}.",
                 self.name
@@ -194,7 +194,7 @@ impl AgentDefinition {
         let mut seen = std::collections::BTreeSet::new();
         for tool in &self.tools {
             let label = format!("tool `{}`", tool.name);
-            if !valid_name(&tool.name) {
+            if !valid_agent_name(&tool.name) {
                 return fail(format!(
                     "A tool's `name` must be 1 to 64 letters, digits, `_` or `-`; got {:?}.",
                     tool.name

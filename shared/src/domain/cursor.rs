@@ -6,7 +6,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 use ulid::Ulid;
 
-use super::{Owner, RunId, RunStatus};
+use super::{ApprovalId, ApprovalStatus, Owner, RunId, RunStatus, Timestamp};
 
 const VERSION: u8 = 1;
 const CHECK_BYTES: usize = 8;
@@ -19,6 +19,80 @@ pub struct Cursor {
     pub last: RunId,
 }
 
+/// Where an inbox page ends: its entries are ordered by these, newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct InboxPosition {
+    pub requested_at: Timestamp,
+    pub run_id: RunId,
+    pub approval_id: ApprovalId,
+}
+
+/// Where the next inbox page starts: after `last` (exclusive), for the
+/// filters it was issued with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxCursor {
+    pub status: ApprovalStatus,
+    pub agent: Option<String>,
+    pub last: InboxPosition,
+}
+
+const INBOX_VERSION: u8 = 2;
+const INBOX_PAYLOAD_BYTES: usize = 1 + 1 + 4 + 8 + 16 + 16;
+
+/// Four bytes naming the agent filter, so a cursor used with another one is
+/// told apart from an altered cursor.
+fn agent_tag(agent: Option<&str>) -> [u8; 4] {
+    let digest = Sha256::new().chain_update([u8::from(agent.is_some())]).chain_update(agent.unwrap_or("")).finalize();
+    digest[..4].try_into().expect("a SHA-256 digest is 32 bytes")
+}
+
+impl InboxCursor {
+    pub fn encode(&self, owner: &Owner) -> String {
+        let mut bytes = Vec::with_capacity(INBOX_PAYLOAD_BYTES + CHECK_BYTES);
+        bytes.push(INBOX_VERSION);
+        bytes.push(ApprovalStatus::ALL.iter().position(|s| *s == self.status).unwrap_or(0) as u8);
+        bytes.extend_from_slice(&agent_tag(self.agent.as_deref()));
+        bytes.extend_from_slice(&self.last.requested_at.millis().to_be_bytes());
+        bytes.extend_from_slice(&self.last.run_id.ulid().to_bytes());
+        bytes.extend_from_slice(&self.last.approval_id.ulid().to_bytes());
+        let check = checksum(owner, &bytes);
+        bytes.extend_from_slice(&check);
+        URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    /// Decodes a cursor for `owner` and checks it against the filters of
+    /// the request it came with.
+    pub fn decode(
+        text: &str,
+        owner: &Owner,
+        status: ApprovalStatus,
+        agent: Option<&str>,
+    ) -> Result<InboxCursor, CursorError> {
+        let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| CursorError::Malformed)?;
+        if bytes.len() != INBOX_PAYLOAD_BYTES + CHECK_BYTES || bytes[0] != INBOX_VERSION {
+            return Err(CursorError::Malformed);
+        }
+        let (payload, check) = bytes.split_at(INBOX_PAYLOAD_BYTES);
+        if checksum(owner, payload) != check {
+            return Err(CursorError::Malformed);
+        }
+        let issued_status = *ApprovalStatus::ALL.get(payload[1] as usize).ok_or(CursorError::Malformed)?;
+        if issued_status != status || payload[2..6] != agent_tag(agent) {
+            return Err(CursorError::FilterMismatch);
+        }
+        let ulid = |range: std::ops::Range<usize>| -> Result<Ulid, CursorError> {
+            Ok(Ulid::from_bytes(payload[range].try_into().map_err(|_| CursorError::Malformed)?))
+        };
+        let millis = i64::from_be_bytes(payload[6..14].try_into().map_err(|_| CursorError::Malformed)?);
+        let last = InboxPosition {
+            requested_at: Timestamp::from_millis(millis),
+            run_id: RunId::from_ulid(ulid(14..30)?),
+            approval_id: ApprovalId::from_ulid(ulid(30..46)?),
+        };
+        Ok(InboxCursor { status, agent: agent.map(str::to_owned), last })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CursorError {
     #[error(
@@ -26,7 +100,7 @@ pub enum CursorError {
     )]
     Malformed,
     #[error(
-        "The cursor was issued for a different `status` filter. Repeat the filter of the first page, or start again without a cursor."
+        "The cursor was issued for different filters. Repeat the filters of the first page, or start again without a cursor."
     )]
     FilterMismatch,
 }
@@ -94,6 +168,28 @@ mod tests {
             let text = Cursor { status, last }.encode(&owner("acme"));
             assert_eq!(Cursor::decode(&text, &owner("acme"), status), Ok(Cursor { status, last }));
         }
+    }
+
+    #[test]
+    fn an_inbox_cursor_round_trips_and_is_bound_to_its_owner_and_filters() {
+        let last = InboxPosition {
+            requested_at: Timestamp::from_millis(1_795_303_478_123),
+            run_id: RunId::from_ulid(Ulid::from_parts(1_795_303_478_000, 7)),
+            approval_id: ApprovalId::from_ulid(Ulid::from_parts(1_795_303_478_123, 9)),
+        };
+        let cursor = InboxCursor { status: ApprovalStatus::Pending, agent: Some("ops".into()), last };
+        let text = cursor.encode(&owner("acme"));
+        let decode = |owner_name: &str, status, agent| InboxCursor::decode(&text, &owner(owner_name), status, agent);
+        assert_eq!(decode("acme", ApprovalStatus::Pending, Some("ops")), Ok(cursor.clone()));
+        assert_eq!(decode("acme", ApprovalStatus::Approved, Some("ops")), Err(CursorError::FilterMismatch));
+        assert_eq!(decode("acme", ApprovalStatus::Pending, None), Err(CursorError::FilterMismatch));
+        assert_eq!(decode("acme", ApprovalStatus::Pending, Some("op")), Err(CursorError::FilterMismatch));
+        assert_eq!(decode("other", ApprovalStatus::Pending, Some("ops")), Err(CursorError::Malformed));
+        let runs_cursor = Cursor { status: None, last: last.run_id }.encode(&owner("acme"));
+        assert_eq!(
+            InboxCursor::decode(&runs_cursor, &owner("acme"), ApprovalStatus::Pending, None),
+            Err(CursorError::Malformed)
+        );
     }
 
     #[test]

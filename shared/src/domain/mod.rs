@@ -16,7 +16,7 @@ mod run_tests;
 
 pub use agent::*;
 pub use approval::*;
-pub use cursor::{Cursor, CursorError};
+pub use cursor::{Cursor, CursorError, InboxCursor, InboxPosition};
 pub use event::*;
 pub use fields::*;
 pub use ids::{ApprovalId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId};

@@ -44,7 +44,8 @@ fn running() -> Run {
 
 fn awaiting(actions: usize) -> Run {
     let mut run = running();
-    let requests = (0..actions).map(|n| (approval_id(n as u128 + 1), ApprovalRequest::action(format!("action {n}")))).collect();
+    let requests =
+        (0..actions).map(|n| (approval_id(n as u128 + 1), ApprovalRequest::action(format!("action {n}")))).collect();
     run.park("w1", requests, serde_json::json!({"next": 1}), at(20), &policy()).unwrap();
     run
 }
@@ -247,10 +248,7 @@ fn deciding_the_last_pending_approval_requeues_the_run() {
     );
     assert_eq!(run.status, RunStatus::AwaitingApproval);
     assert_eq!(run.approvals[0].comment.as_deref(), Some("ok"));
-    assert_eq!(
-        run.decide(approval_id(2), ask(Decision::Reject, None), at(31), &policy()),
-        Ok(DecideOutcome::Requeued)
-    );
+    assert_eq!(run.decide(approval_id(2), ask(Decision::Reject, None), at(31), &policy()), Ok(DecideOutcome::Requeued));
     assert_eq!(run.status, RunStatus::Queued);
     assert_eq!(run.approvals[1].status, ApprovalStatus::Rejected);
     assert_eq!(run.approvals[1].resolved_at, Some(at(31)));
@@ -611,10 +609,7 @@ fn extending_moves_expiry_later_only_and_warns_again() {
     let warning = policy().approval_warning.as_millis() as i64;
     assert_eq!(run.due_at, Some(Timestamp::from_millis(now.plus(day).millis() - warning)));
     assert_eq!(kinds(&run), ["approval.extended"]);
-    assert_eq!(
-        run.extend_approval(approval_id(2), day, now, &policy()),
-        Err(TransitionError::NoSuchApproval)
-    );
+    assert_eq!(run.extend_approval(approval_id(2), day, now, &policy()), Err(TransitionError::NoSuchApproval));
     run.decide(approval_id(1), ask(Decision::Approve, None), now, &policy()).unwrap();
     assert_eq!(
         run.extend_approval(approval_id(1), day, now, &policy()),

@@ -15,6 +15,16 @@
 //! DUE#<shard>`, `gsi2sk = <due time>#<run_id>` (the sweeper's sparse timer
 //! index). Every write of a run is conditional on the version it read.
 //!
+//! The approvals inbox reads a sparse index, `gsi3`, by owner and approval
+//! status (projecting the keys and `agent`, which the agent filter reads):
+//! a run awaiting approval is the entry of its pending approvals (`gsi3pk =
+//! APR#<owner>#pending`, `gsi3sk = <requested_at, 13 digits>#<run_id>`), and
+//! the event that gives an approval its final status is that approval's
+//! entry (`APR#<owner>#<status>`, `<requested_at>#<run_id>#<approval_id>`).
+//! Entries never need updating: the run's entry goes with its status, and a
+//! final status never changes. The runs are then read back, so every entry
+//! shows the approval as it is now.
+//!
 //! A checkpoint over [`INLINE_CHECKPOINT_BYTES`] of JSON (an LLM agent's
 //! transcript) is kept in its own item, written in the same transaction as
 //! the run, so the run item stays small for every read and list and far
@@ -39,13 +49,16 @@ use serde::{Deserialize, Serialize};
 
 use super::record::StoredRun;
 use super::{
-    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest,
-    Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
+    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage, InboxRequest,
+    InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
 };
-use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Scopes, Timestamp};
+use crate::domain::{
+    AgentDefinition, ApprovalId, ApprovalStatus, Event, EventData, KeyId, Owner, RunId, RunStatus, Scopes, Timestamp,
+};
 
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
+pub const APPROVALS_INDEX: &str = "gsi3";
 /// Partitions of the due index, so the sweeper's reads and the writes of
 /// busy periods spread over several keys.
 pub const DUE_SHARDS: u32 = 4;
@@ -126,9 +139,35 @@ fn event_sk(seq: u64) -> String {
     format!("EV#{seq:012}")
 }
 
-fn event_put(table: &str, event: &Event) -> Result<TransactWriteItem, StoreError> {
+/// The inbox index keys of `run`'s approvals with `status` (the sort key
+/// of one approval, or of all of the run's pending ones when `None`).
+fn inbox_keys(run: &Run, status: ApprovalStatus, requested_at: Timestamp, approval: Option<ApprovalId>) -> Item {
+    let status = status.as_str();
+    let mut sort = format!("{:013}#{}", requested_at.millis().max(0), run.id);
+    if let Some(approval) = approval {
+        sort = format!("{sort}#{approval}");
+    }
+    Item::from([
+        ("gsi3pk".into(), s(format!("APR#{}#{status}", run.owner))),
+        ("gsi3sk".into(), s(sort)),
+        ("agent".into(), s(&run.agent)),
+    ])
+}
+
+/// The event's item; the event that gives an approval its final status
+/// is also that approval's inbox entry.
+fn event_put(table: &str, run: &Run, event: &Event) -> Result<TransactWriteItem, StoreError> {
+    let inbox = match &event.data {
+        EventData::ApprovalDecided(approval)
+        | EventData::ApprovalExpired(approval)
+        | EventData::ApprovalCanceled(approval) => {
+            Some(inbox_keys(run, approval.status, approval.requested_at, Some(approval.id)))
+        }
+        _ => None,
+    };
     let put = Put::builder()
         .table_name(table)
+        .set_item(inbox)
         .item("pk", s(events_pk(event.run_id)))
         .item("sk", s(event_sk(event.seq)))
         .item("seq", n(event.seq))
@@ -206,11 +245,15 @@ fn run_item(run: &Run) -> Result<Item, StoreError> {
         item.insert("gsi2pk".into(), s(format!("DUE#{}", due_shard(run.id))));
         item.insert("gsi2sk".into(), s(due_sk(due_at, run.id)));
     }
+    let pending = run.approvals.iter().filter(|approval| approval.status == ApprovalStatus::Pending);
+    if let (RunStatus::AwaitingApproval, Some(requested_at)) = (run.status, pending.map(|a| a.requested_at).max()) {
+        item.extend(inbox_keys(run, ApprovalStatus::Pending, requested_at, None));
+    }
     Ok(item)
 }
 
 fn decode_run(mut item: Item) -> Result<Run, StoreError> {
-    for key in ["pk", "sk", "gsi1pk", "gsi1sk", "gsi2pk", "gsi2sk", CHECKPOINT_APART] {
+    for key in ["pk", "sk", "gsi1pk", "gsi1sk", "gsi2pk", "gsi2sk", "gsi3pk", "gsi3sk", CHECKPOINT_APART] {
         item.remove(key);
     }
     serde_dynamo::from_item::<_, StoredRun>(item)
@@ -232,6 +275,15 @@ fn decode_due(item: &Item) -> Result<(String, DueRun), StoreError> {
         },
     };
     Ok((sort_key.to_owned(), due))
+}
+
+/// An inbox index entry: the run, and the approval when the entry is one
+/// approval's (`None`: a run awaiting approval, for all its pending ones).
+fn decode_inbox_entry(item: &Item) -> Result<(RunId, Option<ApprovalId>), StoreError> {
+    let mut parts = text(item, "gsi3sk")?.split('#').skip(1);
+    let run_id = parts.next().and_then(|id| id.parse().ok()).ok_or_else(|| defect("malformed inbox run id"))?;
+    let approval = parts.next().map(|id| id.parse().map_err(|_| defect("malformed inbox approval id"))).transpose()?;
+    Ok((run_id, approval))
 }
 
 fn text<'a>(item: &'a Item, name: &str) -> Result<&'a str, StoreError> {
@@ -400,9 +452,53 @@ impl DynamoStore {
             items.push(TransactWriteItem::builder().delete(delete).build());
         }
         for event in events {
-            items.push(event_put(&self.table, event)?);
+            items.push(event_put(&self.table, next, event)?);
         }
         Ok(items)
+    }
+
+    /// The owner's runs of these ids that exist, read consistently (without
+    /// a checkpoint kept apart), by `BatchGetItem`s of up to 100 keys.
+    async fn get_runs(
+        &self,
+        owner: &Owner,
+        run_ids: impl Iterator<Item = RunId>,
+    ) -> Result<HashMap<RunId, Run>, StoreError> {
+        let mut wanted: Vec<RunId> = run_ids.collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut runs = HashMap::with_capacity(wanted.len());
+        for chunk in wanted.chunks(100) {
+            let keys: Vec<Item> = chunk
+                .iter()
+                .map(|run_id| Item::from([("pk".into(), s(owner_pk(owner))), ("sk".into(), s(run_sk(*run_id)))]))
+                .collect();
+            let mut request = Some(
+                aws_sdk_dynamodb::types::KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(defect)?,
+            );
+            for attempt in 0..8u32 {
+                let Some(keys) = request.take() else { break };
+                if attempt > 0 {
+                    // Keys left unprocessed (throttling): back off before asking again.
+                    tokio::time::sleep(Duration::from_millis(25 << attempt.min(5))).await;
+                }
+                let output =
+                    self.client.batch_get_item().request_items(&self.table, keys).send().await.map_err(unavailable)?;
+                for item in output.responses.unwrap_or_default().remove(&self.table).unwrap_or_default() {
+                    let run = decode_run(item)?;
+                    runs.insert(run.id, run);
+                }
+                request = output.unprocessed_keys.unwrap_or_default().remove(&self.table);
+            }
+            if request.is_some() {
+                return Err(unavailable(std::io::Error::other("runs stayed unprocessed in BatchGetItem")));
+            }
+        }
+        Ok(runs)
     }
 
     /// The `seq` of the run's last stored event (0 when none).
@@ -556,7 +652,7 @@ impl RunStore for DynamoStore {
         }
         // After the idempotency record, whose place the outcome is read from.
         for event in &events {
-            items.push(event_put(&self.table, event)?);
+            items.push(event_put(&self.table, &written, event)?);
         }
         let failed = match self.transact(items).await {
             Ok(()) => {
@@ -784,6 +880,71 @@ impl RunStore for DynamoStore {
         let has_more = runs.len() > request.limit as usize;
         runs.truncate(request.limit as usize);
         Ok(ListPage { runs, has_more })
+    }
+
+    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
+        let mut query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(APPROVALS_INDEX)
+            .expression_attribute_values(":p", s(format!("APR#{owner}#{}", request.status.as_str())))
+            .scan_index_forward(false);
+        // The agent filter reads the owner's entries of that status and
+        // keeps the agent's: one index serves both (docs/design.md).
+        if let Some(agent) = &request.agent {
+            query = query
+                .filter_expression("#agent = :agent")
+                .expression_attribute_names("#agent", "agent")
+                .expression_attribute_values(":agent", s(agent));
+        }
+        // From the cursor's entry on (its run's entry holds the approvals
+        // after it too); entries at or above the cursor are left out below.
+        let query = match &request.after {
+            None => query.key_condition_expression("gsi3pk = :p"),
+            Some(after) => {
+                query.key_condition_expression("gsi3pk = :p AND gsi3sk <= :last").expression_attribute_values(
+                    ":last",
+                    s(format!("{:013}#{}#{}", after.requested_at.millis().max(0), after.run_id, after.approval_id)),
+                )
+            }
+        };
+        let wanted = request.limit as usize + 1;
+        let mut entries = Vec::new();
+        let mut start = None;
+        loop {
+            let output =
+                query.clone().set_exclusive_start_key(start).limit(wanted as i32).send().await.map_err(unavailable)?;
+            let found: Vec<(RunId, Option<ApprovalId>)> = output
+                .items
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|item| {
+                    decode_inbox_entry(item)
+                        .inspect_err(|error| tracing::error!(%error, "an inbox index entry is malformed; left out"))
+                        .ok()
+                })
+                .collect();
+            let runs = self.get_runs(owner, found.iter().map(|(run_id, _)| *run_id)).await?;
+            for (run_id, approval) in found {
+                // The index lags behind the runs: what no longer matches is left out.
+                let Some(run) = runs.get(&run_id) else { continue };
+                let ids = approval.map_or_else(|| run.approvals.iter().map(|a| a.id).collect(), |id| vec![id]);
+                let mut of_run: Vec<InboxEntry> = ids
+                    .into_iter()
+                    .filter_map(|id| InboxEntry::of(run, id, request.status, request.after.as_ref()))
+                    .collect();
+                of_run.sort_by_key(|entry| std::cmp::Reverse(entry.position()));
+                entries.extend(of_run);
+            }
+            start = output.last_evaluated_key;
+            if entries.len() >= wanted || start.is_none() {
+                break;
+            }
+        }
+        let has_more = entries.len() > request.limit as usize;
+        entries.truncate(request.limit as usize);
+        Ok(InboxPage { entries, has_more })
     }
 
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {

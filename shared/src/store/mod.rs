@@ -8,11 +8,15 @@ mod sqlite;
 
 use async_trait::async_trait;
 
-use crate::domain::{AgentDefinition, KeyId, Owner, RunId, RunStatus, Scopes, Timestamp};
+use crate::domain::{
+    AgentDefinition, ApprovalStatus, InboxPosition, KeyId, Owner, RunId, RunStatus, Scopes, Timestamp,
+};
 
-pub use crate::domain::Run;
+pub use crate::domain::{InboxEntry, Run};
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if};
-pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, STATUS_INDEX};
+pub use dynamodb::{
+    APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, STATUS_INDEX,
+};
 pub use sqlite::{Durability, SqliteStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +82,22 @@ pub struct ListRequest {
     pub limit: u32,
 }
 
+/// Approvals across an owner's runs, newest `requested_at` first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxRequest {
+    pub status: ApprovalStatus,
+    pub agent: Option<String>,
+    /// Only entries after this one (older); the keyset cursor.
+    pub after: Option<InboxPosition>,
+    pub limit: u32,
+}
+
+#[derive(Debug)]
+pub struct InboxPage {
+    pub entries: Vec<InboxEntry>,
+    pub has_more: bool,
+}
+
 /// A run whose `due_at` has come, for the sweeper; also its position for
 /// paging through many of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +160,10 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Newest first. Reads at most `limit + 1` runs to know whether more exist.
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError>;
+
+    /// The owner's approvals with the request's status (and agent), newest
+    /// `requested_at` first, each as its run holds it now.
+    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError>;
 
     /// Non-terminal runs whose `due_at` is at or before `until`, in due order,
     /// after `after` (exclusive) when paging. An index entry that cannot be

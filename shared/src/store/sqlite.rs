@@ -19,10 +19,10 @@ use tokio::sync::watch;
 
 use super::record::StoredRun;
 use super::{
-    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InsertOutcome, KeyStore, ListPage, ListRequest,
-    Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
+    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage, InboxRequest,
+    InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
 };
-use crate::domain::{AgentDefinition, Event, KeyId, Owner, RunId, Scopes, Timestamp};
+use crate::domain::{AgentDefinition, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp};
 
 const READERS: usize = 4;
 
@@ -119,8 +119,29 @@ const SCHEMA_6: &str = "
 ALTER TABLE api_keys ADD COLUMN scopes TEXT;
 ";
 
+/// Version 7: the approvals inbox, one row per approval with what it is
+/// listed and ordered by, kept in the transaction of every write that
+/// changes an approval's status; filled from the runs already stored.
+const SCHEMA_7: &str = "
+CREATE TABLE approvals (
+    owner        TEXT    NOT NULL,
+    run_id       TEXT    NOT NULL,
+    approval_id  TEXT    NOT NULL,
+    status       TEXT    NOT NULL,
+    agent        TEXT    NOT NULL,
+    requested_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, approval_id)
+) WITHOUT ROWID;
+CREATE INDEX approvals_by_status ON approvals (owner, status, requested_at, run_id, approval_id);
+CREATE INDEX approvals_by_agent ON approvals (owner, agent, status, requested_at, run_id, approval_id);
+INSERT INTO approvals (owner, run_id, approval_id, status, agent, requested_at)
+    SELECT runs.owner, runs.id, json_extract(approval.value, '$.id'), json_extract(approval.value, '$.status'),
+           json_extract(runs.body, '$.agent'), json_extract(approval.value, '$.requested_at')
+    FROM runs, json_each(runs.body, '$.approvals') AS approval;
+";
+
 /// Schema version N is reached by running the first N steps, in order.
-const MIGRATIONS: [&str; 6] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6];
+const MIGRATIONS: [&str; 7] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7];
 
 /// Expired idempotency records removed by each create that adds one: more
 /// than one, so the table shrinks back to the keys still in their window.
@@ -400,6 +421,37 @@ fn insert_events(connection: &Connection, events: &[Event]) -> Result<(), StoreE
     Ok(())
 }
 
+/// Brings the inbox rows of the approvals whose status `events` changed up
+/// to date with `run`.
+fn index_approvals(connection: &Connection, run: &Run, events: &[Event]) -> Result<(), StoreError> {
+    let changed = events.iter().filter_map(|event| match &event.data {
+        EventData::ApprovalRequested(approval)
+        | EventData::ApprovalDecided(approval)
+        | EventData::ApprovalExpired(approval)
+        | EventData::ApprovalCanceled(approval) => Some(approval.id),
+        _ => None,
+    });
+    let mut statement = connection
+        .prepare_cached(
+            "INSERT OR REPLACE INTO approvals (owner, run_id, approval_id, status, agent, requested_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .map_err(unavailable)?;
+    for approval in changed.filter_map(|id| run.approvals.iter().find(|approval| approval.id == id)) {
+        statement
+            .execute(params![
+                run.owner.as_str(),
+                run.id.to_string(),
+                approval.id.to_string(),
+                approval.status.as_str(),
+                run.agent,
+                approval.requested_at.millis()
+            ])
+            .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl RunStore for SqliteStore {
     async fn insert(
@@ -582,6 +634,7 @@ impl RunStore for SqliteStore {
                     return Err(StoreError::Conflict);
                 }
                 insert_events(&transaction, &events)?;
+                index_approvals(&transaction, &next, &events)?;
                 transaction.commit().map_err(unavailable)?;
                 store.remember(&next, body.len());
                 if !events.is_empty() {
@@ -658,6 +711,63 @@ impl RunStore for SqliteStore {
             let runs =
                 bodies.iter().take(request.limit as usize).map(|body| decode_run(body)).collect::<Result<_, _>>()?;
             Ok(ListPage { runs, has_more })
+        })
+        .await
+    }
+
+    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
+        let owner = owner.to_string();
+        self.read(move |connection| {
+            // Every position sorts below this, so "no cursor" needs no second query shape.
+            let after = request.after.map_or((i64::MAX, String::new(), String::new()), |after| {
+                (after.requested_at.millis(), after.run_id.to_string(), after.approval_id.to_string())
+            });
+            let fetch = i64::from(request.limit) + 1;
+            let status = request.status.as_str();
+            let row = |row: &rusqlite::Row<'_>| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?));
+            let rows: Vec<(String, String)> = match &request.agent {
+                None => connection
+                    .prepare_cached(
+                        "SELECT approvals.approval_id, runs.body FROM approvals
+                         JOIN runs ON runs.owner = approvals.owner AND runs.id = approvals.run_id
+                         WHERE approvals.owner = ?1 AND approvals.status = ?2
+                           AND (approvals.requested_at, approvals.run_id, approvals.approval_id) < (?3, ?4, ?5)
+                         ORDER BY approvals.requested_at DESC, approvals.run_id DESC, approvals.approval_id DESC
+                         LIMIT ?6",
+                    )
+                    .and_then(|mut statement| {
+                        statement.query_map(params![owner, status, after.0, after.1, after.2, fetch], row)?.collect()
+                    }),
+                Some(agent) => connection
+                    .prepare_cached(
+                        "SELECT approvals.approval_id, runs.body FROM approvals
+                         JOIN runs ON runs.owner = approvals.owner AND runs.id = approvals.run_id
+                         WHERE approvals.owner = ?1 AND approvals.agent = ?2 AND approvals.status = ?3
+                           AND (approvals.requested_at, approvals.run_id, approvals.approval_id) < (?4, ?5, ?6)
+                         ORDER BY approvals.requested_at DESC, approvals.run_id DESC, approvals.approval_id DESC
+                         LIMIT ?7",
+                    )
+                    .and_then(|mut statement| {
+                        statement
+                            .query_map(params![owner, agent, status, after.0, after.1, after.2, fetch], row)?
+                            .collect()
+                    }),
+            }
+            .map_err(unavailable)?;
+            let has_more = rows.len() > request.limit as usize;
+            let mut entries = Vec::with_capacity(rows.len());
+            for (approval_id, body) in rows.iter().take(request.limit as usize) {
+                let run = decode_run(body)?;
+                let approval_id =
+                    approval_id.parse().map_err(|_| StoreError::Defect("malformed approval id in the inbox".into()))?;
+                // Rows change in the transaction of the run, so they agree;
+                // one that did not would be left out, not fail the page.
+                match InboxEntry::of(&run, approval_id, request.status, None) {
+                    Some(entry) => entries.push(entry),
+                    None => tracing::error!(run_id = %run.id, %approval_id, "an inbox row disagrees with its run"),
+                }
+            }
+            Ok(InboxPage { entries, has_more })
         })
         .await
     }

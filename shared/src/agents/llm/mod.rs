@@ -266,20 +266,18 @@ impl LlmAgent {
         let call = &pending.call;
         let outcome = match pending.approval.map(|index| approvals.get(index)) {
             None => self.run_tool(run_id, call, None, must_finish, events).await,
-            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => {
-                match &approval.edited_arguments {
-                    None => self.run_tool(run_id, call, None, must_finish, events).await,
-                    Some(edited) => {
-                        let outcome = self.run_tool(run_id, call, Some(edited), must_finish, events).await;
-                        let told = format!(
-                            "A human reviewer changed the arguments to {} before the call was made. {}",
-                            canonical_json(edited),
-                            outcome.content
-                        );
-                        ToolOutcome { content: told, ..outcome }
-                    }
+            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => match &approval.edited_arguments {
+                None => self.run_tool(run_id, call, None, must_finish, events).await,
+                Some(edited) => {
+                    let outcome = self.run_tool(run_id, call, Some(edited), must_finish, events).await;
+                    let told = format!(
+                        "A human reviewer changed the arguments to {} before the call was made. {}",
+                        canonical_json(edited),
+                        outcome.content
+                    );
+                    ToolOutcome { content: told, ..outcome }
                 }
-            }
+            },
             Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => {
                 let comment =
                     approval.comment.as_deref().map(|comment| format!(" Their comment: {comment}")).unwrap_or_default();

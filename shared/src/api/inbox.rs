@@ -1,0 +1,42 @@
+//! `GET /v1/approvals`: approvals across the owner's runs, newest
+//! `requested_at` first, with the list's cursor rules.
+
+use http::StatusCode;
+
+use super::query::{page_size, parameters};
+use super::response::json_response;
+use super::{ApiError, ApiResponse};
+use crate::domain::{ApprovalStatus, InboxCursor, Owner, valid_agent_name};
+use crate::store::{InboxRequest, RunStore};
+use crate::views::{InboxEntryView, PageView};
+
+pub const DEFAULT_LIMIT: u32 = 20;
+pub const MAX_LIMIT: u32 = 100;
+const PARAMETERS: [&str; 4] = ["status", "agent", "limit", "cursor"];
+
+pub(super) async fn handle(runs: &dyn RunStore, owner: &Owner, query: Option<&str>) -> Result<ApiResponse, ApiError> {
+    let [status, agent, limit, cursor] = parameters(query, PARAMETERS)?;
+    let status = match status {
+        None => ApprovalStatus::Pending,
+        Some(text) => ApprovalStatus::parse(&text).ok_or_else(|| {
+            ApiError::invalid("status", "`status` must be one of pending, approved, rejected, canceled, expired.")
+        })?,
+    };
+    if agent.as_deref().is_some_and(|agent| !valid_agent_name(agent)) {
+        return Err(ApiError::invalid("agent", "`agent` must be an agent's name: letters, digits, `_` and `-`."));
+    }
+    let limit = page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?;
+    let after = cursor
+        .map(|text| InboxCursor::decode(&text, owner, status, agent.as_deref()))
+        .transpose()
+        .map_err(|error| ApiError::invalid("cursor", error.to_string()))?
+        .map(|cursor| cursor.last);
+    let page = runs.inbox(owner, InboxRequest { status, agent: agent.clone(), after, limit }).await?;
+    let next_cursor = page
+        .has_more
+        .then(|| page.entries.last())
+        .flatten()
+        .map(|last| InboxCursor { status, agent, last: last.position() }.encode(owner));
+    let view = PageView { data: page.entries.iter().map(InboxEntryView::from).collect(), next_cursor };
+    Ok(json_response(StatusCode::OK, &view))
+}
