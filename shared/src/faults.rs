@@ -12,8 +12,8 @@ use rand::{Rng, SeedableRng};
 use crate::domain::{Owner, Run, RunId, Timestamp};
 use crate::queue::{QueueError, RunMessage, RunQueue};
 use crate::store::{
-    DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage, ListRequest, RunStore,
-    StoreError,
+    BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
+    ListRequest, RunStore, StoreError,
 };
 
 /// What happens to one call.
@@ -262,6 +262,27 @@ impl RunStore for FaultyStore {
 
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
         faulty(self.plan.as_ref(), "list", store_fault, self.inner.list(owner, request)).await
+    }
+
+    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError> {
+        // As `update`: the caller's copies learn only of writes they saw.
+        let mut attempt = runs.to_vec();
+        let unseen = |error| BatchWriteError { written: 0, error };
+        let result = match self.plan.next("update_batch") {
+            Fault::None => self.inner.update_batch(&mut attempt).await,
+            Fault::FailBefore => Err(unseen(store_fault("update_batch"))),
+            Fault::FailAfter => {
+                let _ = self.inner.update_batch(&mut attempt).await;
+                Err(unseen(store_fault("update_batch")))
+            }
+            Fault::ConflictAfter => {
+                let _ = self.inner.update_batch(&mut attempt).await;
+                Err(unseen(StoreError::Conflict))
+            }
+        };
+        let written = result.as_ref().map_or_else(|failed| failed.written, |()| runs.len());
+        runs[..written].clone_from_slice(&attempt[..written]);
+        result
     }
 
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {

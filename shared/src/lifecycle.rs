@@ -9,12 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::{
-    ApprovalId, ApprovalStatus, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId,
-    Owner, Run, RunId, RunStatus, TransitionError,
+    ApprovalId, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner, Run, RunId,
+    TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
-use crate::store::{ChangeError, IdempotencyClaim, InsertOutcome, RunStore, StoreError, Transition, change_run};
+use crate::store::{
+    CHANGE_ATTEMPTS, ChangeError, IdempotencyClaim, InsertOutcome, RunStore, StoreError, Transition, change_run,
+};
 
 /// How long an idempotency key names the run it created.
 pub const IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
@@ -89,6 +91,26 @@ impl WritesSeen {
         self.tried |= matches!(transition, Transition::Write(_));
         transition
     }
+}
+
+/// One decision of a batch, with its place in the request.
+#[derive(Debug, Clone)]
+pub struct BatchDecision {
+    pub index: usize,
+    pub approval_id: ApprovalId,
+    pub request: DecisionRequest,
+}
+
+/// Why a batch was not recorded, or not whole.
+#[derive(Debug)]
+pub struct BatchRefused {
+    /// The decision that failed; `None` when the store did.
+    pub index: Option<usize>,
+    pub error: ChangeError<DecideRefused>,
+    /// Whether the decisions of some runs were recorded all the same: only
+    /// where a store cannot write the batch in one transaction, and a
+    /// change of another writer came between two of them.
+    pub partly_recorded: bool,
 }
 
 /// Why a decision was not recorded.
@@ -248,10 +270,8 @@ impl Lifecycle {
         // This call's last decision whose answer was lost reads back as
         // unchanged: the run, queued with nothing pending, is sent all the
         // same (a repeated decision of another call sends nothing).
-        let requeued_unseen = writes.may_have_landed
-            && outcome == Some(DecideOutcome::Unchanged)
-            && run.status == RunStatus::Queued
-            && run.approvals.iter().all(|approval| approval.status != ApprovalStatus::Pending);
+        let requeued_unseen =
+            writes.may_have_landed && outcome == Some(DecideOutcome::Unchanged) && run.is_requeued_after_decisions();
         if outcome.is_none() {
             return Err(ChangeError::Refused(DecideRefused::Expired));
         }
@@ -262,6 +282,102 @@ impl Lifecycle {
             }
         }
         Ok(run)
+    }
+
+    /// Records the decisions on `runs` (as the caller read them, each with
+    /// its decisions in request order), all of them or none: every decision
+    /// is checked before anything is written, and the runs are written
+    /// together (see [`RunStore::update_batch`]). A run whose last pending
+    /// approval was decided is queued again. Returns the runs as stored.
+    pub async fn decide_batch(&self, runs: Vec<(Run, Vec<BatchDecision>)>) -> Result<Vec<Run>, BatchRefused> {
+        let mut pending = runs;
+        let mut recorded: Vec<Run> = Vec::with_capacity(pending.len());
+        let mut to_send = Vec::new();
+        let mut may_have_landed = false;
+        for attempt in 0..CHANGE_ATTEMPTS {
+            let partly_recorded = !recorded.is_empty();
+            let refused = |index, error| BatchRefused { index: Some(index), error, partly_recorded };
+            if attempt > 0 {
+                for (run, decisions) in &mut pending {
+                    let first = decisions.first().map_or(0, |decision| decision.index);
+                    let fresh =
+                        self.runs.get(&run.owner, run.id).await.map_err(|error| refused(first, error.into()))?;
+                    *run = fresh.ok_or_else(|| refused(first, ChangeError::Gone))?;
+                }
+            }
+            let now = self.clock.now();
+            let mut changed = Vec::new();
+            let mut unchanged = Vec::new();
+            for (position, (run, decisions)) in pending.iter().enumerate() {
+                let mut next = run.clone();
+                let mut outcome = DecideOutcome::Unchanged;
+                for decision in decisions {
+                    if next.approval_past_expiry(decision.approval_id, now) {
+                        return Err(refused(decision.index, ChangeError::Refused(DecideRefused::Expired)));
+                    }
+                    match next.decide(decision.approval_id, decision.request.clone(), now, &self.policy) {
+                        Ok(DecideOutcome::Unchanged) => {}
+                        Ok(decided) => outcome = outcome.max(decided),
+                        Err(error) => {
+                            let error = ChangeError::Refused(DecideRefused::Transition(error));
+                            return Err(refused(decision.index, error));
+                        }
+                    }
+                }
+                if outcome == DecideOutcome::Unchanged {
+                    // A requeue whose answer was lost reads back as a repeat.
+                    if may_have_landed && next.is_requeued_after_decisions() {
+                        to_send.push(next.id);
+                    }
+                    unchanged.push(position);
+                    recorded.push(next);
+                } else {
+                    changed.push((position, next, outcome));
+                }
+            }
+            let mut writes: Vec<Run> = changed.iter().map(|(_, run, _)| run.clone()).collect();
+            let result = self.runs.update_batch(&mut writes).await;
+            let written = result.as_ref().map_or_else(|failed| failed.written, |()| writes.len());
+            let mut done: Vec<usize> = unchanged;
+            for ((position, _, outcome), run) in changed.iter().zip(writes).take(written) {
+                if *outcome == DecideOutcome::Requeued {
+                    to_send.push(run.id);
+                }
+                done.push(*position);
+                recorded.push(run);
+            }
+            pending =
+                pending.into_iter().enumerate().filter(|(at, _)| !done.contains(at)).map(|(_, left)| left).collect();
+            match result {
+                Ok(()) => {
+                    self.send_again(&recorded, &to_send).await;
+                    return Ok(recorded);
+                }
+                Err(failed) if matches!(failed.error, StoreError::Conflict) => {
+                    may_have_landed = true;
+                    tokio::time::sleep(Duration::from_millis(rand::random_range(0..=(1u64 << attempt.min(5))))).await;
+                }
+                Err(failed) => {
+                    self.send_again(&recorded, &to_send).await;
+                    let partly_recorded = !recorded.is_empty();
+                    return Err(BatchRefused { index: None, error: failed.error.into(), partly_recorded });
+                }
+            }
+        }
+        self.send_again(&recorded, &to_send).await;
+        let error = StoreError::Unavailable("the runs kept changing under concurrent writes".into());
+        Err(BatchRefused { index: None, error: error.into(), partly_recorded: !recorded.is_empty() })
+    }
+
+    /// Queues the runs of these ids again (should a send fail, the sweeper
+    /// sends the run).
+    async fn send_again(&self, runs: &[Run], ids: &[RunId]) {
+        for run in runs.iter().filter(|run| ids.contains(&run.id)) {
+            let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
+            if let Err(error) = self.queue.enqueue(&message).await {
+                tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
+            }
+        }
     }
 
     /// Moves a pending approval's expiry to `by` from now. An approval

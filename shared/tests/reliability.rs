@@ -133,6 +133,9 @@ impl RunStore for Observed {
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
         self.inner.list(owner, request).await
     }
+    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), agent_runs_shared::store::BatchWriteError> {
+        self.inner.update_batch(runs).await
+    }
     async fn inbox(
         &self,
         owner: &Owner,

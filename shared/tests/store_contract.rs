@@ -507,7 +507,53 @@ async fn the_inbox_lists_approvals_newest_first_by_status_and_agent(store: &dyn 
     assert!(!canceled.has_more);
 }
 
+/// `count` runs of `owner_name` awaiting one approval each, and each with
+/// that approval approved in memory (not written).
+async fn decided_in_memory(store: &dyn RunStore, owner_name: &str, first_at: u64, count: u64) -> Vec<Run> {
+    let mut runs = Vec::new();
+    for n in 0..count {
+        let mut run = awaiting(store, owner_name, "echo", first_at + n, 1).await;
+        let approve =
+            DecisionRequest { decision: Decision::Approve, comment: None, seen_sha256: None, decided_by: None };
+        let at = Timestamp::from_millis((T0 + 1_000) as i64);
+        run.decide(run.approvals[0].id, approve, at, &ExecutionPolicy::default()).unwrap();
+        runs.push(run);
+    }
+    runs
+}
+
+async fn a_batch_of_runs_is_written_whole_or_not_at_all(store: &dyn RunStore) {
+    let mut runs = decided_in_memory(store, "batch", 100, 3).await;
+    // Another writer changed the second run: none of the three is written.
+    let mut other = store.get(&owner("batch"), runs[1].id).await.unwrap().unwrap();
+    other
+        .extend_approval(
+            other.approvals[0].id,
+            std::time::Duration::from_secs(60 * 60 * 48),
+            Timestamp::from_millis((T0 + 500) as i64),
+            &ExecutionPolicy::default(),
+        )
+        .unwrap();
+    store.update(&mut other).await.unwrap();
+    let before = runs.clone();
+    let failed = store.update_batch(&mut runs).await.unwrap_err();
+    assert!(matches!((failed.written, failed.error), (0, StoreError::Conflict)));
+    assert_eq!(runs, before, "the caller's runs are as they were");
+    let stored = store.get(&owner("batch"), runs[0].id).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::AwaitingApproval);
+    assert_eq!(store.events(runs[0].id, 0, 100).await.unwrap().events.len(), 4, "no event of the batch either");
+
+    runs.remove(1);
+    store.update_batch(&mut runs).await.unwrap();
+    for run in &runs {
+        let stored = store.get(&owner("batch"), run.id).await.unwrap().unwrap();
+        assert_eq!((stored.status, stored.version, stored.event_seq), (RunStatus::Queued, run.version, 6));
+        assert!(run.pending_events.is_empty());
+    }
+}
+
 async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
+    a_batch_of_runs_is_written_whole_or_not_at_all(runs.as_ref()).await;
     the_inbox_lists_approvals_newest_first_by_status_and_agent(runs.as_ref()).await;
     undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;
     agents_are_put_replaced_listed_and_deleted(agents).await;
@@ -631,6 +677,26 @@ async fn dynamodb_store_keeps_the_contract() {
     let client = aws_sdk_dynamodb::Client::new(&sdk);
     let store = DynamoStore::new(client.clone(), table.clone());
     run_contract(Arc::new(store.clone()), &store, &store).await;
+
+    // A batch over one transaction's 100 items is written in several, of
+    // whole runs (3 items each here), in order: one that loses a race
+    // leaves those before it written.
+    let mut runs = decided_in_memory(&store, "large-batch", 200, 40).await;
+    let mut other = store.get(&owner("large-batch"), runs[38].id).await.unwrap().unwrap();
+    other.cancel(Timestamp::from_millis((T0 + 500) as i64)).unwrap();
+    store.update(&mut other).await.unwrap();
+    let failed = store.update_batch(&mut runs).await.unwrap_err();
+    assert!(matches!((failed.written, &failed.error), (33, StoreError::Conflict)), "{failed}");
+    let status = |run: &Run| {
+        let store = store.clone();
+        let run_id = run.id;
+        async move { store.get(&owner("large-batch"), run_id).await.unwrap().unwrap().status }
+    };
+    assert_eq!(status(&runs[32]).await, RunStatus::Queued);
+    assert_eq!(status(&runs[33]).await, RunStatus::AwaitingApproval);
+    let mut rest: Vec<Run> = runs.split_off(33).into_iter().filter(|run| run.id != other.id).collect();
+    store.update_batch(&mut rest).await.unwrap();
+    assert_eq!(status(&rest[5]).await, RunStatus::Queued);
 
     // A build that knew no events wrote the run back without its count: the
     // next write with events numbers on from the stored log, no seq reused.

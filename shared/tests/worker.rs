@@ -187,6 +187,9 @@ impl RunStore for OneBrokenRun {
     ) -> Result<agent_runs_shared::store::ListPage, StoreError> {
         self.inner.list(owner, request).await
     }
+    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), agent_runs_shared::store::BatchWriteError> {
+        self.inner.update_batch(runs).await
+    }
     async fn inbox(
         &self,
         owner: &Owner,

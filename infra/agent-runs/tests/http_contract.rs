@@ -926,6 +926,77 @@ fn the_inbox_lists_approvals_across_runs_newest_first(target: Target) {
     assert_eq!(theirs["data"], json!([]));
 }
 
+fn a_batch_decides_across_runs_all_or_nothing(target: Target) {
+    let server = Server::start_on(target, &[]);
+    let key = server.dev_key.clone().unwrap();
+    let waiting: Vec<Value> = ["approve Deploy", "approve Notify", "approve Archive"]
+        .iter()
+        .map(|script| {
+            let run = server.create_script(&key, &format!("{script}\nsay done"));
+            server.wait_for_status(&key, run["id"].as_str().unwrap(), "awaiting_approval")
+        })
+        .collect();
+    let element = |run: &Value, decision: &str| json!({"run_id": run["id"], "approval_id": run["pending_approvals"][0]["id"], "decision": decision});
+    let batch = "/v1/approvals/batch";
+    let (a, b, c) = (&waiting[0], &waiting[1], &waiting[2]);
+
+    let too_many: Vec<Value> = (0..101).map(|_| element(a, "approve")).collect();
+    for body in [json!({}), json!({"decisions": []}), json!({"decisions": too_many}), json!({"decisions": {}})] {
+        assert_eq!(server.post(&key, batch, body).expect_error(400, "invalid_request")["param"], "decisions");
+    }
+    let cases: Vec<(Value, u16, &str, u64)> = vec![
+        (json!([element(a, "approve"), element(a, "reject")]), 400, "invalid_request", 1),
+        (json!([element(a, "approve"), 7]), 400, "invalid_request", 1),
+        (json!([element(a, "approve"), {"run_id": a["id"], "decision": "approve"}]), 400, "invalid_request", 1),
+        (json!([element(a, "approve"), element(b, "maybe")]), 400, "invalid_request", 1),
+        (
+            json!([element(a, "approve"), {"run_id": UNKNOWN_RUN, "approval_id": a["pending_approvals"][0]["id"], "decision": "approve"}]),
+            404,
+            "not_found",
+            1,
+        ),
+        (
+            json!([element(a, "approve"), element(b, "approve"), {"run_id": c["id"], "approval_id": c["pending_approvals"][0]["id"], "decision": "edit", "arguments": {}}]),
+            400,
+            "invalid_request",
+            2,
+        ),
+    ];
+    for (decisions, status, code, index) in cases {
+        let reply = server.post(&key, batch, json!({"decisions": decisions}));
+        assert_eq!(reply.expect_error(status, code)["index"], index, "{decisions}");
+    }
+    // A decision that conflicts leaves the others unrecorded too.
+    let c_path = format!("{}/approvals/{}", run_path(c), c["pending_approvals"][0]["id"].as_str().unwrap());
+    server.post(&key, &c_path, json!({"decision": "reject"})).expect_status(200);
+    let conflicting = json!({"decisions": [element(a, "approve"), element(c, "approve")]});
+    assert_eq!(server.post(&key, batch, conflicting).expect_error(409, "conflict")["index"], 1);
+    let a_now = server.get(&key, &run_path(a)).expect_status(200).clone();
+    assert_eq!(a_now["pending_approvals"][0]["status"], "pending", "nothing of the batch was recorded");
+
+    let mut reject_b = element(b, "reject");
+    reject_b["comment"] = json!("not today");
+    let body = json!({"decisions": [element(a, "approve"), reject_b, element(c, "reject")]});
+    let decided = server.post(&key, batch, body.clone()).expect_status(200).clone();
+    let runs = decided["data"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    assert_eq!((&runs[0]["id"], &runs[1]["id"], &runs[2]["id"]), (&a["id"], &b["id"], &c["id"]));
+    assert_eq!(runs[0]["pending_approvals"][0]["status"], "approved");
+    assert_eq!(runs[1]["pending_approvals"][0]["comment"], "not today");
+    let a_done = server.wait_for_status(&key, a["id"].as_str().unwrap(), "succeeded");
+    assert_eq!(a_done["output"], "approved: Deploy\ndone");
+    let b_done = server.wait_for_status(&key, b["id"].as_str().unwrap(), "succeeded");
+    assert_eq!(b_done["output"], "rejected: Notify\ndone");
+    // Repeating the batch is safe, and each run was resumed once.
+    server.post(&key, batch, body).expect_status(200);
+    for run in [a, b] {
+        let events = server.get(&key, &format!("{}/events", run_path(run))).expect_status(200).clone();
+        assert_eq!(event_types(&events).iter().filter(|kind| *kind == "run.resumed").count(), 1);
+    }
+    let reader = server.admin(&["keys", "create", "--owner", "dev", "--scope", "runs:read"]).trim().to_owned();
+    server.post(&reader, batch, json!({"decisions": [element(a, "approve")]})).expect_error(403, "forbidden");
+}
+
 fn the_script_agent_says_sleeps_and_fails(target: Target) {
     let server = Server::start_on(target, &[]);
     let key = server.dev_key.clone().unwrap();
@@ -1122,4 +1193,5 @@ on_every_target!(
     events_parameters_are_checked_strictly,
     scopes_limit_what_a_key_may_do_and_decisions_name_their_key,
     the_inbox_lists_approvals_across_runs_newest_first,
+    a_batch_decides_across_runs_all_or_nothing,
 );

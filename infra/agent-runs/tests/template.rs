@@ -164,6 +164,7 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
         "get",
         "cancel",
         "decide",
+        "decide-batch",
         "extend",
         "events",
         "approvals",
@@ -290,7 +291,7 @@ fn table_actions(function: &Value) -> BTreeSet<String> {
 #[test]
 fn functions_that_write_runs_may_make_every_call_a_run_write_makes() {
     let template = template();
-    let writers = ["cancel", "decide", "extend", "worker", "sweeper", "dead-letter"];
+    let writers = ["cancel", "decide", "decide-batch", "extend", "worker", "sweeper", "dead-letter"];
     let needed: BTreeSet<String> =
         ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query"]
             .map(str::to_owned)

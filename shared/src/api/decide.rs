@@ -29,6 +29,10 @@ pub(super) struct DecisionBody {
 }
 
 impl DecisionBody {
+    pub(super) fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
     /// Reads the decision fields, removing them from `body`.
     pub(super) fn parse(body: &mut Map<String, Value>) -> Result<DecisionBody, ApiError> {
         let decision = body.remove("decision");

@@ -118,9 +118,21 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> ApiResponse {
+        self.response(None)
+    }
+
+    /// The answer to one element of a batch: its error, with `error.index`.
+    pub fn into_response_at(self, index: usize) -> ApiResponse {
+        self.response(Some(index))
+    }
+
+    fn response(self, index: Option<usize>) -> ApiResponse {
         let mut error = serde_json::json!({ "code": self.code(), "message": self.public_message() });
         if let ApiError::InvalidRequest { param: Some(param), .. } = &self {
             error["param"] = param.clone().into();
+        }
+        if let Some(index) = index {
+            error["index"] = index.into();
         }
         let mut response = json_response(self.status(), &serde_json::json!({ "error": error }));
         let headers = response.headers_mut();

@@ -4,6 +4,7 @@
 //! `http::Response<Bytes>`, so the same code serves Lambda and the embedded
 //! server.
 
+mod batch;
 mod body;
 mod cancel;
 mod create;
@@ -204,6 +205,7 @@ impl Api {
             Operation::Extend => extend::handle(self, owner, run_id, params.get("approval_id"), &request).await,
             Operation::Events => events::handle(&self.runs, owner, run_id, &request).await,
             Operation::Inbox => inbox::handle(self.runs.as_ref(), owner, request.uri().query()).await,
+            Operation::DecideBatch => batch::handle(self, &principal, &request).await,
         }
     }
 

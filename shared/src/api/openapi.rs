@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
 use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
-use super::{events, inbox};
+use super::{batch, events, inbox};
 use crate::domain::{
     ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS,
     MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS,
@@ -103,8 +103,10 @@ fn operation(id: &str, summary: &str, parameters: Value, body: Option<Value>, mu
     operation
 }
 
-/// A decision's body; `extra` adds the properties a batch element has.
-fn decision_schema(extra: Value) -> Value {
+/// A decision's body; `extra` adds the required properties a batch
+/// element has (a list, not an object, whose key order would depend on a
+/// `serde_json` feature).
+fn decision_schema(extra: &[(&str, Value)]) -> Value {
     let mut schema = json!({
         "type": "object",
         "additionalProperties": false,
@@ -116,8 +118,9 @@ fn decision_schema(extra: Value) -> Value {
             "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-fA-F]{64}$", "description": "The approval's arguments_sha256 as the person saw it; another value is 409 and nothing changes."}
         }
     });
-    for (name, property) in extra.as_object().into_iter().flatten() {
-        schema["properties"][name] = property.clone();
+    for (name, property) in extra {
+        schema["properties"][*name] = property.clone();
+        schema["required"].as_array_mut().expect("a list").push(json!(name));
     }
     schema
 }
@@ -297,6 +300,28 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     }
                 }),
             ),
+            Operation::DecideBatch => operation(
+                route.operation_id,
+                "Decide up to 100 approvals across runs, all or nothing",
+                json!([]),
+                Some(
+                    json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DecisionBatch"}}}}),
+                ),
+                json!({
+                    "200": {
+                        "description": "Every decision recorded (repeats as repeats): the run of each, in request order.",
+                        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                        "content": {"application/json": {"schema": {
+                            "type": "object",
+                            "additionalProperties": false,
+                            "required": ["data"],
+                            "properties": {"data": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}}}
+                        }}}
+                    },
+                    "404": error_response("A run or approval of the batch does not exist for this key's owner; error.index names the element. Nothing was recorded.", &[]),
+                    "409": error_response("A decision of the batch cannot be recorded (see decideApproval); error.index names it. Nothing was recorded.", &[])
+                }),
+            ),
             Operation::Events => operation(
                 route.operation_id,
                 "List a run's events, oldest first; wait for new ones",
@@ -442,7 +467,24 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     }
                 },
                 "CancelRun": {"type": "object", "additionalProperties": false, "maxProperties": 0},
-                "Decision": decision_schema(json!({})),
+                "Decision": decision_schema(&[]),
+                "DecisionBatch": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["decisions"],
+                    "properties": {
+                        "decisions": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": batch::MAX_DECISIONS,
+                            "description": "Each approval at most once.",
+                            "items": decision_schema(&[
+                                ("run_id", json!({"type": "string", "pattern": format!("^run_{ULID}$")})),
+                                ("approval_id", json!({"type": "string", "pattern": format!("^apr_{ULID}$")}))
+                            ])
+                        }
+                    }
+                },
                 "Extension": {
                     "type": "object",
                     "additionalProperties": false,
@@ -462,7 +504,8 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                             "properties": {
                                 "code": {"type": "string", "enum": codes},
                                 "message": {"type": "string"},
-                                "param": {"type": "string", "description": "The offending field, query parameter or header."}
+                                "param": {"type": "string", "description": "The offending field, query parameter or header."},
+                                "index": {"type": "integer", "minimum": 0, "description": "In a batch's answer: the 0-based position of the decision that failed."}
                             }
                         }
                     }

@@ -21,6 +21,7 @@ pub enum Operation {
     Extend,
     Events,
     Inbox,
+    DecideBatch,
 }
 
 /// Where an operation lives and what serves it.
@@ -38,7 +39,7 @@ pub struct Route {
     pub scope: Scope,
 }
 
-pub const ROUTES: [Route; 8] = [
+pub const ROUTES: [Route; 9] = [
     Route {
         operation: Operation::Create,
         method: Method::POST,
@@ -101,6 +102,14 @@ pub const ROUTES: [Route; 8] = [
         path: "/v1/approvals",
         operation_id: "listApprovals",
         function: "approvals",
+        scope: Scope::ApprovalsDecide,
+    },
+    Route {
+        operation: Operation::DecideBatch,
+        method: Method::POST,
+        path: "/v1/approvals/batch",
+        operation_id: "decideApprovals",
+        function: "decide-batch",
         scope: Scope::ApprovalsDecide,
     },
 ];

@@ -185,15 +185,17 @@ pub enum Changed {
     No,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Ordered: of several decisions on one run, the greatest outcome is the
+/// run's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DecideOutcome {
+    /// The approval already had this decision.
+    Unchanged,
     /// Recorded; other approvals are still pending.
     Recorded,
     /// Recorded, and it was the last pending one: the run is `queued` again
     /// and must be enqueued.
     Requeued,
-    /// The approval already had this decision.
-    Unchanged,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -423,16 +425,29 @@ impl Run {
         }
     }
 
+    /// Whether the approval is pending though its time is up (the sweeper
+    /// has not come by yet): no decision may count.
+    pub fn approval_past_expiry(&self, approval_id: ApprovalId, now: Timestamp) -> bool {
+        self.approvals.iter().any(|approval| {
+            approval.id == approval_id
+                && approval.status == ApprovalStatus::Pending
+                && approval.expires_at.is_some_and(|at| at <= now)
+        })
+    }
+
+    /// Queued with every approval decided: what the last decision leaves
+    /// (until a worker claims the run).
+    pub fn is_requeued_after_decisions(&self) -> bool {
+        self.status == RunStatus::Queued
+            && !self.approvals.is_empty()
+            && self.approvals.iter().all(|approval| approval.status != ApprovalStatus::Pending)
+    }
+
     /// Expires the approval, failing the run, when it is still pending and
     /// its time is up though the sweeper has not come by yet: a late
     /// decision never counts. `true` when it expired here.
     pub fn expire_if_due(&mut self, approval_id: ApprovalId, now: Timestamp, policy: &ExecutionPolicy) -> bool {
-        let due = self.approvals.iter().any(|approval| {
-            approval.id == approval_id
-                && approval.status == ApprovalStatus::Pending
-                && approval.expires_at.is_some_and(|at| at <= now)
-        });
-        due && self.sweep(now, policy) == SweepAction::Failed
+        self.approval_past_expiry(approval_id, now) && self.sweep(now, policy) == SweepAction::Failed
     }
 
     pub fn decide(

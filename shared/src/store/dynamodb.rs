@@ -49,8 +49,9 @@ use serde::{Deserialize, Serialize};
 
 use super::record::StoredRun;
 use super::{
-    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage, InboxRequest,
-    InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
+    AgentStore, BatchWriteError, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage,
+    InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent,
+    StoredKey,
 };
 use crate::domain::{
     AgentDefinition, ApprovalId, ApprovalStatus, Event, EventData, KeyId, Owner, RunId, RunStatus, Scopes, Timestamp,
@@ -59,6 +60,8 @@ use crate::domain::{
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
 pub const APPROVALS_INDEX: &str = "gsi3";
+/// The most items one `TransactWriteItems` may hold.
+const MAX_TRANSACTION_ITEMS: usize = 100;
 /// Partitions of the due index, so the sweeper's reads and the writes of
 /// busy periods spread over several keys.
 pub const DUE_SHARDS: u32 = 4;
@@ -829,6 +832,47 @@ impl RunStore for DynamoStore {
             Err(TransactFailure::ConditionsFailed(_)) => Err(StoreError::Conflict),
             Err(TransactFailure::Store(error)) => Err(error),
         }
+    }
+
+    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError> {
+        // Each run's writes, then as many whole runs per transaction as fit.
+        let mut writes = Vec::with_capacity(runs.len());
+        for (index, run) in runs.iter().enumerate() {
+            let mut next = run.clone();
+            next.version += 1;
+            let events = next.take_events();
+            let items =
+                self.update_items(run, &next, &events).map_err(|error| BatchWriteError { written: 0, error })?;
+            writes.push((index, next, items));
+        }
+        let mut start = 0;
+        while start < writes.len() {
+            let mut end = start;
+            let mut count = 0;
+            while end < writes.len() && (end == start || count + writes[end].2.len() <= MAX_TRANSACTION_ITEMS) {
+                count += writes[end].2.len();
+                end += 1;
+            }
+            let failed = |error| BatchWriteError { written: start, error };
+            if end - start == 1 {
+                // One run alone: `update`, with its repair of an event count
+                // that fell behind the log.
+                self.update(&mut runs[start]).await.map_err(failed)?;
+            } else {
+                let items = writes[start..end].iter_mut().flat_map(|(_, _, items)| std::mem::take(items)).collect();
+                match self.transact(items).await {
+                    Ok(()) => {
+                        for (index, next, _) in &writes[start..end] {
+                            runs[*index] = next.clone();
+                        }
+                    }
+                    Err(TransactFailure::ConditionsFailed(_)) => return Err(failed(StoreError::Conflict)),
+                    Err(TransactFailure::Store(error)) => return Err(failed(error)),
+                }
+            }
+            start = end;
+        }
+        Ok(())
     }
 
     async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {

@@ -98,6 +98,16 @@ pub struct InboxPage {
     pub has_more: bool,
 }
 
+/// A batch of run writes that stopped: the first `written` runs were stored
+/// (and updated in the caller's slice), the rest were not.
+#[derive(Debug, thiserror::Error)]
+#[error("{error} (after {written} runs were written)")]
+pub struct BatchWriteError {
+    pub written: usize,
+    #[source]
+    pub error: StoreError,
+}
+
 /// A run whose `due_at` has come, for the sweeper; also its position for
 /// paging through many of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,6 +167,12 @@ pub trait RunStore: Send + Sync + 'static {
     /// written again, so a write whose status is terminal is the one that
     /// ends the run (stores that count active runs rely on this).
     async fn update(&self, run: &mut Run) -> Result<(), StoreError>;
+
+    /// [`RunStore::update`] of several runs, in one transaction where the
+    /// store can: SQLite always; DynamoDB while the writes fit in one
+    /// `TransactWriteItems` (100 items), else in several, in order, each of
+    /// whole runs. On an error the first `written` runs are stored.
+    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError>;
 
     /// Newest first. Reads at most `limit + 1` runs to know whether more exist.
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError>;

@@ -19,8 +19,9 @@ use tokio::sync::watch;
 
 use super::record::StoredRun;
 use super::{
-    AgentStore, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage, InboxRequest,
-    InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent, StoredKey,
+    AgentStore, BatchWriteError, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage,
+    InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent,
+    StoredKey,
 };
 use crate::domain::{AgentDefinition, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp};
 
@@ -452,6 +453,43 @@ fn index_approvals(connection: &Connection, run: &Run, events: &[Event]) -> Resu
     Ok(())
 }
 
+/// One run's write: the run as it is to be stored, on the condition that
+/// the stored one is still at `expected`, with its events.
+struct PendingUpdate {
+    expected: u64,
+    next: Run,
+    events: Vec<Event>,
+    body: String,
+}
+
+impl PendingUpdate {
+    fn apply(&self, transaction: &Connection) -> Result<(), StoreError> {
+        let next = &self.next;
+        let changed = transaction
+            .prepare_cached(
+                "UPDATE runs SET status = ?1, version = ?2, due_at = ?3, body = ?4
+                 WHERE owner = ?5 AND id = ?6 AND version = ?7 AND status IN ('queued', 'running', 'awaiting_approval')",
+            )
+            .and_then(|mut statement| {
+                statement.execute(params![
+                    next.status.as_str(),
+                    next.version as i64,
+                    next.due_at.map(Timestamp::millis),
+                    &self.body,
+                    next.owner.as_str(),
+                    next.id.to_string(),
+                    self.expected as i64
+                ])
+            })
+            .map_err(unavailable)?;
+        if changed != 1 {
+            return Err(StoreError::Conflict);
+        }
+        insert_events(transaction, &self.events)?;
+        index_approvals(transaction, next, &self.events)
+    }
+}
+
 #[async_trait]
 impl RunStore for SqliteStore {
     async fn insert(
@@ -604,46 +642,41 @@ impl RunStore for SqliteStore {
     }
 
     async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
-        let mut next = run.clone();
-        next.version += 1;
-        let events = next.take_events();
-        let expected = run.version;
-        let body = encode_run(&next)?;
+        let result = self.update_batch(std::slice::from_mut(run)).await;
+        result.map_err(|failed| failed.error)
+    }
+
+    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError> {
+        let failed = |error| BatchWriteError { written: 0, error };
+        let mut writes = Vec::with_capacity(runs.len());
+        for run in runs.iter() {
+            let mut next = run.clone();
+            next.version += 1;
+            let events = next.take_events();
+            let body = encode_run(&next).map_err(failed)?;
+            writes.push(PendingUpdate { expected: run.version, next, events, body });
+        }
         let store = self.clone();
         let written = self
             .write(move |connection| {
                 let transaction = connection.transaction().map_err(unavailable)?;
-                let changed = transaction
-                    .prepare_cached(
-                        "UPDATE runs SET status = ?1, version = ?2, due_at = ?3, body = ?4
-                         WHERE owner = ?5 AND id = ?6 AND version = ?7 AND status IN ('queued', 'running', 'awaiting_approval')",
-                    )
-                    .and_then(|mut statement| {
-                        statement.execute(params![
-                            next.status.as_str(),
-                            next.version as i64,
-                            next.due_at.map(Timestamp::millis),
-                            &body,
-                            next.owner.as_str(),
-                            next.id.to_string(),
-                            expected as i64
-                        ])
-                    })
-                    .map_err(unavailable)?;
-                if changed != 1 {
-                    return Err(StoreError::Conflict);
+                for write in &writes {
+                    write.apply(&transaction)?;
                 }
-                insert_events(&transaction, &events)?;
-                index_approvals(&transaction, &next, &events)?;
                 transaction.commit().map_err(unavailable)?;
-                store.remember(&next, body.len());
-                if !events.is_empty() {
-                    store.events_committed(next.id, next.event_seq);
+                for write in &writes {
+                    store.remember(&write.next, write.body.len());
+                    if !write.events.is_empty() {
+                        store.events_committed(write.next.id, write.next.event_seq);
+                    }
                 }
-                Ok(next)
+                Ok(writes.into_iter().map(|write| write.next).collect::<Vec<_>>())
             })
-            .await?;
-        *run = written;
+            .await
+            .map_err(failed)?;
+        for (run, next) in runs.iter_mut().zip(written) {
+            *run = next;
+        }
         Ok(())
     }
 
