@@ -429,18 +429,31 @@ async fn run_schedule(seed: u64, tally: &mut Tally) {
             tally.dead_lettered += 1;
             abandon_dead_letter(world.store.as_ref(), world.clock.as_ref(), &message).await.unwrap();
         }
-        // Humans approve whatever waits, retrying a 503 on the next pass.
+        // Humans approve whatever waits, retrying a 503 on the next pass:
+        // one by one, or (odd seeds) all at once in a batch.
+        let mut batch = Vec::new();
         for (i, (id, _)) in accepted.iter().enumerate() {
             let run = world.run(*id).await;
             for approval in
                 run.approvals.iter().filter(|a| a.status == agent_runs_shared::domain::ApprovalStatus::Pending)
             {
+                if seed % 2 == 1 {
+                    batch.push((i, json!({"run_id": id, "approval_id": approval.id, "decision": "approve"})));
+                    continue;
+                }
                 let plan = crash.plan(Victim::Decide(i));
                 let path = format!("/v1/agent/runs/{id}/approvals/{}", approval.id);
                 let (status, reply) =
                     world.call(&world.api(plan), "POST", &path, json!({"decision": "approve"}), None).await;
                 assert!(matches!(status, 200 | 503), "seed {seed}: {status} {reply}");
             }
+        }
+        if let Some((first, _)) = batch.first() {
+            let plan = crash.plan(Victim::Decide(*first));
+            let decisions: Vec<Value> = batch.into_iter().map(|(_, decision)| decision).collect();
+            let body = json!({"decisions": decisions});
+            let (status, reply) = world.call(&world.api(plan), "POST", "/v1/approvals/batch", body, None).await;
+            assert!(matches!(status, 200 | 503), "seed {seed}: {status} {reply}");
         }
         // A terminal run never changes again.
         let mut all_terminal = true;
@@ -875,6 +888,41 @@ async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
     let (_stop, stop) = watch::channel(false);
     assert_eq!(world.worker(Arc::new(Healthy)).process(&sent[0].1, &stop).await.unwrap(), Outcome::Succeeded);
     world.assert_active_count_is_true("after the run").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_whose_answer_was_lost_still_sends_its_runs_once() {
+    use agent_runs_shared::faults::{Fault, OnCalls};
+    let world = World::new().await;
+    let (first, first_approval) = awaiting_run(&world).await;
+    let (second, second_approval) = awaiting_run(&world).await;
+    assert!(world.queue.receive().is_empty());
+    let body = json!({"decisions": [
+        {"run_id": first, "approval_id": first_approval, "decision": "approve"},
+        {"run_id": second, "approval_id": second_approval, "decision": "approve"},
+    ]});
+    // The batch lands, its answer is lost, and the retry reads both runs back
+    // as already decided: both must still be sent, once.
+    let api = world.api(OnCalls::nth("update_batch", 1, Fault::ConflictAfter));
+    let (status, reply) = world.call(&api, "POST", "/v1/approvals/batch", body.clone(), None).await;
+    assert_eq!(status, 200, "{reply}");
+    let statuses: Vec<&str> =
+        reply["data"].as_array().unwrap().iter().map(|run| run["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["queued", "queued"]);
+    let mut sent: Vec<RunId> = world.queue.receive().into_iter().map(|(_, message)| message.run_id).collect();
+    sent.sort();
+    let mut expected = vec![first, second];
+    expected.sort();
+    assert_eq!(sent, expected);
+    let (status, _) = world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/approvals/batch", body, None).await;
+    assert_eq!(status, 200);
+    assert!(world.queue.receive().is_empty(), "a repeated batch sends nothing");
+    for run_id in [first, second] {
+        let run = world.run(run_id).await;
+        let resumed =
+            world.store.events(run_id, 0, 100).await.unwrap().events.iter().filter(|e| e.kind == "run.resumed").count();
+        assert_eq!((run.version, resumed), (3, 1), "decided once");
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]
