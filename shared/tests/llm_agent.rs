@@ -314,6 +314,19 @@ async fn an_edited_call_runs_once_with_the_edited_arguments_and_the_model_is_tol
 }
 
 #[tokio::test]
+async fn a_gated_call_too_long_to_show_a_person_is_answered_to_the_model() {
+    let fixture = Fixture::new().await;
+    let long = format!(r#"{{"branch": "{}"}}"#, "b".repeat(9 * 1024));
+    fixture.stand_in.script(vec![tool_call("call_1", "delete_branch", &long), text("I will not.")]);
+    let message = fixture.create("Delete it").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert!(fixture.run(&message).await.approvals.is_empty(), "nobody was asked");
+    assert!(fixture.stand_in.tool_calls().is_empty());
+    let answer = messages(&fixture, 1)[3]["content"].as_str().unwrap().to_owned();
+    assert!(answer.contains("too long to put to a human reviewer"), "{answer}");
+}
+
+#[tokio::test]
 async fn a_rejected_call_is_not_made_and_the_model_is_told_why() {
     let fixture = Fixture::new().await;
     fixture

@@ -9,7 +9,8 @@ use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
 use crate::auth::Principal;
 use crate::domain::{
-    ApprovalId, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES, Run, TransitionError, canonical_json,
+    ApprovalId, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Run,
+    TransitionError, approval_arguments_bytes, canonical_json,
 };
 use crate::lifecycle::DecideRefused;
 use crate::store::ChangeError;
@@ -106,6 +107,16 @@ impl DecisionBody {
                     "Only a `tool_call` approval can be edited; this one is an `action`.",
                 ));
             };
+            if approval_arguments_bytes(&run.approvals) + canonical_json(arguments).len()
+                > MAX_APPROVAL_ARGUMENTS_PER_RUN
+            {
+                return Err(ApiError::invalid(
+                    "arguments",
+                    format!(
+                        "The run's approvals hold as many arguments as a run may ({MAX_APPROVAL_ARGUMENTS_PER_RUN} bytes as JSON); approve or reject the call as proposed."
+                    ),
+                ));
+            }
             if let Err(problem) = api.agents.check_tool_arguments(&run.agent, &call.tool, arguments).await? {
                 return Err(ApiError::invalid("arguments", problem));
             }

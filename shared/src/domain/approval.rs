@@ -61,6 +61,21 @@ impl ApprovalKind {
 /// views and carried by its events.
 pub const MAX_APPROVAL_ARGUMENTS_BYTES: usize = 8 * 1024;
 
+/// The most arguments (proposed and edited, as canonical JSON) one run's
+/// approvals may hold in all: the run item keeps every approval, and must
+/// stay well inside DynamoDB's 400 KB item limit.
+pub const MAX_APPROVAL_ARGUMENTS_PER_RUN: usize = 64 * 1024;
+
+/// The bytes of arguments (proposed and edited) these approvals hold.
+pub fn approval_arguments_bytes(approvals: &[Approval]) -> usize {
+    approvals
+        .iter()
+        .flat_map(|approval| [approval.call.as_ref().map(|call| &call.arguments), approval.edited_arguments.as_ref()])
+        .flatten()
+        .map(|arguments| canonical_json(arguments).len())
+        .sum()
+}
+
 /// A tool call put to a human: the tool and the arguments the model
 /// proposed.
 #[derive(Clone, Debug, PartialEq, Eq)]

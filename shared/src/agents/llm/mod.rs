@@ -17,8 +17,9 @@ use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
 use crate::domain::{
-    AgentDefinition, ApprovalRequest, ApprovalStatus, EventData, EventText, MAX_APPROVAL_ARGUMENTS_BYTES, ProposedCall,
-    ProviderKind, ToolCompleted, canonical_json,
+    AgentDefinition, ApprovalRequest, ApprovalStatus, EventData, EventText, MAX_APPROVAL_ARGUMENTS_BYTES,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, ProposedCall, ProviderKind, ToolCompleted, approval_arguments_bytes,
+    canonical_json,
 };
 
 pub use bedrock::{BedrockModel, to_document, to_value};
@@ -337,6 +338,7 @@ impl LlmAgent {
     async fn ask_model(
         &self,
         mut transcript: Transcript,
+        approvals: &[crate::domain::Approval],
         usage: &mut Option<crate::domain::Usage>,
         events: &mut Vec<EventData>,
     ) -> Step {
@@ -374,20 +376,32 @@ impl LlmAgent {
             return Step::Succeeded(reply.text.unwrap_or_default());
         }
         transcript.messages.push(Message::Assistant { text: reply.text, tool_calls: reply.tool_calls.clone() });
+        // What the run may still put to people, in arguments kept with it.
+        let mut room = MAX_APPROVAL_ARGUMENTS_PER_RUN.saturating_sub(approval_arguments_bytes(approvals));
         for call in reply.tool_calls {
             // Calls that cannot be made are answered at once, never put to a human.
-            match self.checked(&call) {
-                Ok((tool, arguments))
-                    if tool.definition.requires_approval
-                        && canonical_json(&arguments).len() > MAX_APPROVAL_ARGUMENTS_BYTES =>
-                {
-                    let content = format!(
-                        "The arguments are too long to put to a human reviewer (over {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON); the call was not made. Send shorter arguments."
-                    );
-                    transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true });
+            let refused = match self.checked(&call) {
+                Ok((tool, arguments)) if tool.definition.requires_approval => {
+                    let size = canonical_json(&arguments).len();
+                    if size > MAX_APPROVAL_ARGUMENTS_BYTES {
+                        Some(format!(
+                            "The arguments are too long to put to a human reviewer (over {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON); the call was not made. Send shorter arguments."
+                        ))
+                    } else if size > room {
+                        Some(format!(
+                            "This run has put as many arguments to human reviewers as it may ({MAX_APPROVAL_ARGUMENTS_PER_RUN} bytes as JSON); the call was not made."
+                        ))
+                    } else {
+                        room -= size;
+                        None
+                    }
                 }
-                Ok(_) => transcript.pending.push(PendingCall { call, approval: None }),
-                Err(content) => transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true }),
+                Ok(_) => None,
+                Err(problem) => Some(problem),
+            };
+            match refused {
+                Some(content) => transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true }),
+                None => transcript.pending.push(PendingCall { call, approval: None }),
             }
         }
         self.checkpoint(&transcript)
@@ -409,7 +423,7 @@ impl Agent for LlmAgent {
             Some(Err(_)) => return Step::Failed("The agent could not resume from its checkpoint.".into()),
         };
         if transcript.pending.is_empty() {
-            return self.ask_model(transcript, step.usage, step.events).await;
+            return self.ask_model(transcript, step.approvals, step.usage, step.events).await;
         }
         // Every gated call of the model's turn is put to a human at once.
         let first_approval = step.approvals.len();
