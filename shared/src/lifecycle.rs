@@ -101,6 +101,17 @@ pub struct BatchDecision {
     pub request: DecisionRequest,
 }
 
+/// What a batch has recorded so far.
+#[derive(Default)]
+struct BatchProgress {
+    /// The runs as stored: written by the batch, or found decided already.
+    recorded: Vec<Run>,
+    /// Runs to send to the queue (their last pending approval was decided).
+    to_send: Vec<RunId>,
+    /// Whether the batch wrote anything.
+    wrote: bool,
+}
+
 /// Why a batch was not recorded, or not whole.
 #[derive(Debug)]
 pub struct BatchRefused {
@@ -290,47 +301,59 @@ impl Lifecycle {
     /// together (see [`RunStore::update_batch`]). A run whose last pending
     /// approval was decided is queued again. Returns the runs as stored.
     pub async fn decide_batch(&self, runs: Vec<(Run, Vec<BatchDecision>)>) -> Result<Vec<Run>, BatchRefused> {
+        let mut progress = BatchProgress::default();
+        let result = self.record_batch(runs, &mut progress).await;
+        // Whatever was written is sent, however the batch ended.
+        for run in progress.recorded.iter().filter(|run| progress.to_send.contains(&run.id)) {
+            let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
+            if let Err(error) = self.queue.enqueue(&message).await {
+                tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
+            }
+        }
+        match result {
+            Ok(()) => Ok(progress.recorded),
+            Err((index, error)) => Err(BatchRefused { index, error, partly_recorded: progress.wrote }),
+        }
+    }
+
+    async fn record_batch(
+        &self,
+        runs: Vec<(Run, Vec<BatchDecision>)>,
+        progress: &mut BatchProgress,
+    ) -> Result<(), (Option<usize>, ChangeError<DecideRefused>)> {
         let mut pending = runs;
-        let mut recorded: Vec<Run> = Vec::with_capacity(pending.len());
-        let mut to_send = Vec::new();
         let mut may_have_landed = false;
         for attempt in 0..CHANGE_ATTEMPTS {
-            let partly_recorded = !recorded.is_empty();
-            let refused = |index, error| BatchRefused { index: Some(index), error, partly_recorded };
             if attempt > 0 {
                 for (run, decisions) in &mut pending {
-                    let first = decisions.first().map_or(0, |decision| decision.index);
-                    let fresh =
-                        self.runs.get(&run.owner, run.id).await.map_err(|error| refused(first, error.into()))?;
-                    *run = fresh.ok_or_else(|| refused(first, ChangeError::Gone))?;
+                    let first = decisions.first().map(|decision| decision.index);
+                    let fresh = self.runs.get(&run.owner, run.id).await.map_err(|error| (first, error.into()))?;
+                    *run = fresh.ok_or((first, ChangeError::Gone))?;
                 }
             }
             let now = self.clock.now();
             let mut changed = Vec::new();
-            let mut unchanged = Vec::new();
+            let mut done = Vec::new();
             for (position, (run, decisions)) in pending.iter().enumerate() {
                 let mut next = run.clone();
                 let mut outcome = DecideOutcome::Unchanged;
                 for decision in decisions {
+                    let refused = |why| (Some(decision.index), ChangeError::Refused(why));
                     if next.approval_past_expiry(decision.approval_id, now) {
-                        return Err(refused(decision.index, ChangeError::Refused(DecideRefused::Expired)));
+                        return Err(refused(DecideRefused::Expired));
                     }
-                    match next.decide(decision.approval_id, decision.request.clone(), now, &self.policy) {
-                        Ok(DecideOutcome::Unchanged) => {}
-                        Ok(decided) => outcome = outcome.max(decided),
-                        Err(error) => {
-                            let error = ChangeError::Refused(DecideRefused::Transition(error));
-                            return Err(refused(decision.index, error));
-                        }
-                    }
+                    let decided = next
+                        .decide(decision.approval_id, decision.request.clone(), now, &self.policy)
+                        .map_err(|error| refused(DecideRefused::Transition(error)))?;
+                    outcome = outcome.max(decided);
                 }
                 if outcome == DecideOutcome::Unchanged {
                     // A requeue whose answer was lost reads back as a repeat.
                     if may_have_landed && next.is_requeued_after_decisions() {
-                        to_send.push(next.id);
+                        progress.to_send.push(next.id);
                     }
-                    unchanged.push(position);
-                    recorded.push(next);
+                    done.push(position);
+                    progress.recorded.push(next);
                 } else {
                     changed.push((position, next, outcome));
                 }
@@ -338,46 +361,28 @@ impl Lifecycle {
             let mut writes: Vec<Run> = changed.iter().map(|(_, run, _)| run.clone()).collect();
             let result = self.runs.update_batch(&mut writes).await;
             let written = result.as_ref().map_or_else(|failed| failed.written, |()| writes.len());
-            let mut done: Vec<usize> = unchanged;
             for ((position, _, outcome), run) in changed.iter().zip(writes).take(written) {
                 if *outcome == DecideOutcome::Requeued {
-                    to_send.push(run.id);
+                    progress.to_send.push(run.id);
                 }
+                progress.wrote = true;
                 done.push(*position);
-                recorded.push(run);
+                progress.recorded.push(run);
             }
             pending =
                 pending.into_iter().enumerate().filter(|(at, _)| !done.contains(at)).map(|(_, left)| left).collect();
             match result {
-                Ok(()) => {
-                    self.send_again(&recorded, &to_send).await;
-                    return Ok(recorded);
-                }
+                Ok(()) => return Ok(()),
                 Err(failed) if matches!(failed.error, StoreError::Conflict) => {
                     may_have_landed = true;
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(0..=(1u64 << attempt.min(5))))).await;
+                    let wait = Duration::from_millis(rand::random_range(0..=(1u64 << attempt.min(5))));
+                    tokio::time::sleep(wait).await;
                 }
-                Err(failed) => {
-                    self.send_again(&recorded, &to_send).await;
-                    let partly_recorded = !recorded.is_empty();
-                    return Err(BatchRefused { index: None, error: failed.error.into(), partly_recorded });
-                }
+                Err(failed) => return Err((None, failed.error.into())),
             }
         }
-        self.send_again(&recorded, &to_send).await;
         let error = StoreError::Unavailable("the runs kept changing under concurrent writes".into());
-        Err(BatchRefused { index: None, error: error.into(), partly_recorded: !recorded.is_empty() })
-    }
-
-    /// Queues the runs of these ids again (should a send fail, the sweeper
-    /// sends the run).
-    async fn send_again(&self, runs: &[Run], ids: &[RunId]) {
-        for run in runs.iter().filter(|run| ids.contains(&run.id)) {
-            let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
-            if let Err(error) = self.queue.enqueue(&message).await {
-                tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
-            }
-        }
+        Err((None, error.into()))
     }
 
     /// Moves a pending approval's expiry to `by` from now. An approval

@@ -1113,6 +1113,7 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     // Another person decides: the key that created the run may not.
     let error = server.post(&key, &path, json!({"decision": "approve"})).expect_error(403, "forbidden").clone();
     assert!(error["message"].as_str().unwrap().contains("another API key"), "{error}");
+    server.post(&key, &format!("{path}/extend"), json!({"seconds": 60})).expect_error(403, "forbidden");
     let second = server.key("dev");
     // An edit is checked against the tool's schema; a stale digest changes nothing.
     let wrong = json!({"decision": "edit", "arguments": {"branch": 7}, "arguments_sha256": digest});

@@ -9,8 +9,8 @@ use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
 use crate::auth::Principal;
 use crate::domain::{
-    ApprovalId, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Run,
-    TransitionError, approval_arguments_bytes, canonical_json,
+    ApprovalId, ApprovalStatus, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, TransitionError, canonical_json,
 };
 use crate::lifecycle::DecideRefused;
 use crate::store::ChangeError;
@@ -92,12 +92,7 @@ impl DecisionBody {
         run: &Run,
         approval_id: ApprovalId,
     ) -> Result<DecisionRequest, ApiError> {
-        if run.created_by == Some(by.key_id) && api.agents.requires_separate_approver(&run.agent).await? {
-            return Err(ApiError::Forbidden(format!(
-                "The agent `{}` wants its runs' approvals decided by another API key than the one that created the run.",
-                run.agent
-            )));
-        }
+        check_separate_approver(api, by, run).await?;
         let approval =
             run.approvals.iter().find(|approval| approval.id == approval_id).ok_or_else(approval_not_found)?;
         if let Decision::Edit(arguments) = &self.decision {
@@ -107,17 +102,11 @@ impl DecisionBody {
                     "Only a `tool_call` approval can be edited; this one is an `action`.",
                 ));
             };
-            if approval_arguments_bytes(&run.approvals) + canonical_json(arguments).len()
-                > MAX_APPROVAL_ARGUMENTS_PER_RUN
+            // A decided approval is left to the repeat rules: the same edit
+            // again is 200 even if the definition changed since.
+            if approval.status == ApprovalStatus::Pending
+                && let Err(problem) = api.agents.check_tool_arguments(&run.agent, &call.tool, arguments).await?
             {
-                return Err(ApiError::invalid(
-                    "arguments",
-                    format!(
-                        "The run's approvals hold as many arguments as a run may ({MAX_APPROVAL_ARGUMENTS_PER_RUN} bytes as JSON); approve or reject the call as proposed."
-                    ),
-                ));
-            }
-            if let Err(problem) = api.agents.check_tool_arguments(&run.agent, &call.tool, arguments).await? {
                 return Err(ApiError::invalid("arguments", problem));
             }
         }
@@ -130,13 +119,25 @@ impl DecisionBody {
     }
 }
 
+/// A defined agent with `separate_approver` wants another key than the
+/// one that created the run to act on its approvals.
+pub(super) async fn check_separate_approver(api: &Api, by: &Principal, run: &Run) -> Result<(), ApiError> {
+    if run.created_by == Some(by.key_id) && api.agents.requires_separate_approver(&run.agent).await? {
+        return Err(ApiError::Forbidden(format!(
+            "The agent `{}` wants its runs' approvals decided by another API key than the one that created the run.",
+            run.agent
+        )));
+    }
+    Ok(())
+}
+
 /// The answer to a decision the lifecycle refused.
 pub(super) fn refused(error: ChangeError<DecideRefused>, decision: &Decision) -> ApiError {
     match error {
         ChangeError::Gone => ApiError::run_not_found(),
-        ChangeError::Refused(DecideRefused::Expired) => {
-            ApiError::Conflict("The approval expired before this request arrived; the run has failed.".into())
-        }
+        ChangeError::Refused(DecideRefused::Expired) => ApiError::Conflict(
+            "The approval expired before this request arrived: its action never runs, and the run fails.".into(),
+        ),
         ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval)) => approval_not_found(),
         ChangeError::Refused(DecideRefused::Transition(TransitionError::ArgumentsChanged)) => ApiError::Conflict(
             "`arguments_sha256` is not the approval's: the decision was made for another call. Nothing was changed."
@@ -145,6 +146,12 @@ pub(super) fn refused(error: ChangeError<DecideRefused>, decision: &Decision) ->
         ChangeError::Refused(DecideRefused::Transition(TransitionError::NothingToEdit)) => {
             ApiError::invalid("decision", "Only a `tool_call` approval can be edited; this one is an `action`.")
         }
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::TooManyArguments)) => ApiError::invalid(
+            "arguments",
+            format!(
+                "The run's approvals would hold more arguments than a run may ({MAX_APPROVAL_ARGUMENTS_PER_RUN} bytes as JSON); approve or reject the call as proposed."
+            ),
+        ),
         ChangeError::Refused(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(status))) => {
             ApiError::Conflict(format!(
                 "The approval is already {}; the decision \"{}\" differs from the one recorded.",

@@ -8,9 +8,10 @@ use http::{Request, StatusCode};
 use serde_json::Value;
 
 use super::body::{json_object, reject_unknown_fields};
-use super::decide::approval_not_found;
+use super::decide::{approval_not_found, check_separate_approver};
 use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
-use crate::domain::{ApprovalId, Owner, TransitionError};
+use crate::auth::Principal;
+use crate::domain::{ApprovalId, TransitionError};
 use crate::lifecycle::DecideRefused;
 use crate::store::ChangeError;
 
@@ -18,7 +19,13 @@ const SECONDS: std::ops::RangeInclusive<u64> = 60..=604_800;
 
 fn seconds(value: Option<Value>) -> Result<Duration, ApiError> {
     let message = || format!("`seconds` is required: a whole number from {} to {}.", SECONDS.start(), SECONDS.end());
-    match value.as_ref().and_then(Value::as_u64) {
+    // A JSON number with no fraction is a whole number, however written (`60.0`).
+    let whole = value.as_ref().and_then(|value| {
+        value
+            .as_u64()
+            .or_else(|| value.as_f64().filter(|n| n.fract() == 0.0 && *n >= 0.0 && *n <= 1e9).map(|n| n as u64))
+    });
+    match whole {
         Some(seconds) if SECONDS.contains(&seconds) => Ok(Duration::from_secs(seconds)),
         _ => Err(ApiError::invalid("seconds", message())),
     }
@@ -26,7 +33,7 @@ fn seconds(value: Option<Value>) -> Result<Duration, ApiError> {
 
 pub(super) async fn handle(
     api: &Api,
-    owner: &Owner,
+    by: &Principal,
     run_id: &str,
     approval_id: &str,
     request: &Request<Bytes>,
@@ -35,15 +42,16 @@ pub(super) async fn handle(
     let approval_id: ApprovalId = approval_id.parse().map_err(|_| approval_not_found())?;
     let mut body = json_object(request.headers(), request.body(), false)?;
     reject_unknown_fields(&body, &["seconds"])?;
-    let by = seconds(body.remove("seconds"))?;
+    let extension = seconds(body.remove("seconds"))?;
 
-    let run = api.runs.get(owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
-    match api.lifecycle.extend(run, approval_id, by).await {
+    let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    check_separate_approver(api, by, &run).await?;
+    match api.lifecycle.extend(run, approval_id, extension).await {
         Ok(run) => Ok(run_response(StatusCode::OK, &run)),
         Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
-        Err(ChangeError::Refused(DecideRefused::Expired)) => {
-            Err(ApiError::Conflict("The approval expired before this request arrived; the run has failed.".into()))
-        }
+        Err(ChangeError::Refused(DecideRefused::Expired)) => Err(ApiError::Conflict(
+            "The approval expired before this request arrived: its action never runs, and the run fails.".into(),
+        )),
         Err(ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval))) => {
             Err(approval_not_found())
         }

@@ -202,7 +202,7 @@ impl Api {
             Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
             Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
             Operation::Decide => decide::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
-            Operation::Extend => extend::handle(self, owner, run_id, params.get("approval_id"), &request).await,
+            Operation::Extend => extend::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
             Operation::Events => events::handle(&self.runs, owner, run_id, &request).await,
             Operation::Inbox => inbox::handle(self.runs.as_ref(), owner, request.uri().query()).await,
             Operation::DecideBatch => batch::handle(self, &principal, &request).await,

@@ -116,7 +116,11 @@ fn decision_schema(extra: &[(&str, Value)]) -> Value {
             "comment": {"type": ["string", "null"], "maxLength": MAX_COMMENT_CHARS, "description": "A reject's comment reaches the model as the reason."},
             "arguments": {"type": ["object", "null"], "description": format!("With edit only: the arguments to call the tool with, at most {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON.")},
             "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-fA-F]{64}$", "description": "The approval's arguments_sha256 as the person saw it; another value is 409 and nothing changes."}
-        }
+        },
+        "oneOf": [
+            {"properties": {"decision": {"enum": ["approve", "reject"]}, "arguments": {"type": "null"}}},
+            {"required": ["arguments"], "properties": {"decision": {"const": "edit"}, "arguments": {"type": "object"}}}
+        ]
     });
     for (name, property) in extra {
         schema["properties"][*name] = property.clone();

@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{
-    Approval, ApprovalId, ApprovalRequest, ApprovalStatus, DecisionRequest, Event, EventData, KeyId, NewEvent, Owner,
-    RunId, Timestamp,
+    Approval, ApprovalId, ApprovalRequest, ApprovalStatus, DecisionRequest, Event, EventData, KeyId,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, RunId, Timestamp, approval_arguments_bytes, canonical_json,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -176,6 +176,10 @@ pub enum TransitionError {
     /// Only a tool call's arguments can be edited.
     #[error("the approval has no arguments to edit")]
     NothingToEdit,
+    /// The edit would take the run's approvals past
+    /// [`super::MAX_APPROVAL_ARGUMENTS_PER_RUN`].
+    #[error("the run's approvals would hold too many arguments")]
+    TooManyArguments,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -482,6 +486,17 @@ impl Run {
             // corrupted record, refused rather than made worse.
             return Err(TransitionError::InvalidState(self.status));
         }
+        if let Some(edited) = &edited_arguments {
+            let held = approval_arguments_bytes(&self.approvals);
+            if held + canonical_json(edited).len() > MAX_APPROVAL_ARGUMENTS_PER_RUN {
+                return Err(TransitionError::TooManyArguments);
+            }
+        }
+        let approval = self
+            .approvals
+            .iter_mut()
+            .find(|approval| approval.id == approval_id)
+            .ok_or(TransitionError::NoSuchApproval)?;
         approval.status = status;
         approval.resolved_at = Some(now.max(approval.requested_at));
         approval.comment = request.comment;
@@ -490,6 +505,8 @@ impl Run {
         let decided = approval.clone();
         self.record(now, EventData::ApprovalDecided(decided));
         if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {
+            // The decided one may have been the next to warn about or expire.
+            self.due_at = self.next_approval_due(policy);
             return Ok(DecideOutcome::Recorded);
         }
         self.requeue(now, policy);

@@ -630,3 +630,25 @@ fn an_approval_past_its_time_expires_at_the_boundary_and_is_never_decided() {
         Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Expired))
     );
 }
+
+#[test]
+fn edits_may_not_take_a_run_past_its_arguments_total() {
+    let mut run = awaiting_tool_call();
+    let big = serde_json::json!({"env": "x".repeat(MAX_APPROVAL_ARGUMENTS_PER_RUN)});
+    assert_eq!(run.decide(approval_id(1), edit(big), at(30), &policy()), Err(TransitionError::TooManyArguments));
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Pending);
+    assert!(run.pending_events.iter().all(|event| event.data.kind() != "approval.decided"));
+}
+
+#[test]
+fn a_decision_that_leaves_others_pending_moves_the_sweepers_next_look() {
+    let mut run = awaiting(2);
+    let day = Duration::from_secs(24 * 60 * 60);
+    run.extend_approval(approval_id(2), day * 7, at(25), &policy()).unwrap();
+    assert_eq!(
+        run.decide(approval_id(1), ask(Decision::Approve, None), at(30), &policy()),
+        Ok(DecideOutcome::Recorded)
+    );
+    let warning = policy().approval_warning.as_millis() as i64;
+    assert_eq!(run.due_at, Some(Timestamp::from_millis(at(25).plus(day * 7).millis() - warning)));
+}

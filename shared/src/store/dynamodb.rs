@@ -54,14 +54,40 @@ use super::{
     StoredKey,
 };
 use crate::domain::{
-    AgentDefinition, ApprovalId, ApprovalStatus, Event, EventData, KeyId, Owner, RunId, RunStatus, Scopes, Timestamp,
+    AgentDefinition, Approval, ApprovalId, ApprovalStatus, Event, EventData, KeyId, Owner, RunId, RunStatus, Scopes,
+    Timestamp,
 };
 
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
 pub const APPROVALS_INDEX: &str = "gsi3";
+/// Index entries an inbox Query with the agent filter reads at a time.
+const INBOX_FILTERED_READ: usize = 1_000;
 /// The most items one `TransactWriteItems` may hold.
 const MAX_TRANSACTION_ITEMS: usize = 100;
+/// The most bytes of items one `TransactWriteItems` is given (DynamoDB
+/// allows 4 MB; the estimate below leaves room for what it does not count).
+const MAX_TRANSACTION_BYTES: usize = 3_500_000;
+
+/// About how many bytes DynamoDB counts for an attribute value.
+fn value_bytes(value: &AttributeValue) -> usize {
+    match value {
+        AttributeValue::S(text) | AttributeValue::N(text) => text.len(),
+        AttributeValue::B(blob) => blob.as_ref().len(),
+        AttributeValue::M(map) => {
+            3 + map.iter().map(|(name, value)| name.len() + 1 + value_bytes(value)).sum::<usize>()
+        }
+        AttributeValue::L(list) => 3 + list.iter().map(|value| 1 + value_bytes(value)).sum::<usize>(),
+        AttributeValue::Ss(texts) | AttributeValue::Ns(texts) => texts.iter().map(String::len).sum(),
+        _ => 1,
+    }
+}
+
+/// About how many bytes of items a write puts.
+fn write_bytes(items: &[TransactWriteItem]) -> usize {
+    let item = |item: &Item| item.iter().map(|(name, value)| name.len() + value_bytes(value)).sum::<usize>();
+    items.iter().filter_map(|write| write.put.as_ref()).map(|put| item(put.item())).sum()
+}
 /// Partitions of the due index, so the sweeper's reads and the writes of
 /// busy periods spread over several keys.
 pub const DUE_SHARDS: u32 = 4;
@@ -280,13 +306,21 @@ fn decode_due(item: &Item) -> Result<(String, DueRun), StoreError> {
     Ok((sort_key.to_owned(), due))
 }
 
-/// An inbox index entry: the run, and the approval when the entry is one
-/// approval's (`None`: a run awaiting approval, for all its pending ones).
-fn decode_inbox_entry(item: &Item) -> Result<(RunId, Option<ApprovalId>), StoreError> {
-    let mut parts = text(item, "gsi3sk")?.split('#').skip(1);
+/// An inbox index entry.
+struct InboxIndexEntry {
+    requested_at: i64,
+    run_id: RunId,
+    /// The approval, when the entry is one approval's; `None` for a run
+    /// awaiting approval, whose entry is its pending ones requested then.
+    approval: Option<ApprovalId>,
+}
+
+fn decode_inbox_entry(item: &Item) -> Result<InboxIndexEntry, StoreError> {
+    let mut parts = text(item, "gsi3sk")?.split('#');
+    let requested_at = parts.next().and_then(|at| at.parse().ok()).ok_or_else(|| defect("malformed inbox time"))?;
     let run_id = parts.next().and_then(|id| id.parse().ok()).ok_or_else(|| defect("malformed inbox run id"))?;
     let approval = parts.next().map(|id| id.parse().map_err(|_| defect("malformed inbox approval id"))).transpose()?;
-    Ok((run_id, approval))
+    Ok(InboxIndexEntry { requested_at, run_id, approval })
 }
 
 fn text<'a>(item: &'a Item, name: &str) -> Result<&'a str, StoreError> {
@@ -847,10 +881,14 @@ impl RunStore for DynamoStore {
         }
         let mut start = 0;
         while start < writes.len() {
-            let mut end = start;
-            let mut count = 0;
-            while end < writes.len() && (end == start || count + writes[end].2.len() <= MAX_TRANSACTION_ITEMS) {
-                count += writes[end].2.len();
+            let (mut end, mut count, mut bytes) = (start, 0, 0);
+            while end < writes.len() {
+                let (more, more_bytes) = (writes[end].2.len(), write_bytes(&writes[end].2));
+                let fits = count + more <= MAX_TRANSACTION_ITEMS && bytes + more_bytes <= MAX_TRANSACTION_BYTES;
+                if end > start && !fits {
+                    break;
+                }
+                (count, bytes) = (count + more, bytes + more_bytes);
                 end += 1;
             }
             let failed = |error| BatchWriteError { written: start, error };
@@ -954,14 +992,33 @@ impl RunStore for DynamoStore {
             }
         };
         let wanted = request.limit as usize + 1;
+        // Filtered, a Query reads past other agents' entries (small: keys
+        // and agent), so each reads many; unfiltered, what the page needs.
+        let read_per_query = if request.agent.is_some() { INBOX_FILTERED_READ } else { wanted };
         let mut entries = Vec::new();
         let mut start = None;
         loop {
-            let output =
-                query.clone().set_exclusive_start_key(start).limit(wanted as i32).send().await.map_err(unavailable)?;
-            let found: Vec<(RunId, Option<ApprovalId>)> = output
-                .items
-                .unwrap_or_default()
+            let output = query
+                .clone()
+                .set_exclusive_start_key(start)
+                .limit(read_per_query as i32)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            let mut items = output.items.unwrap_or_default();
+            start = output.last_evaluated_key;
+            // Only the runs of as many entries as the page still needs are
+            // read; the next round resumes after the last of them.
+            let needed = wanted.saturating_sub(entries.len()).max(1);
+            if items.len() > needed {
+                items.truncate(needed);
+                let keys = ["pk", "sk", "gsi3pk", "gsi3sk"];
+                let last = items.last().map(|item| {
+                    item.iter().filter(|(name, _)| keys.contains(&name.as_str())).map(|(n, v)| (n.clone(), v.clone()))
+                });
+                start = last.map(Item::from_iter);
+            }
+            let found: Vec<InboxIndexEntry> = items
                 .iter()
                 .filter_map(|item| {
                     decode_inbox_entry(item)
@@ -969,11 +1026,18 @@ impl RunStore for DynamoStore {
                         .ok()
                 })
                 .collect();
-            let runs = self.get_runs(owner, found.iter().map(|(run_id, _)| *run_id)).await?;
-            for (run_id, approval) in found {
-                // The index lags behind the runs: what no longer matches is left out.
-                let Some(run) = runs.get(&run_id) else { continue };
-                let ids = approval.map_or_else(|| run.approvals.iter().map(|a| a.id).collect(), |id| vec![id]);
+            let runs = self.get_runs(owner, found.iter().map(|entry| entry.run_id)).await?;
+            for entry in found {
+                // The index lags behind the runs: what no longer matches is
+                // left out (a run's entry names the park it was made for).
+                let Some(run) = runs.get(&entry.run_id) else { continue };
+                let ids = entry.approval.map_or_else(
+                    || {
+                        let parked_then = |a: &&Approval| a.requested_at.millis() == entry.requested_at;
+                        run.approvals.iter().filter(parked_then).map(|a| a.id).collect()
+                    },
+                    |id| vec![id],
+                );
                 let mut of_run: Vec<InboxEntry> = ids
                     .into_iter()
                     .filter_map(|id| InboxEntry::of(run, id, request.status, request.after.as_ref()))
@@ -981,7 +1045,6 @@ impl RunStore for DynamoStore {
                 of_run.sort_by_key(|entry| std::cmp::Reverse(entry.position()));
                 entries.extend(of_run);
             }
-            start = output.last_evaluated_key;
             if entries.len() >= wanted || start.is_none() {
                 break;
             }
