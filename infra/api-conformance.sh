@@ -3,7 +3,12 @@
 # the OpenAPI document the server serves: every operation, all checks
 # (infra/schemathesis.toml), stateful sequences through the document's
 # links; then again with an invalid key, where every request must get 401
-# in the contract's error format. Called by infra/test.sh after the build.
+# in the contract's error format; then with a key of scope runs:read only on
+# the operations that need another scope, where every request of the
+# operation's method must get 403 forbidden naming the scope (whatever its
+# body: the scope is checked first, so the checks of accepted and rejected
+# data do not apply there). Called by
+# infra/test.sh after the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,8 +38,16 @@ echo "== schemathesis: the same operations with an invalid key"
   -H "Authorization: Bearer ark_0000000000000000000000000000000000000000000" --max-examples 20 --seed 1 \
   --output-sanitize false --report har --report-har-path "$work/invalid.har" > "$work/invalid.log" 2>&1 || { cat "$work/invalid.log"; exit 1; }
 
-.venv-api/bin/python - "$work/valid.har" "$work/invalid.har" <<'PY'
-import collections, json, sys
+echo "== schemathesis: a runs:read key on the operations that need more"
+reader=$(target/debug/agent-runs keys create --owner dev --name reader --scope runs:read --db "$work/runs.db" | tr -d '[:space:]')
+.venv-api/bin/st --no-color --config-file infra/schemathesis.toml run "$schema" \
+  -H "Authorization: Bearer $reader" --max-examples 20 --seed 1 --phases examples,coverage,fuzzing \
+  --exclude-checks positive_data_acceptance,negative_data_rejection --output-sanitize false \
+  --include-operation-id-regex '^(createRun|cancelRun|decideApproval|extendApproval|decideApprovals|listApprovals)$' \
+  --report har --report-har-path "$work/scoped.har" > "$work/scoped.log" 2>&1 || { cat "$work/scoped.log"; exit 1; }
+
+.venv-api/bin/python - "$work/valid.har" "$work/invalid.har" "$work/scoped.har" "$reader" <<'PY'
+import collections, json, re, sys
 
 def entries(path):
     return [e for e in json.load(open(path))["log"]["entries"] if not e["request"]["url"].endswith("/v1/openapi.json")]
@@ -56,4 +69,31 @@ for entry in invalid:
     assert body["error"]["code"] == "unauthorized" and body["error"]["message"], what
 methods = collections.Counter(e["request"]["method"] for e in invalid)
 print(f"invalid key: all {len(invalid)} requests answered 401 unauthorized in the error format ({dict(methods)})")
+
+# The operations a runs:read key may not use, by method and path, and the scope each needs.
+needs = [
+    ("POST", r"/v1/agent/runs", "runs:write"),
+    ("POST", r"/v1/agent/runs/[^/]+/cancel", "runs:write"),
+    ("POST", r"/v1/agent/runs/[^/]+/approvals/[^/]+", "approvals:decide"),
+    ("POST", r"/v1/agent/runs/[^/]+/approvals/[^/]+/extend", "approvals:decide"),
+    ("POST", r"/v1/approvals/batch", "approvals:decide"),
+    ("GET", r"/v1/approvals", "approvals:decide"),
+]
+checked = 0
+for entry in entries(sys.argv[3]):
+    sent = {h["name"].lower(): h["value"] for h in entry["request"]["headers"]}
+    if sent.get("authorization") != f"Bearer {sys.argv[4]}":
+        continue  # the checks of authentication itself send none or another
+    method, path = entry["request"]["method"], entry["request"]["url"].split("?")[0].split("://", 1)[1].split("/", 1)[1]
+    scope = next((scope for m, p, scope in needs if m == method and re.fullmatch(p, "/" + path)), None)
+    if scope is None:
+        continue  # another method on the path: 405 before any scope
+    response = entry["response"]
+    body = json.loads(response["content"]["text"])
+    what = f"{method} /{path}"
+    assert response["status"] == 403, (what, response["status"], body)
+    assert body["error"]["code"] == "forbidden" and scope in body["error"]["message"], (what, body)
+    checked += 1
+assert checked, "no request of a scoped operation was made"
+print(f"runs:read key: all {checked} requests to operations needing another scope answered 403 forbidden naming it")
 PY
