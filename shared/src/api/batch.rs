@@ -7,7 +7,7 @@ use http::{Request, StatusCode};
 use serde_json::Value;
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
-use super::decide::{DECISION_FIELDS, DecisionBody, approval_not_found, refused};
+use super::decide::{DECISION_FIELDS, DecisionBody, already_decided, approval_not_found, refused};
 use super::response::json_response;
 use super::{Api, ApiError, ApiResponse};
 use crate::auth::Principal;
@@ -98,10 +98,11 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
             let Some(index) = failed.index else {
                 return Err(match failed.error {
                     crate::store::ChangeError::Store(error) => error.into(),
-                    other => refused(other, &Decision::Approve),
+                    other => refused(other, |status| already_decided(status, "")),
                 });
             };
-            let mut error = refused(failed.error, &decisions[index].1);
+            let name = decisions[index].1.name();
+            let mut error = refused(failed.error, |status| already_decided(status, name));
             if failed.partly_recorded
                 && let ApiError::Conflict(message) | ApiError::NotFound(message) = &mut error
             {

@@ -10,7 +10,7 @@ use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
 use crate::auth::Principal;
 use crate::domain::{
     ApprovalId, ApprovalStatus, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, TransitionError, canonical_json,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, RunId, TransitionError, canonical_json,
 };
 use crate::lifecycle::DecideRefused;
 use crate::store::ChangeError;
@@ -119,6 +119,10 @@ impl DecisionBody {
     }
 }
 
+pub(super) fn already_decided(status: ApprovalStatus, decision: &str) -> String {
+    format!("The approval is already {}; the decision \"{decision}\" differs from the one recorded.", status.as_str())
+}
+
 /// A defined agent with `separate_approver` wants another key than the
 /// one that created the run to act on its approvals.
 pub(super) async fn check_separate_approver(api: &Api, by: &Principal, run: &Run) -> Result<(), ApiError> {
@@ -131,8 +135,14 @@ pub(super) async fn check_separate_approver(api: &Api, by: &Principal, run: &Run
     Ok(())
 }
 
-/// The answer to a decision the lifecycle refused.
-pub(super) fn refused(error: ChangeError<DecideRefused>, decision: &Decision) -> ApiError {
+/// The path's run and approval ids; a malformed one names nothing, `404`.
+pub(super) fn parse_approval_path(run_id: &str, approval_id: &str) -> Result<(RunId, ApprovalId), ApiError> {
+    Ok((parse_run_id(run_id)?, approval_id.parse().map_err(|_| approval_not_found())?))
+}
+
+/// The answer to a change of an approval the lifecycle refused; `decided`
+/// says why an approval that is no longer pending refuses it.
+pub(super) fn refused(error: ChangeError<DecideRefused>, decided: impl Fn(ApprovalStatus) -> String) -> ApiError {
     match error {
         ChangeError::Gone => ApiError::run_not_found(),
         ChangeError::Refused(DecideRefused::Expired) => ApiError::Conflict(
@@ -153,14 +163,10 @@ pub(super) fn refused(error: ChangeError<DecideRefused>, decision: &Decision) ->
             ),
         ),
         ChangeError::Refused(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(status))) => {
-            ApiError::Conflict(format!(
-                "The approval is already {}; the decision \"{}\" differs from the one recorded.",
-                status.as_str(),
-                decision.name()
-            ))
+            ApiError::Conflict(decided(status))
         }
         ChangeError::Refused(DecideRefused::Transition(other)) => {
-            ApiError::Conflict(format!("The approval cannot be decided: {other}."))
+            ApiError::Conflict(format!("The approval cannot be changed: {other}."))
         }
         ChangeError::Store(error) => error.into(),
     }
@@ -173,17 +179,16 @@ pub(super) async fn handle(
     approval_id: &str,
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {
-    let run_id = parse_run_id(run_id)?;
-    let approval_id: ApprovalId = approval_id.parse().map_err(|_| approval_not_found())?;
+    let (run_id, approval_id) = parse_approval_path(run_id, approval_id)?;
     let mut body = json_object(request.headers(), request.body(), false)?;
     reject_unknown_fields(&body, &DECISION_FIELDS)?;
     let decision = DecisionBody::parse(&mut body)?;
 
     let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
     let request = decision.check(api, by, &run, approval_id).await?;
-    let name = request.decision.clone();
+    let name = request.decision.name();
     match api.lifecycle.decide(run, approval_id, request).await {
         Ok(run) => Ok(run_response(StatusCode::OK, &run)),
-        Err(error) => Err(refused(error, &name)),
+        Err(error) => Err(refused(error, |status| already_decided(status, name))),
     }
 }

@@ -8,12 +8,9 @@ use http::{Request, StatusCode};
 use serde_json::Value;
 
 use super::body::{json_object, reject_unknown_fields};
-use super::decide::{approval_not_found, check_separate_approver};
-use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
+use super::decide::{check_separate_approver, parse_approval_path, refused};
+use super::{Api, ApiError, ApiResponse, run_response};
 use crate::auth::Principal;
-use crate::domain::{ApprovalId, TransitionError};
-use crate::lifecycle::DecideRefused;
-use crate::store::ChangeError;
 
 const SECONDS: std::ops::RangeInclusive<u64> = 60..=604_800;
 
@@ -38,8 +35,7 @@ pub(super) async fn handle(
     approval_id: &str,
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {
-    let run_id = parse_run_id(run_id)?;
-    let approval_id: ApprovalId = approval_id.parse().map_err(|_| approval_not_found())?;
+    let (run_id, approval_id) = parse_approval_path(run_id, approval_id)?;
     let mut body = json_object(request.headers(), request.body(), false)?;
     reject_unknown_fields(&body, &["seconds"])?;
     let extension = seconds(body.remove("seconds"))?;
@@ -48,22 +44,8 @@ pub(super) async fn handle(
     check_separate_approver(api, by, &run).await?;
     match api.lifecycle.extend(run, approval_id, extension).await {
         Ok(run) => Ok(run_response(StatusCode::OK, &run)),
-        Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
-        Err(ChangeError::Refused(DecideRefused::Expired)) => Err(ApiError::Conflict(
-            "The approval expired before this request arrived: its action never runs, and the run fails.".into(),
-        )),
-        Err(ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval))) => {
-            Err(approval_not_found())
-        }
-        Err(ChangeError::Refused(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(status)))) => {
-            Err(ApiError::Conflict(format!(
-                "The approval is already {}; only a pending approval can be extended.",
-                status.as_str()
-            )))
-        }
-        Err(ChangeError::Refused(DecideRefused::Transition(other))) => {
-            Err(ApiError::Conflict(format!("The approval cannot be extended: {other}.")))
-        }
-        Err(ChangeError::Store(error)) => Err(error.into()),
+        Err(error) => Err(refused(error, |status| {
+            format!("The approval is already {}; only a pending approval can be extended.", status.as_str())
+        })),
     }
 }

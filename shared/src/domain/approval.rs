@@ -236,7 +236,7 @@ fn write_canonical(value: &Value, out: &mut String) {
     match value {
         Value::Object(fields) => {
             let mut sorted: Vec<_> = fields.iter().collect();
-            sorted.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+            sorted.sort_unstable_by_key(|&(key, _)| key);
             out.push('{');
             for (index, (key, field)) in sorted.into_iter().enumerate() {
                 if index > 0 {

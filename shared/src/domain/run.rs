@@ -461,11 +461,7 @@ impl Run {
         now: Timestamp,
         policy: &ExecutionPolicy,
     ) -> Result<DecideOutcome, TransitionError> {
-        let approval = self
-            .approvals
-            .iter_mut()
-            .find(|approval| approval.id == approval_id)
-            .ok_or(TransitionError::NoSuchApproval)?;
+        let approval = self.approval_mut(approval_id)?;
         if request.seen_sha256.is_some() && request.seen_sha256 != approval.arguments_sha256() {
             return Err(TransitionError::ArgumentsChanged);
         }
@@ -492,11 +488,7 @@ impl Run {
                 return Err(TransitionError::TooManyArguments);
             }
         }
-        let approval = self
-            .approvals
-            .iter_mut()
-            .find(|approval| approval.id == approval_id)
-            .ok_or(TransitionError::NoSuchApproval)?;
+        let approval = self.approval_mut(approval_id)?;
         approval.status = status;
         approval.resolved_at = Some(now.max(approval.requested_at));
         approval.comment = request.comment;
@@ -514,6 +506,10 @@ impl Run {
         Ok(DecideOutcome::Requeued)
     }
 
+    fn approval_mut(&mut self, approval_id: ApprovalId) -> Result<&mut Approval, TransitionError> {
+        self.approvals.iter_mut().find(|approval| approval.id == approval_id).ok_or(TransitionError::NoSuchApproval)
+    }
+
     /// Moves a pending approval's expiry to `now + by`, never earlier than
     /// it was; the warning before it is due again. An approval whose time
     /// is already up is not extended: the caller expires it first.
@@ -524,16 +520,13 @@ impl Run {
         now: Timestamp,
         policy: &ExecutionPolicy,
     ) -> Result<Changed, TransitionError> {
-        let approval = self
-            .approvals
-            .iter_mut()
-            .find(|approval| approval.id == approval_id)
-            .ok_or(TransitionError::NoSuchApproval)?;
+        let run_status = self.status;
+        let approval = self.approval_mut(approval_id)?;
         if approval.status != ApprovalStatus::Pending {
             return Err(TransitionError::ApprovalAlreadyResolved(approval.status));
         }
-        if self.status != RunStatus::AwaitingApproval {
-            return Err(TransitionError::InvalidState(self.status));
+        if run_status != RunStatus::AwaitingApproval {
+            return Err(TransitionError::InvalidState(run_status));
         }
         let extended = now.plus(by);
         if approval.expires_at.is_some_and(|at| at >= extended) {
