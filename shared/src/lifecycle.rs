@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::{
-    ApprovalId, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner, Run, RunId,
-    TransitionError,
+    ApprovalId, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner,
+    Run, RunId, TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -42,6 +42,8 @@ pub struct NewRun {
     pub agent: String,
     pub input: String,
     pub metadata: BTreeMap<String, String>,
+    /// What the client limits the run to spend.
+    pub budget: Budget,
     pub idempotency: Option<IdempotencyRequest>,
 }
 
@@ -144,7 +146,7 @@ impl Lifecycle {
     }
 
     pub async fn start(&self, new_run: NewRun) -> Result<Started, StartError> {
-        let NewRun { owner, created_by, agent, input, metadata, idempotency } = new_run;
+        let NewRun { owner, created_by, agent, input, metadata, budget, idempotency } = new_run;
         for _ in 0..CREATE_ATTEMPTS {
             let now = self.clock.now();
             let run_id = RunId::from_ulid(self.ids.ulid_at(now));
@@ -155,7 +157,8 @@ impl Lifecycle {
                 expires_at: now.plus(IDEMPOTENCY_WINDOW),
             });
             let mut run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &self.policy)
-                .created_by(created_by);
+                .created_by(created_by)
+                .with_budget(budget);
             match self.runs.insert(&mut run, claim.as_ref(), self.max_active_runs).await? {
                 InsertOutcome::Inserted => {
                     let key_hash = claim.as_ref().map(|claim| claim.key_hash.as_str());

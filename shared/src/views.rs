@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::domain::{Approval, EventData, EventText, InboxEntry, Run, Timestamp, Usage};
+use crate::domain::{Approval, Budget, EventData, EventText, InboxEntry, Run, Timestamp, Usage};
 
 #[derive(Serialize)]
 pub struct RunView<'a> {
@@ -27,6 +27,9 @@ pub struct RunView<'a> {
     /// contract's keys.
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Usage>,
+    /// Also an addition: present only on runs created with a `budget`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budget: Option<Budget>,
 }
 
 #[derive(Serialize)]
@@ -87,6 +90,7 @@ impl<'a> From<&'a Run> for RunView<'a> {
             started_at: rfc3339(run.started_at),
             completed_at: rfc3339(run.completed_at),
             usage: run.usage,
+            budget: (run.budget != Budget::default()).then_some(run.budget),
         }
     }
 }
@@ -144,7 +148,12 @@ pub fn event_data_json(data: &EventData) -> String {
             "text": text.text,
             "truncated": text.truncated,
             "tool_calls": tool_calls,
-            "usage": usage,
+            // The tokens of this call (a run's usage also counts its tool calls).
+            "usage": usage.map(|usage| serde_json::json!({
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "total_tokens": usage.total_tokens,
+            })),
         })),
         EventData::ToolCompleted(call) => serde_json::to_string(&serde_json::json!({
             "tool": call.tool,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use agent_runs_shared::agents::AgentRegistry;
 use agent_runs_shared::agents::llm::{LlmRuntime, RetryPolicy};
 use agent_runs_shared::domain::{
-    AgentDefinition, ApprovalKind, ApprovalStatus, Clock, Decision, DecisionRequest, ExecutionPolicy, IdGenerator,
-    ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage,
+    AgentDefinition, ApprovalKind, ApprovalStatus, Budget, Clock, Decision, DecisionRequest, ExecutionPolicy,
+    IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage,
 };
 use agent_runs_shared::faults::{Fault, FaultPlan, OnCalls};
 use agent_runs_shared::queue::RunMessage;
@@ -169,7 +169,7 @@ async fn a_harmless_tool_call_then_an_answer() {
     assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
     let run = fixture.run(&message).await;
     assert_eq!(run.output.as_deref(), Some("OPS-7 is open."));
-    assert_eq!(run.usage, Some(Usage { input_tokens: 20, output_tokens: 10, total_tokens: 30 }));
+    assert_eq!(run.usage, Some(Usage { input_tokens: 20, output_tokens: 10, total_tokens: 30, tool_calls: 1 }));
     assert!(run.approvals.is_empty());
 
     let calls = fixture.stand_in.tool_calls();
@@ -324,6 +324,44 @@ async fn a_gated_call_too_long_to_show_a_person_is_answered_to_the_model() {
     assert!(fixture.stand_in.tool_calls().is_empty());
     let answer = messages(&fixture, 1)[3]["content"].as_str().unwrap().to_owned();
     assert!(answer.contains("too long to put to a human reviewer"), "{answer}");
+}
+
+#[tokio::test]
+async fn the_agents_token_budget_stops_the_run_before_a_call_past_it() {
+    // Each stand-in reply reports 15 tokens: the second brings the run to
+    // 30, past 20, so its tool call is not made, nor any model call after.
+    let fixture = Fixture::with(|document| document["max_total_tokens"] = json!(20), 256 * 1024).await;
+    fixture.stand_in.script(vec![
+        tool_call("call_1", "lookup", r#"{"id":"1"}"#),
+        tool_call("call_2", "lookup", r#"{"id":"2"}"#),
+        text("never asked"),
+    ]);
+    let message = fixture.create("Look twice").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Failed);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.error.as_deref(), Some("budget exceeded: the run used 30 tokens of its 20."));
+    assert_eq!(fixture.stand_in.model_requests().len(), 2);
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1);
+    assert_eq!(run.usage.map(|usage| (usage.total_tokens, usage.tool_calls)), Some((30, 1)));
+}
+
+#[tokio::test]
+async fn a_runs_tool_call_budget_stops_it_at_the_next_call() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![
+        tool_call("call_1", "lookup", r#"{"id":"1"}"#),
+        tool_call("call_2", "lookup", r#"{"id":"2"}"#),
+        text("never asked"),
+    ]);
+    let message = fixture.create("Look twice").await;
+    let mut run = fixture.run(&message).await;
+    run.budget = Budget { max_total_tokens: None, max_tool_calls: Some(1) };
+    fixture.store.update(&mut run).await.unwrap();
+    assert_eq!(fixture.process(&message).await, Outcome::Failed);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.error.as_deref(), Some("budget exceeded: the run made 1 tool calls of its 1."));
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1);
+    assert_eq!(fixture.stand_in.model_requests().len(), 2);
 }
 
 #[tokio::test]
@@ -644,7 +682,7 @@ mod bedrock {
 
         let run = fixture.run(&message).await;
         assert_eq!(run.output.as_deref(), Some("Deleted old."));
-        assert_eq!(run.usage, Some(Usage { input_tokens: 200, output_tokens: 40, total_tokens: 240 }));
+        assert_eq!(run.usage, Some(Usage { input_tokens: 200, output_tokens: 40, total_tokens: 240, tool_calls: 1 }));
         assert_eq!((asks_for_tool.num_calls(), answers.num_calls()), (1, 1));
         assert_eq!(fixture.stand_in.tool_calls().len(), 1);
     }

@@ -1065,6 +1065,7 @@ base_url = "{url}/v1"
 system_prompt = "You keep the repository tidy."
 allow_private_network = true   # the stand-in's tool listens on 127.0.0.1
 separate_approver = true
+max_total_tokens = 1000
 
 [[tools]]
 name = "delete_branch"
@@ -1096,7 +1097,20 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     assert_eq!(shown["allow_private_network"], true);
     assert_eq!(shown["separate_approver"], true);
 
-    let run = server.create(&key, json!({"agent": "janitor", "input": "Delete the branch old"}));
+    for (budget, param) in [
+        (json!({"max_total_tokens": 1001}), "budget.max_total_tokens"),
+        (json!({"max_total_tokens": 0}), "budget.max_total_tokens"),
+        (json!({"max_tool_calls": -1}), "budget.max_tool_calls"),
+        (json!({"max_tool_calls": 1.5}), "budget.max_tool_calls"),
+        (json!({"max_dollars": 1}), "max_dollars"),
+        (json!(7), "budget"),
+    ] {
+        let reply = server.post(&key, RUNS, json!({"agent": "janitor", "input": "x", "budget": budget}));
+        assert_eq!(reply.expect_error(400, "invalid_request")["param"], param, "{budget}");
+    }
+    let budget = json!({"max_total_tokens": 1000, "max_tool_calls": 5});
+    let run = server.create(&key, json!({"agent": "janitor", "input": "Delete the branch old", "budget": budget}));
+    assert_eq!(run["budget"], budget);
     assert_eq!(run["agent"], "janitor");
     assert!(run.get("usage").is_none(), "no usage before the model reported any");
     let waiting = server.wait_for_status(&key, run["id"].as_str().unwrap(), "awaiting_approval");
@@ -1136,7 +1150,7 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     assert_eq!(decided["pending_approvals"][0]["edited_arguments"], json!({"branch": "older"}));
     let done = server.wait_for_status(&key, run["id"].as_str().unwrap(), "succeeded");
     assert_eq!(done["output"], "Deleted old.");
-    assert_eq!(done["usage"], json!({"input_tokens": 20, "output_tokens": 10, "total_tokens": 30}));
+    assert_eq!(done["usage"], json!({"input_tokens": 20, "output_tokens": 10, "total_tokens": 30, "tool_calls": 1}));
     let calls = model.tool_calls();
     assert_eq!(calls.len(), 1, "the edited call, once");
     assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "older"}));
@@ -1144,6 +1158,17 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     server.post(&second, &path, edit).expect_status(200);
     server.post(&second, &path, json!({"decision": "approve"})).expect_error(409, "conflict");
     server.post(&second, &format!("{path}/extend"), json!({"seconds": 60})).expect_error(409, "conflict");
+
+    // A run whose budget allows no tool call fails before the approved call.
+    model.script(vec![stand_in::tool_call("call_2", "delete_branch", r#"{"branch":"new"}"#)]);
+    let budget = json!({"max_tool_calls": 0});
+    let run = server.create(&key, json!({"agent": "janitor", "input": "Delete new", "budget": budget}));
+    let waiting = server.wait_for_status(&key, run["id"].as_str().unwrap(), "awaiting_approval");
+    let path = format!("{}/approvals/{}", run_path(&run), waiting["pending_approvals"][0]["id"].as_str().unwrap());
+    server.post(&second, &path, json!({"decision": "approve"})).expect_status(200);
+    let failed = server.wait_for_status(&key, run["id"].as_str().unwrap(), "failed");
+    assert_eq!(failed["error"], "budget exceeded: the run made 0 tool calls of its 0.");
+    assert_eq!(model.tool_calls().len(), 1, "the call was not made");
 
     server.admin(&["agents", "delete", "janitor"]);
     let reply = server.post(&key, RUNS, json!({"agent": "janitor", "input": "again"}));

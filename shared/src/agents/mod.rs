@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::domain::{Approval, ApprovalRequest, EventData, RunId, Usage};
+use crate::domain::{Approval, ApprovalRequest, Budget, EventData, RunId, Usage};
 use crate::lock;
 use crate::store::{AgentStore, StoreError};
 
@@ -27,8 +27,11 @@ pub struct StepInput<'a> {
     pub checkpoint: Option<&'a serde_json::Value>,
     /// Every approval of the run so far, oldest first, with their decisions.
     pub approvals: &'a [Approval],
-    /// The run's token usage so far; an agent adds what its model reports.
+    /// The run's token usage and tool calls so far; an agent adds what its
+    /// model reports and the calls it makes.
     pub usage: &'a mut Option<Usage>,
+    /// What the client limited the run to (an agent's own limits apply too).
+    pub budget: Budget,
     /// What the step did that clients may follow (`output.appended`,
     /// `model.responded`, `tool.completed`): written with the state the
     /// step returns, so work done again is never reported twice.
@@ -176,6 +179,17 @@ impl AgentRegistry {
             StoreError::Defect(format!("stored agent `{agent}` has an invalid tool schema: {error}"))
         })?;
         Ok(tool.check_arguments(&arguments.to_string()).map(|_| ()))
+    }
+
+    /// The budget every run of the agent of that name has at most (none
+    /// for the built-in agents, which spend nothing).
+    pub async fn budget(&self, name: &str) -> Result<Budget, StoreError> {
+        match &self.defined {
+            Some(defined) if !self.builtin.contains_key(name) => {
+                Ok(defined.store.get_agent(name).await?.map(|agent| agent.budget()).unwrap_or_default())
+            }
+            _ => Ok(Budget::default()),
+        }
     }
 
     /// The agent of that name, ready to execute; `None` when there is none.

@@ -8,10 +8,10 @@ use sha2::{Digest, Sha256};
 use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, run_response};
 use crate::auth::Principal;
-use crate::domain::{IdempotencyKey, Metadata, Run, RunInput};
+use crate::domain::{Budget, IdempotencyKey, Metadata, Run, RunInput};
 use crate::lifecycle::{self, IdempotencyRequest, StartError, Started};
 
-const FIELDS: &[&str] = &["input", "agent", "metadata"];
+const FIELDS: &[&str] = &["input", "agent", "metadata", "budget"];
 const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
 
 /// A create request, parsed.
@@ -19,6 +19,27 @@ struct NewRun {
     input: RunInput,
     agent: String,
     metadata: Metadata,
+    budget: Budget,
+}
+
+/// `budget`: an object of optional whole-number limits.
+fn parse_budget(value: Option<Value>) -> Result<Budget, ApiError> {
+    let mut object = match value {
+        None | Some(Value::Null) => return Ok(Budget::default()),
+        Some(Value::Object(object)) => object,
+        Some(_) => return Err(ApiError::invalid("budget", "`budget` must be an object.")),
+    };
+    reject_unknown_fields(&object, &["max_total_tokens", "max_tool_calls"])?;
+    let mut limit = |field: &'static str, least: u64| match object.remove(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value.as_u64().filter(|limit| *limit >= least).map(Some).ok_or_else(|| {
+            ApiError::invalid_param(
+                format!("budget.{field}"),
+                format!("`budget.{field}` must be a whole number from {least}."),
+            )
+        }),
+    };
+    Ok(Budget { max_total_tokens: limit("max_total_tokens", 1)?, max_tool_calls: limit("max_tool_calls", 0)? })
 }
 
 fn parse_metadata(value: Option<Value>) -> Result<Metadata, ApiError> {
@@ -48,6 +69,7 @@ async fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun,
     };
     let agent = optional_string(&mut object, "agent")?.unwrap_or_else(|| api.agents.default_name().to_owned());
     let metadata = parse_metadata(object.remove("metadata"))?;
+    let budget = parse_budget(object.remove("budget"))?;
     // Last, as it may read the store: the agent and what it thinks of the input.
     let verdict = api.agents.check(&agent, input.as_str()).await?.ok_or_else(|| {
         let shown: String = agent.chars().take(64).collect();
@@ -61,7 +83,21 @@ async fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun,
     })?;
     verdict
         .map_err(|message| ApiError::invalid("input", format!("The `{agent}` agent rejected the input: {message}")))?;
-    Ok(NewRun { input, agent, metadata })
+    let allowed = api.agents.budget(&agent).await?;
+    for (field, asked, most) in [
+        ("max_total_tokens", budget.max_total_tokens, allowed.max_total_tokens),
+        ("max_tool_calls", budget.max_tool_calls, allowed.max_tool_calls),
+    ] {
+        if let (Some(asked), Some(most)) = (asked, most)
+            && asked > most
+        {
+            return Err(ApiError::invalid_param(
+                format!("budget.{field}"),
+                format!("`budget.{field}` may be at most {most}, the `{agent}` agent's own limit."),
+            ));
+        }
+    }
+    Ok(NewRun { input, agent, metadata, budget })
 }
 
 fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, ApiError> {
@@ -81,11 +117,15 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// A fingerprint of what the request asks for, insensitive to formatting.
 fn request_hash(new_run: &NewRun) -> String {
-    let canonical = serde_json::json!({
+    let mut canonical = serde_json::json!({
         "agent": new_run.agent,
         "input": new_run.input.as_str(),
         "metadata": new_run.metadata.as_map(),
     });
+    // Only when set, so requests without one keep the fingerprints they had.
+    if new_run.budget != Budget::default() {
+        canonical["budget"] = serde_json::json!([new_run.budget.max_total_tokens, new_run.budget.max_tool_calls]);
+    }
     sha256_hex(canonical.to_string().as_bytes())
 }
 
@@ -108,7 +148,7 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
         key_hash: sha256_hex(key.as_str().as_bytes()),
         request_hash: request_hash(&new_run),
     });
-    let NewRun { input, agent, metadata } = new_run;
+    let NewRun { input, agent, metadata, budget } = new_run;
     let started = api
         .lifecycle
         .start(lifecycle::NewRun {
@@ -117,6 +157,7 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
             agent,
             input: input.into_string(),
             metadata: metadata.into_map(),
+            budget,
             idempotency,
         })
         .await;

@@ -148,13 +148,25 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
         "description": "Tokens the agent's model used so far: present only for runs of a defined agent whose provider reports them.",
         "type": "object",
         "additionalProperties": false,
-        "required": ["input_tokens", "output_tokens", "total_tokens"],
+        "required": ["input_tokens", "output_tokens", "total_tokens", "tool_calls"],
         "properties": {
             "input_tokens": {"type": "integer", "minimum": 0},
             "output_tokens": {"type": "integer", "minimum": 0},
-            "total_tokens": {"type": "integer", "minimum": 0}
+            "total_tokens": {"type": "integer", "minimum": 0},
+            "tool_calls": {"type": "integer", "minimum": 0, "description": "HTTP tool calls made."}
         }
     });
+    let budget = |description: &str| {
+        json!({
+            "type": ["object", "null"],
+            "additionalProperties": false,
+            "description": description,
+            "properties": {
+                "max_total_tokens": {"type": ["integer", "null"], "minimum": 1, "description": "Tokens (input and output) the run may use."},
+                "max_tool_calls": {"type": ["integer", "null"], "minimum": 0, "description": "Tool calls the run may make."}
+            }
+        })
+    };
     let approval = json!({
         "type": "object",
         "additionalProperties": false,
@@ -409,7 +421,8 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                         "created_at": timestamp(false),
                         "started_at": timestamp(true),
                         "completed_at": timestamp(true),
-                        "usage": usage
+                        "usage": usage,
+                        "budget": budget("The run's own budget, as created: present only when it was given one.")
                     }
                 },
                 "Approval": approval,
@@ -467,7 +480,8 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                             "maxProperties": MAX_METADATA_KEYS,
                             "propertyNames": {"minLength": 1, "maxLength": MAX_METADATA_KEY_CHARS},
                             "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS}
-                        }
+                        },
+                        "budget": budget("Limits for this run, each no higher than the agent's own (400 otherwise). Checked before every model and tool call; when spent the run fails with an error starting `budget exceeded:`.")
                     }
                 },
                 "CancelRun": {"type": "object", "additionalProperties": false, "maxProperties": 0},
@@ -577,8 +591,10 @@ mod tests {
         let view = serde_json::to_value(RunView::from(&run)).unwrap();
         let schemas = &builtin()["components"]["schemas"];
         assert_eq!(keys(&view), required(&schemas["Run"]));
-        // A run whose model reported tokens has `usage` too; it is optional.
+        // A run whose model reported tokens has `usage` too, and one created
+        // with a budget `budget`; both are optional.
         run.usage = Some(Default::default());
+        run.budget = crate::domain::Budget { max_total_tokens: Some(5), max_tool_calls: None };
         let with_usage = serde_json::to_value(RunView::from(&run)).unwrap();
         assert_eq!(keys(&with_usage), keys(&schemas["Run"]["properties"]));
         assert_eq!(keys(&with_usage["usage"]), required(&schemas["Run"]["properties"]["usage"]));

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::Usage;
+
 pub const MAX_AGENT_NAME_CHARS: usize = 64;
 pub const MAX_AGENT_STEPS: u32 = 100;
 pub const MAX_TOOL_TIMEOUT_MS: u64 = 120_000;
@@ -126,6 +128,59 @@ pub struct AgentDefinition {
     /// person must). Left out of the stored definition when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub separate_approver: bool,
+    /// Tokens (input and output, as the provider counts them) a run may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total_tokens: Option<u64>,
+    /// Tool calls a run may make.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u64>,
+}
+
+/// What one run may spend; an absent limit is none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    pub max_total_tokens: Option<u64>,
+    pub max_tool_calls: Option<u64>,
+}
+
+impl Budget {
+    /// Field by field, the tighter of the two.
+    pub fn within(self, other: Budget) -> Budget {
+        let tighter = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Budget {
+            max_total_tokens: tighter(self.max_total_tokens, other.max_total_tokens),
+            max_tool_calls: tighter(self.max_tool_calls, other.max_tool_calls),
+        }
+    }
+
+    /// Why a model call may not be made now, in the words a failed run shows.
+    pub fn refuses_model_call(&self, usage: Option<&Usage>) -> Option<String> {
+        let used = usage.map_or(0, |usage| usage.total_tokens);
+        self.max_total_tokens
+            .filter(|max| used >= *max)
+            .map(|max| format!("budget exceeded: the run used {used} tokens of its {max}."))
+    }
+
+    /// Why a tool call may not be made now (the tokens spent count too: no
+    /// paid call follows a turn that went over).
+    pub fn refuses_tool_call(&self, usage: Option<&Usage>) -> Option<String> {
+        let calls = usage.map_or(0, |usage| usage.tool_calls);
+        self.refuses_model_call(usage).or_else(|| {
+            self.max_tool_calls
+                .filter(|max| calls >= *max)
+                .map(|max| format!("budget exceeded: the run made {calls} tool calls of its {max}."))
+        })
+    }
+}
+
+impl AgentDefinition {
+    /// The budget every run of this agent has at most.
+    pub fn budget(&self) -> Budget {
+        Budget { max_total_tokens: self.max_total_tokens, max_tool_calls: self.max_tool_calls }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,6 +229,9 @@ impl AgentDefinition {
         }
         if !(1..=MAX_AGENT_STEPS).contains(&self.max_steps) {
             return fail(format!("`max_steps` must be 1 to {MAX_AGENT_STEPS}."));
+        }
+        if self.max_total_tokens == Some(0) {
+            return fail("`max_total_tokens` must be at least 1 (leave it out for no limit).".into());
         }
         if self.provider == ProviderKind::Bedrock && (self.base_url.is_some() || self.api_key_env.is_some()) {
             return fail(

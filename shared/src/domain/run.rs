@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{
-    Approval, ApprovalId, ApprovalRequest, ApprovalStatus, DecisionRequest, Event, EventData, KeyId,
+    Approval, ApprovalId, ApprovalRequest, ApprovalStatus, Budget, DecisionRequest, Event, EventData, KeyId,
     MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, RunId, Timestamp, approval_arguments_bytes, canonical_json,
 };
 
@@ -132,8 +132,12 @@ pub struct Run {
     pub execution_ms: u64,
     /// When the current claim started executing.
     pub running_since: Option<Timestamp>,
-    /// Tokens the agent's model calls used, when the provider reports them.
+    /// Tokens the agent's model calls used, when the provider reports them,
+    /// and tool calls made.
     pub usage: Option<Usage>,
+    /// What the client limited the run to spend (the agent's own limits
+    /// apply besides).
+    pub budget: Budget,
     /// How often the sweeper sent the run again in its current stretch of
     /// `queued`: each wait before the next send is twice the last.
     pub resends: u32,
@@ -149,6 +153,8 @@ pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub total_tokens: u64,
+    /// Tool calls made (each HTTP request to a tool).
+    pub tool_calls: u64,
 }
 
 impl std::ops::AddAssign for Usage {
@@ -156,6 +162,7 @@ impl std::ops::AddAssign for Usage {
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
         self.total_tokens += other.total_tokens;
+        self.tool_calls += other.tool_calls;
     }
 }
 
@@ -289,6 +296,7 @@ impl Run {
             execution_ms: 0,
             running_since: None,
             usage: None,
+            budget: Budget::default(),
             resends: 0,
             event_seq: 0,
             pending_events: Vec::new(),
@@ -303,6 +311,17 @@ impl Run {
         for event in &mut self.pending_events {
             if let EventData::RunCreated(created) = &mut event.data {
                 created.created_by = Some(key);
+            }
+        }
+        self
+    }
+
+    /// The run limited to `budget` (its `run.created` shows it too).
+    pub fn with_budget(mut self, budget: Budget) -> Run {
+        self.budget = budget;
+        for event in &mut self.pending_events {
+            if let EventData::RunCreated(created) = &mut event.data {
+                created.budget = budget;
             }
         }
         self

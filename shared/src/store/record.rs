@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use crate::domain::{
-    Approval, ApprovalStatus, Lease, Owner, ProposedCall, Run, RunStatus, Timestamp, Usage, canonical_json,
+    Approval, ApprovalStatus, Budget, Lease, Owner, ProposedCall, Run, RunStatus, Timestamp, Usage, canonical_json,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -47,6 +47,8 @@ pub(super) struct StoredRun {
     /// The `seq` of the run's last event; absent before runs had events.
     #[serde(default, skip_serializing_if = "is_zero")]
     event_seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    budget: Option<StoredBudget>,
 }
 
 fn is_zero(number: &u64) -> bool {
@@ -89,6 +91,17 @@ struct StoredUsage {
     input_tokens: u64,
     output_tokens: u64,
     total_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    tool_calls: u64,
+}
+
+/// A client's budget for the run; absent when it set none.
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredBudget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_total_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_tool_calls: Option<u64>,
 }
 
 fn millis(at: Timestamp) -> i64 {
@@ -142,9 +155,14 @@ impl From<&Run> for StoredRun {
                 input_tokens: usage.input_tokens,
                 output_tokens: usage.output_tokens,
                 total_tokens: usage.total_tokens,
+                tool_calls: usage.tool_calls,
             }),
             resends: run.resends,
             event_seq: run.event_seq,
+            budget: (run.budget != Budget::default()).then_some(StoredBudget {
+                max_total_tokens: run.budget.max_total_tokens,
+                max_tool_calls: run.budget.max_tool_calls,
+            }),
         }
     }
 }
@@ -218,6 +236,11 @@ impl TryFrom<StoredRun> for Run {
                 input_tokens: usage.input_tokens,
                 output_tokens: usage.output_tokens,
                 total_tokens: usage.total_tokens,
+                tool_calls: usage.tool_calls,
+            }),
+            budget: stored.budget.map_or_else(Budget::default, |budget| Budget {
+                max_total_tokens: budget.max_total_tokens,
+                max_tool_calls: budget.max_tool_calls,
             }),
             resends: stored.resends,
             event_seq: stored.event_seq,

@@ -186,6 +186,7 @@ impl Worker {
                 checkpoint: attempt.checkpoint.as_ref(),
                 approvals: &approvals,
                 usage: &mut usage,
+                budget: run.budget,
                 events: &mut step_events,
                 must_finish: &must_finish,
             });

@@ -189,6 +189,7 @@ impl ChatModel for BedrockModel {
                 input_tokens: usage.input_tokens().max(0) as u64,
                 output_tokens: usage.output_tokens().max(0) as u64,
                 total_tokens: usage.total_tokens().max(0) as u64,
+                tool_calls: 0,
             }),
             ..ChatReply::default()
         };

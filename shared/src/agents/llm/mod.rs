@@ -255,30 +255,35 @@ impl LlmAgent {
 
     /// Answers the first pending call: runs it, or tells the model a human
     /// rejected it.
-    async fn answer_pending(
-        &self,
-        run_id: &str,
-        mut transcript: Transcript,
-        approvals: &[crate::domain::Approval],
-        must_finish: &super::MustFinish,
-        events: &mut Vec<EventData>,
-    ) -> Step {
+    async fn answer_pending(&self, step: StepInput<'_>, mut transcript: Transcript) -> Step {
+        let StepInput { run_id, approvals, usage, budget, must_finish, events, .. } = step;
+        let run_id = &run_id.to_string();
         let pending = transcript.pending.remove(0);
         let call = &pending.call;
+        let will_call = match pending.approval.map(|index| approvals.get(index)) {
+            None => true,
+            Some(approval) => approval.is_some_and(|approval| approval.status == ApprovalStatus::Approved),
+        };
+        if will_call && let Some(spent) = budget.within(self.definition.budget()).refuses_tool_call(usage.as_ref()) {
+            return Step::Failed(spent);
+        }
         let outcome = match pending.approval.map(|index| approvals.get(index)) {
-            None => self.run_tool(run_id, call, None, must_finish, events).await,
-            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => match &approval.edited_arguments {
-                None => self.run_tool(run_id, call, None, must_finish, events).await,
-                Some(edited) => {
-                    let outcome = self.run_tool(run_id, call, Some(edited), must_finish, events).await;
-                    let told = format!(
-                        "A human reviewer changed the arguments to {} before the call was made. {}",
-                        canonical_json(edited),
-                        outcome.content
-                    );
-                    ToolOutcome { content: told, ..outcome }
+            None => self.run_tool(run_id, call, None, must_finish, usage, events).await,
+            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => {
+                let edited = approval.edited_arguments.as_ref();
+                let outcome = self.run_tool(run_id, call, edited, must_finish, usage, events).await;
+                match edited {
+                    None => outcome,
+                    Some(edited) => ToolOutcome {
+                        content: format!(
+                            "A human reviewer changed the arguments to {} before the call was made. {}",
+                            canonical_json(edited),
+                            outcome.content
+                        ),
+                        ..outcome
+                    },
                 }
-            },
+            }
             Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => {
                 let comment =
                     approval.comment.as_deref().map(|comment| format!(" Their comment: {comment}")).unwrap_or_default();
@@ -304,6 +309,7 @@ impl LlmAgent {
         call: &ToolCall,
         edited: Option<&serde_json::Value>,
         must_finish: &super::MustFinish,
+        usage: &mut Option<crate::domain::Usage>,
         events: &mut Vec<EventData>,
     ) -> ToolOutcome {
         let edited_call;
@@ -317,6 +323,7 @@ impl LlmAgent {
         match self.checked(call) {
             Ok((tool, arguments)) => {
                 must_finish.set();
+                usage.get_or_insert_default().tool_calls += 1;
                 let idempotency_key = format!("{run_id}/{}", call.id);
                 let http = self.runtime.tool_http(self.definition.allow_private_network);
                 let started = std::time::Instant::now();
@@ -335,13 +342,11 @@ impl LlmAgent {
     }
 
     /// Asks the model what to do next.
-    async fn ask_model(
-        &self,
-        mut transcript: Transcript,
-        approvals: &[crate::domain::Approval],
-        usage: &mut Option<crate::domain::Usage>,
-        events: &mut Vec<EventData>,
-    ) -> Step {
+    async fn ask_model(&self, step: StepInput<'_>, mut transcript: Transcript) -> Step {
+        let StepInput { approvals, usage, budget, events, .. } = step;
+        if let Some(spent) = budget.within(self.definition.budget()).refuses_model_call(usage.as_ref()) {
+            return Step::Failed(spent);
+        }
         if transcript.model_calls >= self.definition.max_steps {
             return Step::Failed(format!(
                 "The agent reached its limit of {} model calls without a final answer.",
@@ -423,7 +428,7 @@ impl Agent for LlmAgent {
             Some(Err(_)) => return Step::Failed("The agent could not resume from its checkpoint.".into()),
         };
         if transcript.pending.is_empty() {
-            return self.ask_model(transcript, step.approvals, step.usage, step.events).await;
+            return self.ask_model(step, transcript).await;
         }
         // Every gated call of the model's turn is put to a human at once.
         let first_approval = step.approvals.len();
@@ -440,6 +445,6 @@ impl Agent for LlmAgent {
                 Err(failed) => failed,
             };
         }
-        self.answer_pending(&step.run_id.to_string(), transcript, step.approvals, step.must_finish, step.events).await
+        self.answer_pending(step, transcript).await
     }
 }

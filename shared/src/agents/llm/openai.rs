@@ -163,6 +163,7 @@ impl ChatModel for OpenAiModel {
                 input_tokens: usage.prompt_tokens,
                 output_tokens: usage.completion_tokens,
                 total_tokens: usage.total_tokens.max(usage.prompt_tokens + usage.completion_tokens),
+                tool_calls: 0,
             }),
         })
     }
