@@ -324,6 +324,7 @@ impl Lifecycle {
         runs: Vec<(Run, Vec<BatchDecision>)>,
         progress: &mut BatchProgress,
     ) -> Result<(), (Option<usize>, ChangeError<DecideRefused>)> {
+        let first_versions: Vec<(RunId, u64)> = runs.iter().map(|(run, _)| (run.id, run.version)).collect();
         let mut pending = runs;
         let mut may_have_landed = false;
         for attempt in 0..CHANGE_ATTEMPTS {
@@ -351,9 +352,13 @@ impl Lifecycle {
                     outcome = outcome.max(decided);
                 }
                 if outcome == DecideOutcome::Unchanged {
-                    // A requeue whose answer was lost reads back as a repeat.
-                    if may_have_landed && next.is_requeued_after_decisions() {
-                        progress.to_send.push(next.id);
+                    // A write whose answer was lost reads back as a repeat.
+                    if may_have_landed {
+                        let read_first = first_versions.iter().find(|(id, _)| *id == next.id).map(|(_, v)| *v);
+                        progress.wrote |= read_first.is_some_and(|version| next.version > version);
+                        if next.is_requeued_after_decisions() {
+                            progress.to_send.push(next.id);
+                        }
                     }
                     done.push(position);
                     progress.recorded.push(next);

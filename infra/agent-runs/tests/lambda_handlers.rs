@@ -491,7 +491,7 @@ async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once() {
     let (_, waiting) = aws.invoke(Operation::Get, "GET", &path, None).await;
     assert_eq!(waiting["status"], "awaiting_approval", "{waiting}");
     assert_eq!(waiting["pending_approvals"][0]["action"], r#"Call the tool `delete_branch` with {"branch":"old"}"#);
-    assert_eq!(waiting["usage"], json!({"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}));
+    assert_eq!(waiting["usage"], json!({"input_tokens": 10, "output_tokens": 5, "total_tokens": 15, "tool_calls": 0}));
     assert!(model.tool_calls().is_empty());
 
     let approval = waiting["pending_approvals"][0]["id"].as_str().unwrap();
@@ -506,7 +506,7 @@ async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactly_once() {
     let (_, done) = aws.invoke(Operation::Get, "GET", &path, None).await;
     assert_eq!(done["status"], "succeeded", "{done}");
     assert_eq!(done["output"], "Deleted old.");
-    assert_eq!(done["usage"], json!({"input_tokens": 20, "output_tokens": 10, "total_tokens": 30}));
+    assert_eq!(done["usage"], json!({"input_tokens": 20, "output_tokens": 10, "total_tokens": 30, "tool_calls": 1}));
     let calls = model.tool_calls();
     assert_eq!(calls.len(), 1, "the approved tool ran exactly once: {calls:?}");
     assert_eq!(calls[0].idempotency_key, Some(format!("{}/call_1", id(&run))));

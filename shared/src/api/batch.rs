@@ -95,16 +95,17 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
             Ok(json_response(StatusCode::OK, &serde_json::json!({ "data": data })))
         }
         Err(failed) => {
+            // Without an element, the store failed: repeating the batch is safe.
             let Some(index) = failed.index else {
-                return Err(match failed.error {
-                    crate::store::ChangeError::Store(error) => error.into(),
-                    other => refused(other, |status| already_decided(status, "")),
-                });
+                return Err(refused(failed.error, |status| format!("An approval is already {}.", status.as_str())));
             };
             let name = decisions[index].1.name();
             let mut error = refused(failed.error, |status| already_decided(status, name));
             if failed.partly_recorded
-                && let ApiError::Conflict(message) | ApiError::NotFound(message) = &mut error
+                && let ApiError::Conflict(message)
+                | ApiError::NotFound(message)
+                | ApiError::Forbidden(message)
+                | ApiError::InvalidRequest { message, .. } = &mut error
             {
                 message.push_str(
                     " The decisions on some other runs of this batch were recorded: another change came between the writes of a batch too large for one transaction.",

@@ -61,10 +61,12 @@ enum Refused {
     EventLimit,
 }
 
-/// Approvals one step may ask for: each is an event when asked, decided,
-/// canceled or expired, and a cancel writes all of them in one transaction
-/// (DynamoDB takes at most 100 items).
-pub const MAX_APPROVALS_PER_STEP: usize = 50;
+/// Approvals one run may ask for in all. Each is an event when asked,
+/// decided, canceled or expired, and a cancel writes all pending ones in one
+/// transaction (DynamoDB takes at most 100 items); and the run keeps every
+/// approval with its action and comment (up to 4 KB), which must fit in its
+/// item (400 KB on DynamoDB) with its input, output and arguments.
+pub const MAX_APPROVALS_PER_RUN: usize = 50;
 
 /// Events the agent produced are written at the latest this long after
 /// the last write, or at this many, so clients follow a run as it goes.
@@ -300,9 +302,11 @@ impl Worker {
                 Step::Failed(error) => {
                     return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
                 }
-                Step::AwaitApproval { requests, .. } if requests.len() > MAX_APPROVALS_PER_STEP => {
+                Step::AwaitApproval { requests, .. }
+                    if attempt.run.approvals.len() + requests.len() > MAX_APPROVALS_PER_RUN =>
+                {
                     let error = format!(
-                        "The agent asked for {} approvals at once; at most {MAX_APPROVALS_PER_STEP} can wait together.",
+                        "The agent asked for {} more approvals; a run may ask for at most {MAX_APPROVALS_PER_RUN} in all.",
                         requests.len()
                     );
                     return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;

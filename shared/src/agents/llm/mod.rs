@@ -381,8 +381,10 @@ impl LlmAgent {
             return Step::Succeeded(reply.text.unwrap_or_default());
         }
         transcript.messages.push(Message::Assistant { text: reply.text, tool_calls: reply.tool_calls.clone() });
-        // What the run may still put to people, in arguments kept with it.
-        let mut room = MAX_APPROVAL_ARGUMENTS_PER_RUN.saturating_sub(approval_arguments_bytes(approvals));
+        // What the run may still put to people, in arguments kept with it;
+        // room for one edit is always left.
+        let proposals = MAX_APPROVAL_ARGUMENTS_PER_RUN - MAX_APPROVAL_ARGUMENTS_BYTES;
+        let mut room = proposals.saturating_sub(approval_arguments_bytes(approvals));
         for call in reply.tool_calls {
             // Calls that cannot be made are answered at once, never put to a human.
             let refused = match self.checked(&call) {
@@ -394,7 +396,7 @@ impl LlmAgent {
                         ))
                     } else if size > room {
                         Some(format!(
-                            "This run has put as many arguments to human reviewers as it may ({MAX_APPROVAL_ARGUMENTS_PER_RUN} bytes as JSON); the call was not made."
+                            "This run has put as many arguments to human reviewers as it may ({proposals} bytes as JSON); the call was not made."
                         ))
                     } else {
                         room -= size;
