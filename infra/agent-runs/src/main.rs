@@ -2,6 +2,7 @@
 
 mod agents;
 mod aws_setup;
+mod client;
 mod gateway;
 mod http_server;
 mod keys;
@@ -22,6 +23,22 @@ struct Cli {
     command: Command,
 }
 
+#[derive(clap::Args)]
+struct RunsArgs {
+    #[command(flatten)]
+    connection: client::Connection,
+    #[command(subcommand)]
+    command: client::RunsCommand,
+}
+
+#[derive(clap::Args)]
+struct ApprovalsArgs {
+    #[command(flatten)]
+    connection: client::Connection,
+    #[command(subcommand)]
+    command: client::ApprovalsCommand,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve every operation on one port, with workers in the same process.
@@ -38,6 +55,10 @@ enum Command {
     Gateway(gateway::GatewayArgs),
     /// Print the OpenAPI document for the built-in agents (docs/openapi.json).
     Openapi,
+    /// Create, list, follow and decide runs through the HTTP API (AGENT_RUNS_URL, AGENT_RUNS_KEY).
+    Runs(RunsArgs),
+    /// The approvals inbox, through the HTTP API.
+    Approvals(ApprovalsArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,26 +70,43 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
+    runtime.block_on(async {
+        let result = match cli.command {
             Command::Serve(args) => serve::run(args, &cli.db).await,
             Command::Keys(command) => keys::run(command, &cli.db).await,
             Command::Agents(command) => agents::run(command, &cli.db).await,
             Command::AwsSetup(args) => aws_setup::run(args).await,
-            Command::Openapi => {
-                let agents = agent_runs_shared::agents::AgentRegistry::builtin("echo")?;
-                let document = agent_runs_shared::api::openapi::document(&agents.names_list(), agents.default_name());
-                println!("{}", serde_json::to_string_pretty(&document)?);
-                Ok(())
-            }
+            Command::Openapi => print_openapi(),
             Command::Gateway(args) => {
                 serve::init_logging();
                 gateway::run(args, serve::shutdown_signal()).await
             }
+            // The API client: exit 0 only when the command did what was
+            // asked and, for `watch`, the run succeeded.
+            Command::Runs(args) => return exit(client::runs(args.command, &args.connection).await),
+            Command::Approvals(args) => return exit(client::approvals(args.command, &args.connection).await),
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::FAILURE
+            }
         }
-    });
+    })
+}
+
+fn print_openapi() -> Result<(), Box<dyn std::error::Error>> {
+    let agents = agent_runs_shared::agents::AgentRegistry::builtin("echo")?;
+    let document = agent_runs_shared::api::openapi::document(&agents.names_list(), agents.default_name());
+    println!("{}", serde_json::to_string_pretty(&document)?);
+    Ok(())
+}
+
+fn exit(result: Result<client::Done, client::Error>) -> ExitCode {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(client::Done::Ok) => ExitCode::SUCCESS,
+        Ok(client::Done::Unsuccessful) => ExitCode::FAILURE,
         Err(error) => {
             eprintln!("error: {error}");
             ExitCode::FAILURE

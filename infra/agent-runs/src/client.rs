@@ -1,0 +1,485 @@
+//! `agent-runs runs …` and `agent-runs approvals …`: the API from a
+//! terminal. Talks HTTP to `--url` (a `serve` address or a deployed API
+//! Gateway URL) with the key in `AGENT_RUNS_KEY`; tables for people,
+//! `--json` for scripts.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Args)]
+pub struct Connection {
+    /// The API's base URL (without /v1).
+    #[arg(long, env = "AGENT_RUNS_URL", default_value = "http://127.0.0.1:8080", global = true)]
+    url: String,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+#[command(after_help = "The API key is read from AGENT_RUNS_KEY.
+
+Examples:
+  agent-runs runs create --agent script --input 'approve Deploy v2'
+  agent-runs runs list --status awaiting_approval
+  agent-runs runs approve run_01JD... --comment 'go ahead'
+  agent-runs runs approve run_01JD... --edit '{\"branch\": \"old\"}'
+  agent-runs runs watch run_01JD...      # exit 0 if it succeeds")]
+pub enum RunsCommand {
+    /// Start a run.
+    Create {
+        /// What the agent gets.
+        #[arg(long)]
+        input: String,
+        /// The agent (the deployment's default when left out).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Metadata as KEY=VALUE (repeatable).
+        #[arg(long = "metadata", value_name = "KEY=VALUE")]
+        metadata: Vec<String>,
+        /// Create at most once: a repeat with the same key returns the first run.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// List runs, newest first.
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        limit: Option<u32>,
+        /// A next_cursor from an earlier page.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Show a run.
+    Get { run_id: String },
+    /// Show a run's events, oldest first.
+    Events {
+        run_id: String,
+        /// Only events after this seq.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+    },
+    /// Follow a run's events until it ends; exit 0 only if it succeeded.
+    Watch { run_id: String },
+    /// Approve a run's pending approval (the only one, or APPROVAL_ID).
+    Approve {
+        run_id: String,
+        approval_id: Option<String>,
+        #[arg(long)]
+        comment: Option<String>,
+        /// Approve a tool call with these arguments (JSON) instead.
+        #[arg(long, value_name = "JSON")]
+        edit: Option<String>,
+    },
+    /// Reject a run's pending approval (the only one, or APPROVAL_ID).
+    Reject {
+        run_id: String,
+        approval_id: Option<String>,
+        /// Why: the model is told.
+        #[arg(long)]
+        comment: Option<String>,
+    },
+    /// Cancel a run.
+    Cancel { run_id: String },
+}
+
+#[derive(Subcommand)]
+pub enum ApprovalsCommand {
+    /// The approvals inbox: newest first, pending by default.
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        limit: Option<u32>,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+}
+
+/// What a command did, for the exit code.
+pub enum Done {
+    Ok,
+    /// It worked, and what it reports is a failure (a watched run failed).
+    Unsuccessful,
+}
+
+struct Api {
+    http: reqwest::Client,
+    url: String,
+    key: String,
+}
+
+impl Api {
+    fn new(connection: &Connection) -> Result<Api, Error> {
+        let key = std::env::var("AGENT_RUNS_KEY")
+            .ok()
+            .filter(|key| !key.trim().is_empty())
+            .ok_or("set AGENT_RUNS_KEY to an API key (`agent-runs keys create --owner <owner>` makes one)")?;
+        agent_runs_shared::sdk::use_ring_for_rustls();
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
+        Ok(Api { http, url: connection.url.trim_end_matches('/').to_owned(), key })
+    }
+
+    /// Sends the request; the API's JSON answer, or its error's message.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Value, Error> {
+        let url = format!("{}{path}", self.url);
+        let mut request = self.http.request(method, &url).bearer_auth(&self.key);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        if let Some(key) = idempotency_key {
+            request = request.header("Idempotency-Key", key);
+        }
+        let response = request.send().await.map_err(|error| format!("cannot reach {url}: {}", cause(&error)))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|error| format!("{url}: the answer was cut off: {error}"))?;
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(value);
+        }
+        match value["error"]["message"].as_str() {
+            Some(message) => Err(format!("{message} (HTTP {}, {})", status.as_u16(), value["error"]["code"]).into()),
+            None => Err(format!("{url} answered HTTP {} without the API's error", status.as_u16()).into()),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Result<Value, Error> {
+        self.call(reqwest::Method::GET, path, None, None).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value, Error> {
+        self.call(reqwest::Method::POST, path, Some(body), None).await
+    }
+}
+
+/// The innermost cause of a failed request: "Connection refused" rather
+/// than "error sending request".
+fn cause(error: &reqwest::Error) -> String {
+    let mut last: &dyn std::error::Error = error;
+    while let Some(source) = last.source() {
+        last = source;
+    }
+    last.to_string()
+}
+
+fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (name, value) in pairs {
+        if let Some(value) = value {
+            query.append_pair(name, value);
+        }
+    }
+    let query = query.finish();
+    if query.is_empty() { query } else { format!("?{query}") }
+}
+
+fn path_segment(id: &str) -> String {
+    form_urlencoded::byte_serialize(id.as_bytes()).collect()
+}
+
+pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done, Error> {
+    let api = Api::new(connection)?;
+    let out = Output { json: connection.json, colour: std::io::stdout().is_terminal() };
+    match command {
+        RunsCommand::Create { input, agent, metadata, idempotency_key } => {
+            let metadata = metadata
+                .iter()
+                .map(|pair| {
+                    let (key, value) =
+                        pair.split_once('=').ok_or_else(|| format!("--metadata {pair:?}: write KEY=VALUE"))?;
+                    Ok((key.to_owned(), Value::String(value.to_owned())))
+                })
+                .collect::<Result<serde_json::Map<_, _>, String>>()?;
+            let mut body = json!({"input": input, "metadata": metadata});
+            if let Some(agent) = agent {
+                body["agent"] = agent.into();
+            }
+            let post = reqwest::Method::POST;
+            out.run(&api.call(post, "/v1/agent/runs", Some(body), idempotency_key.as_deref()).await?);
+        }
+        RunsCommand::List { status, limit, cursor } => {
+            let path = format!(
+                "/v1/agent/runs{}",
+                query(&[("status", status), ("limit", limit.map(|l| l.to_string())), ("cursor", cursor)])
+            );
+            let page = api.get(&path).await?;
+            out.runs(&page);
+        }
+        RunsCommand::Get { run_id } => out.run(&api.get(&format!("/v1/agent/runs/{}", path_segment(&run_id))).await?),
+        RunsCommand::Events { run_id, after } => {
+            let path = format!("/v1/agent/runs/{}/events?after={after}&limit=1000", path_segment(&run_id));
+            let page = api.get(&path).await?;
+            out.events(page["data"].as_array().map(Vec::as_slice).unwrap_or_default());
+        }
+        RunsCommand::Watch { run_id } => return watch(&api, &out, &run_id).await,
+        RunsCommand::Approve { run_id, approval_id, comment, edit } => {
+            let mut body = json!({"decision": "approve", "comment": comment});
+            if let Some(edit) = edit {
+                let arguments: Value =
+                    serde_json::from_str(&edit).map_err(|error| format!("--edit is not JSON: {error}"))?;
+                body = json!({"decision": "edit", "comment": body["comment"], "arguments": arguments});
+            }
+            out.run(&decide(&api, &run_id, approval_id, body).await?);
+        }
+        RunsCommand::Reject { run_id, approval_id, comment } => {
+            let body = json!({"decision": "reject", "comment": comment});
+            out.run(&decide(&api, &run_id, approval_id, body).await?);
+        }
+        RunsCommand::Cancel { run_id } => {
+            out.run(&api.post(&format!("/v1/agent/runs/{}/cancel", path_segment(&run_id)), json!({})).await?)
+        }
+    }
+    Ok(Done::Ok)
+}
+
+pub async fn approvals(command: ApprovalsCommand, connection: &Connection) -> Result<Done, Error> {
+    let api = Api::new(connection)?;
+    let out = Output { json: connection.json, colour: std::io::stdout().is_terminal() };
+    match command {
+        ApprovalsCommand::List { status, agent, limit, cursor } => {
+            let limit = limit.map(|limit| limit.to_string());
+            let path = format!(
+                "/v1/approvals{}",
+                query(&[("status", status), ("agent", agent), ("limit", limit), ("cursor", cursor)])
+            );
+            out.approvals(&api.get(&path).await?);
+        }
+    }
+    Ok(Done::Ok)
+}
+
+/// Decides `approval_id`, or the run's only pending approval.
+async fn decide(api: &Api, run_id: &str, approval_id: Option<String>, body: Value) -> Result<Value, Error> {
+    let run_path = format!("/v1/agent/runs/{}", path_segment(run_id));
+    let approval_id = match approval_id {
+        Some(id) => id,
+        None => {
+            let run = api.get(&run_path).await?;
+            let pending: Vec<&str> = run["pending_approvals"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|approval| approval["status"] == "pending")
+                .filter_map(|approval| approval["id"].as_str())
+                .collect();
+            match pending.as_slice() {
+                [only] => (*only).to_owned(),
+                [] => return Err(format!("{run_id} has no pending approval").into()),
+                several => {
+                    return Err(format!(
+                        "{run_id} has {} pending approvals; name one: {}",
+                        several.len(),
+                        several.join(", ")
+                    )
+                    .into());
+                }
+            }
+        }
+    };
+    api.post(&format!("{run_path}/approvals/{}", path_segment(&approval_id)), body).await
+}
+
+/// Prints the run's events as they come (long-polling `wait`) until its
+/// last one; `Unsuccessful` unless it succeeded.
+async fn watch(api: &Api, out: &Output, run_id: &str) -> Result<Done, Error> {
+    let mut after = 0;
+    loop {
+        let path = format!("/v1/agent/runs/{}/events?after={after}&limit=1000&wait=20", path_segment(run_id));
+        let page = api.get(&path).await?;
+        let events = page["data"].as_array().map(Vec::as_slice).unwrap_or_default();
+        out.events(events);
+        after = page["next_after"].as_u64().unwrap_or(after);
+        let ended = events.iter().rev().find_map(|event| match event["type"].as_str() {
+            Some("run.succeeded") => Some(Done::Ok),
+            Some("run.failed" | "run.canceled") => Some(Done::Unsuccessful),
+            _ => None,
+        });
+        if let Some(done) = ended {
+            return Ok(done);
+        }
+    }
+}
+
+/// How results are shown.
+struct Output {
+    json: bool,
+    colour: bool,
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "-".into(),
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `text` on one line, at most `width` characters.
+fn cell(value: &Value, width: usize) -> String {
+    let one_line: String = text(value).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if one_line.chars().count() <= width {
+        return one_line;
+    }
+    let mut short: String = one_line.chars().take(width.saturating_sub(1)).collect();
+    short.push('…');
+    short
+}
+
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| rows.iter().filter_map(|row| row.get(i)).map(|c| c.chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut lines = String::new();
+    for row in rows {
+        let padded: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell}{}", " ".repeat(width - cell.chars().count())))
+            .collect();
+        lines.push_str(padded.join("  ").trim_end());
+        lines.push('\n');
+    }
+    lines
+}
+
+impl Output {
+    fn status(&self, status: &Value) -> String {
+        let name = text(status);
+        let code = match name.as_str() {
+            "succeeded" | "approved" => "32",
+            "failed" | "rejected" | "expired" => "31",
+            "awaiting_approval" | "pending" => "33",
+            "canceled" => "90",
+            _ => return name,
+        };
+        if self.colour { format!("\x1b[{code}m{name}\x1b[0m") } else { name }
+    }
+
+    fn print_json(value: &Value) {
+        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+    }
+
+    fn run(&self, run: &Value) {
+        if self.json {
+            return Self::print_json(run);
+        }
+        let mut rows = vec![
+            vec!["id".into(), text(&run["id"])],
+            vec!["status".into(), self.status(&run["status"])],
+            vec!["agent".into(), text(&run["agent"])],
+            vec!["created".into(), text(&run["created_at"])],
+            vec!["input".into(), cell(&run["input"], 100)],
+        ];
+        for (name, key) in [("output", "output"), ("error", "error")] {
+            if !run[key].is_null() {
+                rows.push(vec![name.into(), cell(&run[key], 100)]);
+            }
+        }
+        for approval in run["pending_approvals"].as_array().into_iter().flatten() {
+            let mut line = format!(
+                "{} {} {}",
+                text(&approval["id"]),
+                self.status(&approval["status"]),
+                cell(&approval["action"], 80)
+            );
+            if !approval["arguments"].is_null() {
+                line.push_str(&format!("  arguments {}", approval["arguments"]));
+            }
+            rows.push(vec!["approval".into(), line]);
+        }
+        print!("{}", table(&rows));
+    }
+
+    fn runs(&self, page: &Value) {
+        if self.json {
+            return Self::print_json(page);
+        }
+        let mut rows = vec![vec!["ID".into(), "STATUS".into(), "AGENT".into(), "CREATED".into(), "INPUT".into()]];
+        for run in page["data"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                text(&run["id"]),
+                self.status(&run["status"]),
+                text(&run["agent"]),
+                text(&run["created_at"]),
+                cell(&run["input"], 40),
+            ]);
+        }
+        print!("{}", table(&rows));
+        if let Some(cursor) = page["next_cursor"].as_str() {
+            println!("more: --cursor {cursor}");
+        }
+    }
+
+    fn approvals(&self, page: &Value) {
+        if self.json {
+            return Self::print_json(page);
+        }
+        let mut rows = vec![vec![
+            "RUN".into(),
+            "APPROVAL".into(),
+            "STATUS".into(),
+            "AGENT".into(),
+            "REQUESTED".into(),
+            "EXPIRES".into(),
+            "ACTION".into(),
+        ]];
+        for approval in page["data"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                text(&approval["run_id"]),
+                text(&approval["id"]),
+                self.status(&approval["status"]),
+                text(&approval["agent"]),
+                text(&approval["requested_at"]),
+                text(&approval["expires_at"]),
+                cell(&approval["action"], 60),
+            ]);
+        }
+        print!("{}", table(&rows));
+        if let Some(cursor) = page["next_cursor"].as_str() {
+            println!("more: --cursor {cursor}");
+        }
+    }
+
+    fn events(&self, events: &[Value]) {
+        for event in events {
+            if self.json {
+                println!("{}", serde_json::to_string(event).unwrap_or_default());
+                continue;
+            }
+            let data = &event["data"];
+            let detail = match event["type"].as_str().unwrap_or_default() {
+                "output.appended" => cell(&data["text"], 100),
+                "run.started" => format!("attempt {}", text(&data["attempt"])),
+                kind if kind.starts_with("approval.") => {
+                    format!("{} {} {}", text(&data["id"]), self.status(&data["status"]), cell(&data["action"], 80))
+                }
+                "run.succeeded" => cell(&data["output"], 100),
+                "run.failed" => cell(&data["error"], 100),
+                "tool.completed" => format!("{} {}", text(&data["tool"]), text(&data["http_status"])),
+                _ => String::new(),
+            };
+            let line = format!(
+                "{:>4}  {}  {:<22} {detail}",
+                text(&event["seq"]),
+                text(&event["created_at"]),
+                text(&event["type"])
+            );
+            println!("{}", line.trim_end());
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The command line client (`agent-runs runs …`, `agent-runs approvals …`)
+//! as a process, against `agent-runs serve`.
+
+mod support;
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use support::{BIN, Server, Target};
+
+/// Runs the client with `key` against `url`.
+fn cli_at(url: &str, key: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(BIN);
+    command.args(args).env("AGENT_RUNS_URL", url).env_remove("AGENT_RUNS_KEY");
+    if let Some(key) = key {
+        command.env("AGENT_RUNS_KEY", key);
+    }
+    command.output().expect("the binary runs")
+}
+
+fn cli(server: &Server, args: &[&str]) -> Output {
+    cli_at(&server.base, server.dev_key.as_deref(), args)
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs the client, expects success, and reads its `--json` answer.
+fn json(server: &Server, args: &[&str]) -> Value {
+    let output = cli(server, &[args, &["--json"]].concat());
+    assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+    serde_json::from_str(&stdout(&output)).unwrap_or_else(|_| panic!("{args:?}: JSON: {}", stdout(&output)))
+}
+
+#[test]
+fn a_person_creates_finds_approves_and_watches_a_run() {
+    let server = Server::start_on(Target::Embedded, &[]);
+    let script = "say hi\napprove Deploy <b>v2</b>\nsay done";
+    let run = json(&server, &["runs", "create", "--agent", "script", "--input", script, "--metadata", "ticket=OPS-1"]);
+    let id = run["id"].as_str().unwrap().to_owned();
+    assert_eq!((&run["status"], &run["metadata"]["ticket"]), (&Value::from("queued"), &Value::from("OPS-1")));
+    server.wait_for_status(server.dev_key.as_ref().unwrap(), &id, "awaiting_approval");
+
+    let inbox = json(&server, &["approvals", "list"]);
+    assert_eq!(inbox["data"][0]["run_id"], id.as_str());
+    let table = cli(&server, &["approvals", "list"]);
+    assert!(table.status.success());
+    let shown = stdout(&table);
+    assert!(shown.starts_with("RUN") && shown.contains(&id) && shown.contains("pending"), "{shown}");
+    assert!(shown.contains("Deploy <b>v2</b>"), "{shown}");
+    assert!(!shown.contains('\x1b'), "no colour when stdout is not a terminal");
+
+    let approved = cli(&server, &["runs", "approve", &id, "--comment", "ok"]);
+    assert!(approved.status.success(), "{}", stderr(&approved));
+    assert!(stdout(&approved).contains("approved"), "{}", stdout(&approved));
+
+    let watched = cli(&server, &["runs", "watch", &id]);
+    assert_eq!(watched.status.code(), Some(0), "{}", stderr(&watched));
+    let log = stdout(&watched);
+    for expected in ["run.created", "approval.decided", "hi", "run.succeeded"] {
+        assert!(log.contains(expected), "{expected} in {log}");
+    }
+    let done = json(&server, &["runs", "get", &id]);
+    assert_eq!(done["output"], "hi\napproved: Deploy <b>v2</b>\ndone");
+    let succeeded = json(&server, &["runs", "list", "--status", "succeeded", "--limit", "5"]);
+    assert_eq!(succeeded["data"][0]["id"], id.as_str());
+    let events = cli(&server, &["runs", "events", &id, "--json"]);
+    let lines: Vec<Value> = stdout(&events).lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(lines.first().unwrap()["type"], "run.created");
+    assert_eq!(lines.last().unwrap()["type"], "run.succeeded");
+}
+
+#[test]
+fn watch_exits_non_zero_for_runs_that_fail_or_are_canceled_and_rejections_go_through() {
+    let server = Server::start_on(Target::Embedded, &[]);
+    let key = server.dev_key.clone().unwrap();
+    let failing = json(&server, &["runs", "create", "--agent", "script", "--input", "fail boom"]);
+    assert_eq!(cli(&server, &["runs", "watch", failing["id"].as_str().unwrap()]).status.code(), Some(1));
+
+    let slow = json(&server, &["runs", "create", "--agent", "script", "--input", "sleep 60000"]);
+    let slow_id = slow["id"].as_str().unwrap();
+    let canceled = json(&server, &["runs", "cancel", slow_id]);
+    assert_eq!(canceled["status"], "canceled");
+    assert_eq!(cli(&server, &["runs", "watch", slow_id]).status.code(), Some(1));
+
+    let asking = json(&server, &["runs", "create", "--agent", "script", "--input", "approve Send it"]);
+    let asking_id = asking["id"].as_str().unwrap();
+    server.wait_for_status(&key, asking_id, "awaiting_approval");
+    let rejected = json(&server, &["runs", "reject", asking_id, "--comment", "not today"]);
+    assert_eq!(rejected["pending_approvals"][0]["comment"], "not today");
+    assert_eq!(cli(&server, &["runs", "watch", asking_id]).status.code(), Some(0));
+    let again = cli(&server, &["runs", "approve", asking_id]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("has no pending approval"), "{}", stderr(&again));
+}
+
+#[test]
+fn errors_say_what_went_wrong_and_exit_non_zero() {
+    let server = Server::start_on(Target::Embedded, &[]);
+    let unknown = cli(&server, &["runs", "get", "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    let said = stderr(&unknown);
+    assert!(said.contains("No run with that id") && said.contains("HTTP 404"), "{said}");
+    assert!(!said.contains("panicked"), "{said}");
+
+    let bad_input = cli(&server, &["runs", "create", "--agent", "script", "--input", "shout"]);
+    assert!(!bad_input.status.success() && stderr(&bad_input).contains("HTTP 400"), "{}", stderr(&bad_input));
+    let bad_edit = cli(&server, &["runs", "approve", "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "apr_x", "--edit", "{nope"]);
+    assert!(stderr(&bad_edit).contains("--edit is not JSON"), "{}", stderr(&bad_edit));
+
+    let unreachable = cli_at("http://127.0.0.1:9", Some("ark_x"), &["runs", "list"]);
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(stderr(&unreachable).contains("cannot reach http://127.0.0.1:9/v1/agent/runs"), "{}", stderr(&unreachable));
+    let keyless = cli_at(&server.base, None, &["runs", "list"]);
+    assert!(!keyless.status.success() && stderr(&keyless).contains("AGENT_RUNS_KEY"), "{}", stderr(&keyless));
+    let wrong_key = cli_at(&server.base, Some("ark_wrong"), &["approvals", "list"]);
+    assert!(stderr(&wrong_key).contains("HTTP 401"), "{}", stderr(&wrong_key));
+}
