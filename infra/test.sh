@@ -3,7 +3,9 @@
 # starts the AWS API emulator (moto, pinned) on a free port on 127.0.0.1,
 # runs every test of the workspace against it and against the embedded
 # server, and stops the emulator on exit. Python tools go into .venv and
-# .venv-lint (aws-sam-cli pins its own boto3, so it lives apart).
+# .venv-lint (aws-sam-cli pins its own boto3, so it lives apart); the
+# console's browser test needs Debian's chromium and chromium-driver
+# (installed here when missing) and Selenium in .venv-console.
 # Usage: bash infra/test.sh [extra cargo test arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,20 @@ echo "== template.yaml: cfn-lint, sam validate, sam validate --lint"
 .venv-lint/bin/cfn-lint template.yaml
 SAM_CLI_TELEMETRY=0 .venv-lint/bin/sam validate --template template.yaml --region us-east-1
 SAM_CLI_TELEMETRY=0 .venv-lint/bin/sam validate --lint --template template.yaml --region us-east-1
+
+# The console's browser test: Debian's Chromium and its driver, Selenium (pinned).
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  echo "== installing chromium and chromium-driver (Debian packages)"
+  as_root=""
+  [ "$(id -u)" = 0 ] || as_root="sudo"
+  $as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq chromium chromium-driver > /dev/null
+fi
+if [ ! -x .venv-console/bin/python ] || ! .venv-console/bin/pip freeze 2>/dev/null | grep -qxF "selenium==4.51.0"; then
+  python3 -m venv .venv-console
+  .venv-console/bin/pip install --quiet --disable-pip-version-check -r infra/requirements-console.txt
+fi
+export AGENT_RUNS_TEST_BROWSER_PYTHON="$PWD/.venv-console/bin/python"
 
 install_moto
 port=$(free_port)

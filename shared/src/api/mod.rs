@@ -7,6 +7,7 @@
 mod batch;
 mod body;
 mod cancel;
+mod console;
 mod create;
 mod decide;
 mod error;
@@ -154,6 +155,10 @@ impl Api {
     }
 
     async fn dispatch(&self, serving: Serving, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
+        // The console's files need no key: the person types one into it.
+        if let Some(answer) = console::serve(request.method(), request.uri().path()) {
+            return answer;
+        }
         if request.uri().path() == openapi::PATH {
             // The API's description needs no key.
             if request.method() != Method::GET {
@@ -232,7 +237,9 @@ enum Serving {
 }
 
 fn not_found_path() -> ApiError {
-    ApiError::NotFound("No such path. Operations live under /v1/agent/runs and /v1/approvals.".into())
+    ApiError::NotFound(
+        "No such path. Operations live under /v1/agent/runs and /v1/approvals; the console is at /console.".into(),
+    )
 }
 
 /// A run id from a path; a malformed one names no run, so it is a `404`.

@@ -1,0 +1,125 @@
+//! The web console: its files and headers over HTTP on both ways of
+//! serving, and its use in a real browser (headless Chromium driven by
+//! Selenium, infra/console_test.py) against `agent-runs serve`.
+
+#[path = "../../../shared/tests/support/stand_in.rs"]
+mod stand_in;
+mod support;
+
+use std::process::Command;
+
+use serde_json::{Value, json};
+use support::{Server, Target};
+
+fn console_files_are_served_without_a_key_with_a_strict_policy(target: Target) {
+    let server = Server::start_on(target, &[]);
+    for (path, content_type) in [
+        ("/console", "text/html; charset=utf-8"),
+        ("/console/console.js", "text/javascript; charset=utf-8"),
+        ("/console/console.css", "text/css; charset=utf-8"),
+    ] {
+        let response = reqwest::blocking::get(format!("{}{path}", server.base)).unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let header = |name: &str| response.headers().get(name).map(|value| value.to_str().unwrap().to_owned());
+        assert_eq!(header("content-type").as_deref(), Some(content_type), "{path}");
+        let policy = header("content-security-policy").unwrap();
+        assert!(policy.contains("script-src 'self'") && policy.contains("frame-ancestors 'none'"), "{policy}");
+        assert!(!policy.contains("unsafe-inline") && !policy.contains("unsafe-eval"), "{policy}");
+        assert_eq!(header("x-frame-options").as_deref(), Some("DENY"));
+        assert_eq!(header("x-content-type-options").as_deref(), Some("nosniff"));
+    }
+    let page = reqwest::blocking::get(format!("{}/console", server.base)).unwrap().text().unwrap();
+    assert!(!page.contains("<script>") && !page.contains("style="), "no inline script or style");
+    // Everything the page runs reads API text with textContent, never as HTML.
+    let script = reqwest::blocking::get(format!("{}/console/console.js", server.base)).unwrap().text().unwrap();
+    assert!(!script.contains("innerHTML") && !script.contains("insertAdjacentHTML") && !script.contains("eval("));
+    let client = reqwest::blocking::Client::new();
+    let refused = client.post(format!("{}/console", server.base)).send().unwrap();
+    assert_eq!(refused.status(), 405);
+}
+
+#[test]
+fn embedded_console_files_are_served_without_a_key_with_a_strict_policy() {
+    console_files_are_served_without_a_key_with_a_strict_policy(Target::Embedded);
+}
+
+#[test]
+fn lambda_console_files_are_served_without_a_key_with_a_strict_policy() {
+    if support::without_emulator("lambda_console_files_are_served_without_a_key_with_a_strict_policy") {
+        return;
+    }
+    console_files_are_served_without_a_key_with_a_strict_policy(Target::Lambda);
+}
+
+#[test]
+fn a_person_decides_in_the_console_in_a_real_browser() {
+    let Some(python) = std::env::var_os("AGENT_RUNS_TEST_BROWSER_PYTHON") else {
+        eprintln!(
+            "skipped a_person_decides_in_the_console_in_a_real_browser: it needs Chromium and Selenium; `bash infra/test.sh` installs them and runs it"
+        );
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let model = runtime.block_on(stand_in::StandIn::start());
+    model.script(vec![
+        stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
+        stand_in::text("Deleted."),
+    ]);
+    let server = Server::start_on(Target::Embedded, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0")]);
+    let key = server.dev_key.clone().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("janitor.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"name = "janitor"
+provider = "openai"
+model = "stand-in-1"
+base_url = "{url}/v1"
+system_prompt = "You keep the repository tidy."
+allow_private_network = true
+
+[[tools]]
+name = "delete_branch"
+description = "Deletes a branch."
+method = "POST"
+url = "{url}/tools/delete"
+requires_approval = true
+parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} }}, required = ["branch"] }}
+"#,
+            url = model.url
+        ),
+    )
+    .unwrap();
+    server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
+
+    let script_run = server.create_script(&key, "approve Deploy <img src=x onerror=alert(1)> v2");
+    let tool_run = server.create(&key, json!({"agent": "janitor", "input": "Delete the old branch"}));
+    let reject_run = server.create_script(&key, "approve Archive the logs");
+    let id = |run: &Value| run["id"].as_str().unwrap().to_owned();
+    for run in [&script_run, &tool_run, &reject_run] {
+        server.wait_for_status(&key, &id(run), "awaiting_approval");
+    }
+    // Screenshots of the main screens (docs/console-*.png are copies of them).
+    let shots = env!("CARGO_TARGET_TMPDIR");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../console_test.py");
+    let output = Command::new(python)
+        .args([script, &server.base, &key, &id(&script_run), &id(&tool_run), &id(&reject_run), shots])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the browser test failed:\n{said}");
+    eprintln!("{said}screenshots in {shots}");
+
+    // What the person did in the browser is what the service recorded.
+    let approved = server.wait_for_status(&key, &id(&script_run), "succeeded");
+    assert_eq!(approved["output"], "approved: Deploy <img src=x onerror=alert(1)> v2");
+    let edited = server.wait_for_status(&key, &id(&tool_run), "succeeded");
+    assert_eq!(edited["pending_approvals"][0]["edited_arguments"], json!({"branch": "older"}));
+    let calls = model.tool_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "older"}));
+    let rejected = server.wait_for_status(&key, &id(&reject_run), "succeeded");
+    assert_eq!(rejected["pending_approvals"][0]["comment"], "not today");
+    assert_eq!(rejected["output"], "rejected: Archive the logs");
+}

@@ -1,0 +1,133 @@
+"""The console in a real browser (headless Chromium via Selenium), against a
+running `agent-runs serve` that infra/agent-runs/tests/console.rs prepared:
+a script run awaiting approval whose action holds markup, a defined agent's
+run awaiting a tool call, and a script run to reject. Saves screenshots.
+
+Usage: console_test.py <base url> <key> <script run> <tool run> <reject run> <screenshot dir>
+"""
+
+import sys
+import time
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+base, key, script_run, tool_run, reject_run, shots = sys.argv[1:7]
+
+options = webdriver.ChromeOptions()
+options.binary_location = "/usr/bin/chromium"
+for flag in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--no-first-run", "--window-size=1280,900"]:
+    options.add_argument(flag)
+options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+wait = WebDriverWait(driver, 20)
+
+
+def text_of(selector):
+    """The element's text now (read in the page: the console re-renders a run as its events come)."""
+    return driver.execute_script(
+        "const node = document.querySelector(arguments[0]); return node ? node.innerText : '';", selector)
+
+
+def wait_text(selector, expected):
+    wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, selector), expected))
+
+
+def open_run(run_id):
+    """Selects the inbox entry of the run."""
+    wait_text("#list", run_id)
+    for entry in driver.find_elements(By.CSS_SELECTOR, "#list li"):
+        if run_id in entry.text:
+            entry.click()
+            wait_text("#detail h2", run_id)
+            return
+    raise AssertionError(f"{run_id} is not in the inbox")
+
+
+try:
+    driver.get(base + "/console")
+    assert driver.title == "Agent Runs console", driver.title
+
+    # A wrong key shows the API's 401 message.
+    driver.find_element(By.ID, "key").send_keys("ark_wrong")
+    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+    wait_text("#notice", "A valid API key is required")
+
+    driver.find_element(By.ID, "key").send_keys(key)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+    for run in (script_run, tool_run, reject_run):
+        wait_text("#list", run)
+    assert driver.execute_script("return document.cookie") == "", "the key is never a cookie"
+    assert key not in driver.current_url
+
+    # Markup in an action is shown as text, never run.
+    open_run(script_run)
+    action = text_of("#detail .approval .action")
+    assert action == "Deploy <img src=x onerror=alert(1)> v2", action
+    assert not driver.find_elements(By.CSS_SELECTOR, "#detail img, #list img"), "markup became elements"
+    assert "null" not in text_of("#detail"), text_of("#detail")
+    driver.save_screenshot(f"{shots}/console-inbox.png")
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").click()
+    wait_text("#notice", "Recorded: approve.")
+    wait_text("#detail h2", "succeeded")
+    wait_text("#events", "run.succeeded")
+
+    # A tool call: its arguments, a broken edit, a schema error from the API, an edit that works.
+    driver.find_element(By.ID, "refresh").click()
+    open_run(tool_run)
+    arguments = text_of("#detail .approval .arguments")
+    assert '"branch": "old"' in arguments, arguments
+    editor = driver.find_element(By.CSS_SELECTOR, "#detail .approval .editor")
+    editor.clear()
+    editor.send_keys('{"branch": ')
+    wait_text("#detail .approval .invalid", "Not JSON")
+    editor.clear()
+    editor.send_keys('{"branch": 7}')
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .edit").click()
+    wait_text("#detail .approval .invalid", "/branch")
+    driver.save_screenshot(f"{shots}/console-edit.png")
+    editor = driver.find_element(By.CSS_SELECTOR, "#detail .approval .editor")
+    editor.clear()
+    editor.send_keys('{"branch": "older"}')
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .edit").click()
+    wait_text("#notice", "Recorded: edit.")
+    wait_text("#detail h2", "succeeded")
+    assert '"branch": "older"' in text_of("#detail .approval .edited")
+
+    # Keyboard: j/k to the run, a comment, then r rejects.
+    driver.find_element(By.ID, "refresh").click()
+    wait_text("#list", reject_run)
+    body = driver.find_element(By.TAG_NAME, "body")
+    for _ in range(3):
+        if reject_run in text_of("#detail h2"):
+            break
+        body.send_keys("j")
+        time.sleep(0.3)
+    wait_text("#detail h2", reject_run)
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .comment").send_keys("not today")
+    body.click()
+    body.send_keys("r")
+    wait_text("#notice", "Recorded: reject.")
+    wait_text("#detail", "not today")
+
+    # The runs tab, and a phone-width window.
+    driver.find_element(By.ID, "tab-runs").click()
+    wait_text("#list", tool_run)
+    driver.set_window_size(390, 844)
+    time.sleep(0.3)
+    width = driver.execute_script("return document.documentElement.scrollWidth")
+    assert width <= 390, f"the page is {width}px wide on a 390px screen"
+    driver.save_screenshot(f"{shots}/console-phone.png")
+
+    errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"
+              and "401" not in entry["message"] and "400" not in entry["message"]]
+    assert not errors, errors
+    print("console: key, inbox, markup as text, approve, edit with schema error, keyboard reject, phone width: ok")
+finally:
+    driver.quit()

@@ -1,0 +1,364 @@
+// The Agent Runs console: the approvals inbox, runs, a run's events and its
+// decisions, through the same HTTP API as every client. The key lives in
+// this tab's sessionStorage only. Every text from the API is set with
+// textContent, never parsed as HTML.
+"use strict";
+
+const KEY = "agent-runs-key";
+const $ = (id) => document.getElementById(id);
+const state = { view: "inbox", items: [], selected: -1, cursor: null, runId: null, follow: null };
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(props || {})) {
+    if (name === "class") node.className = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) {
+    if (child !== null && child !== undefined) node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function notice(message, ok) {
+  const box = $("notice");
+  box.textContent = message || "";
+  box.hidden = !message;
+  box.className = ok ? "ok" : "";
+}
+
+class ApiError extends Error {}
+
+async function api(path, options = {}) {
+  const key = sessionStorage.getItem(KEY);
+  const headers = Object.assign({ Authorization: "Bearer " + key }, options.headers || {});
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method: options.method || "GET",
+    headers,
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+    signal: options.signal,
+  });
+  if (options.raw) return response;
+  const body = await response.json().catch(() => null);
+  if (!response.ok) {
+    const message = body && body.error ? body.error.message : "HTTP " + response.status;
+    throw new ApiError(message);
+  }
+  return body;
+}
+
+function ago(iso) {
+  const seconds = Math.round((Date.now() - Date.parse(iso)) / 1000);
+  return duration(Math.abs(seconds));
+}
+
+function duration(seconds) {
+  if (seconds < 90) return seconds + "s";
+  if (seconds < 5400) return Math.round(seconds / 60) + "m";
+  if (seconds < 172800) return Math.round(seconds / 3600) + "h";
+  return Math.round(seconds / 86400) + "d";
+}
+
+function status(name) {
+  return el("span", { class: "status " + name }, name);
+}
+
+// ------------------------------------------------------------------ lists
+
+// Loads the list (or its next page); the first entry is opened unless the
+// person is looking at a run (`keep`), as after a decision.
+async function loadList(more, keep) {
+  const agent = $("agent-filter").value.trim();
+  const params = new URLSearchParams();
+  let path;
+  if (state.view === "inbox") {
+    params.set("status", "pending");
+    if (agent) params.set("agent", agent);
+    path = "/v1/approvals";
+  } else {
+    const wanted = $("status-filter").value;
+    if (wanted) params.set("status", wanted);
+    path = "/v1/agent/runs";
+  }
+  params.set("limit", "20");
+  if (more && state.cursor) params.set("cursor", state.cursor);
+  try {
+    const page = await api(path + "?" + params);
+    state.items = more ? state.items.concat(page.data) : page.data;
+    state.cursor = page.next_cursor;
+    if (!more) state.selected = -1;
+    renderList();
+    if (!more && !keep && state.items.length) select(0);
+  } catch (error) {
+    failed(error);
+  }
+}
+
+function renderList() {
+  const list = $("list");
+  list.replaceChildren();
+  state.items.forEach((item, index) => {
+    const entry = state.view === "inbox" ? inboxEntry(item) : runEntry(item);
+    entry.dataset.index = String(index);
+    if (index === state.selected) entry.classList.add("selected");
+    entry.addEventListener("click", () => select(index));
+    list.append(entry);
+  });
+  if (!state.items.length) {
+    list.append(el("li", { class: "meta" }, state.view === "inbox" ? "Nothing waits for a decision." : "No runs."));
+  }
+  $("more").hidden = !state.cursor;
+}
+
+function inboxEntry(approval) {
+  const expires = approval.expires_at ? "expires in " + duration(Math.max(0, (Date.parse(approval.expires_at) - Date.now()) / 1000 | 0)) : "";
+  return el(
+    "li",
+    {},
+    el("div", {}, approval.action),
+    el("div", { class: "meta" }, approval.agent + " · waiting " + ago(approval.requested_at) + (expires ? " · " + expires : "")),
+    el("div", { class: "meta" }, approval.run_id),
+  );
+}
+
+function runEntry(run) {
+  return el(
+    "li",
+    {},
+    el("div", {}, status(run.status), " ", run.agent),
+    el("div", { class: "meta" }, run.id + " · " + ago(run.created_at) + " ago"),
+    el("div", { class: "meta" }, run.input.slice(0, 120)),
+  );
+}
+
+function runIdOf(item) {
+  return item.run_id || item.id;
+}
+
+function select(index) {
+  if (index < 0 || index >= state.items.length) return;
+  state.selected = index;
+  for (const node of $("list").children) node.classList.toggle("selected", node.dataset.index === String(index));
+  showRun(runIdOf(state.items[index]));
+}
+
+// ------------------------------------------------------------------ a run
+
+async function showRun(runId) {
+  try {
+    const run = await api("/v1/agent/runs/" + encodeURIComponent(runId));
+    renderRun(run);
+    if (state.runId !== runId) follow(runId);
+    state.runId = runId;
+  } catch (error) {
+    failed(error);
+  }
+}
+
+function renderRun(run) {
+  const detail = $("detail");
+  detail.hidden = false;
+  const events = state.runId === run.id && $("events") ? $("events") : el("ol", { id: "events" });
+  const parts = [
+    el("h2", {}, run.id, " ", status(run.status)),
+    el("div", { class: "meta" }, "agent " + run.agent + " · created " + run.created_at),
+    el("h3", {}, "Input"),
+    el("pre", { id: "run-input" }, run.input),
+    run.output !== null ? el("div", {}, el("h3", {}, "Output"), el("pre", { id: "run-output" }, run.output)) : null,
+    run.error !== null ? el("div", {}, el("h3", {}, "Error"), el("pre", { id: "run-error" }, run.error)) : null,
+    ...run.pending_approvals.map((approval) => approvalView(run, approval)),
+    el("h3", {}, "Events"),
+    events,
+  ];
+  detail.replaceChildren(...parts.filter((part) => part !== null));
+}
+
+function approvalView(run, approval) {
+  const box = el("div", { class: "approval", "data-approval": approval.id });
+  box.append(el("div", {}, status(approval.status), " ", el("strong", { class: "action" }, approval.action)));
+  if (approval.kind === "tool_call") {
+    box.append(el("div", { class: "meta" }, "tool " + approval.tool + " · sha256 " + approval.arguments_sha256.slice(0, 12) + "…"));
+    box.append(el("pre", { class: "arguments" }, JSON.stringify(approval.arguments, null, 2)));
+    if (approval.edited_arguments) {
+      box.append(el("div", { class: "meta" }, "approved with edited arguments:"));
+      box.append(el("pre", { class: "edited" }, JSON.stringify(approval.edited_arguments, null, 2)));
+    }
+  }
+  if (approval.resolved_by) box.append(el("div", { class: "meta" }, "decided by " + approval.resolved_by + (approval.comment ? ": " + approval.comment : "")));
+  if (approval.status !== "pending") return box;
+  box.append(el("div", { class: "meta" }, "waiting " + ago(approval.requested_at) + (approval.expires_at ? " · expires " + approval.expires_at : "")));
+  const comment = el("input", { class: "comment", placeholder: "comment (a rejection's reason reaches the model)" });
+  const actions = el("div", { class: "actions" }, comment);
+  let editor = null;
+  let problem = null;
+  if (approval.kind === "tool_call") {
+    editor = el("textarea", { class: "editor", spellcheck: "false", "aria-label": "arguments" });
+    editor.value = JSON.stringify(approval.arguments, null, 2);
+    problem = el("div", { class: "invalid", role: "status" });
+    editor.addEventListener("input", () => {
+      try {
+        const parsed = JSON.parse(editor.value);
+        problem.textContent = parsed && typeof parsed === "object" && !Array.isArray(parsed) ? "" : "The arguments must be a JSON object.";
+      } catch (error) {
+        problem.textContent = "Not JSON: " + error.message;
+      }
+    });
+    box.append(editor, problem);
+  }
+  const decide = async (decision) => {
+    const body = { decision, comment: comment.value || null };
+    if (approval.arguments_sha256) body.arguments_sha256 = approval.arguments_sha256;
+    if (decision === "edit") {
+      try {
+        body.arguments = JSON.parse(editor.value);
+      } catch (error) {
+        problem.textContent = "Not JSON: " + error.message;
+        return;
+      }
+    }
+    try {
+      const path = "/v1/agent/runs/" + encodeURIComponent(run.id) + "/approvals/" + encodeURIComponent(approval.id);
+      const decided = await api(path, { method: "POST", body });
+      notice("Recorded: " + decision + ".", true);
+      renderRun(decided);
+      if (state.view === "inbox") loadList(false, true);
+    } catch (error) {
+      if (problem && decision === "edit") problem.textContent = error.message;
+      failed(error);
+    }
+  };
+  actions.append(el("button", { type: "button", class: "primary approve", onclick: () => decide("approve") }, "Approve"));
+  if (editor) actions.append(el("button", { type: "button", class: "edit", onclick: () => decide("edit") }, "Approve edited"));
+  actions.append(el("button", { type: "button", class: "danger reject", onclick: () => decide("reject") }, "Reject"));
+  box.append(actions);
+  return box;
+}
+
+// ------------------------------------------------------------------ events, live
+
+function eventLine(event) {
+  const data = event.data || {};
+  const detail = data.text !== undefined ? data.text : data.action !== undefined ? data.action : data.error || data.output || data.tool || "";
+  return el("li", { "data-seq": String(event.seq) }, el("span", { class: "meta" }, "#" + event.seq + " " + event.created_at.slice(11, 19) + " "), event.type + " ", String(detail));
+}
+
+const TERMINAL = ["run.succeeded", "run.failed", "run.canceled"];
+
+// Follows the run's events: Server-Sent Events where the server streams
+// (the embedded server), else JSON pages held open with `wait`.
+async function follow(runId) {
+  if (state.follow) state.follow.abort();
+  const controller = new AbortController();
+  state.follow = controller;
+  let after = 0;
+  const add = (events) => {
+    const list = $("events");
+    for (const event of events) {
+      after = Math.max(after, event.seq);
+      if (list && !list.querySelector('[data-seq="' + event.seq + '"]')) list.append(eventLine(event));
+    }
+    if (events.some((event) => event.type.startsWith("run.") || event.type.startsWith("approval."))) {
+      api("/v1/agent/runs/" + encodeURIComponent(runId)).then(renderRun).catch(() => {});
+    }
+    return events.some((event) => TERMINAL.includes(event.type));
+  };
+  try {
+    for (;;) {
+      const path = "/v1/agent/runs/" + encodeURIComponent(runId) + "/events?after=" + after + "&wait=20";
+      const response = await api(path, { raw: true, signal: controller.signal, headers: { Accept: "text/event-stream" } });
+      if (response.status === 204) return;
+      if (!response.ok) throw new ApiError((await response.json().catch(() => ({ error: {} }))).error.message || "HTTP " + response.status);
+      if ((response.headers.get("content-type") || "").startsWith("text/event-stream")) {
+        if (await readStream(response, add)) return;
+      } else {
+        const page = await response.json();
+        if (add(page.data)) return;
+      }
+    }
+  } catch (error) {
+    if (error.name !== "AbortError") failed(error);
+  }
+}
+
+async function readStream(response, add) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return false;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const message = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = message.split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
+      if (data && add([JSON.parse(data)])) return true;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ the page
+
+function failed(error) {
+  notice(error instanceof ApiError ? error.message : "The API could not be reached: " + error.message);
+}
+
+function showView(view) {
+  state.view = view;
+  state.cursor = null;
+  $("tab-inbox").setAttribute("aria-pressed", String(view === "inbox"));
+  $("tab-runs").setAttribute("aria-pressed", String(view === "runs"));
+  $("agent-filter-label").hidden = view !== "inbox";
+  $("status-filter-label").hidden = view !== "runs";
+  loadList(false);
+}
+
+async function start() {
+  const key = sessionStorage.getItem(KEY);
+  $("tabs").hidden = !key;
+  $("app").hidden = !key;
+  if (!key) return;
+  try {
+    await api("/v1/agent/runs?limit=1");
+    notice("");
+    showView(state.view);
+  } catch (error) {
+    failed(error);
+    $("tabs").hidden = true;
+    $("app").hidden = true;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(KEY, $("key").value.trim());
+    $("key").value = "";
+    start();
+  });
+  $("forget").addEventListener("click", () => {
+    sessionStorage.removeItem(KEY);
+    if (state.follow) state.follow.abort();
+    notice("The key is forgotten.", true);
+    start();
+  });
+  $("tab-inbox").addEventListener("click", () => showView("inbox"));
+  $("tab-runs").addEventListener("click", () => showView("runs"));
+  $("refresh").addEventListener("click", () => loadList(false));
+  $("more").addEventListener("click", () => loadList(true));
+  $("status-filter").addEventListener("change", () => loadList(false));
+  $("agent-filter").addEventListener("change", () => loadList(false));
+  document.addEventListener("keydown", (event) => {
+    if (["INPUT", "TEXTAREA", "SELECT"].includes(event.target.tagName) || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.key === "j") select(state.selected + 1);
+    else if (event.key === "k") select(state.selected - 1);
+    else if (event.key === "a" || event.key === "r") {
+      const button = document.querySelector("#detail .approval " + (event.key === "a" ? ".approve" : ".reject"));
+      if (button) button.click();
+    }
+  });
+  start();
+});
