@@ -69,8 +69,10 @@ try:
     # Markup in an action is shown as text, never run.
     open_run(script_run)
     action = text_of("#detail .approval .action")
-    assert action == "Deploy <img src=x onerror=alert(1)> v2", action
-    assert not driver.find_elements(By.CSS_SELECTOR, "#detail img, #list img"), "markup became elements"
+    assert action == "Deploy <script>alert(1)</script><img src=x onerror=alert(1)> v2", action
+    assert not driver.find_elements(By.CSS_SELECTOR, "#detail img, #list img, #detail script, #list script"), \
+        "markup became elements"
+    assert driver.execute_script("return document.scripts.length") == 1, "only the console's own script"
     assert "null" not in text_of("#detail"), text_of("#detail")
     driver.save_screenshot(f"{shots}/console-inbox.png")
     driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").click()

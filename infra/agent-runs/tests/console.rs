@@ -93,7 +93,7 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     .unwrap();
     server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
 
-    let script_run = server.create_script(&key, "approve Deploy <img src=x onerror=alert(1)> v2");
+    let script_run = server.create_script(&key, "approve Deploy <script>alert(1)</script><img src=x onerror=alert(1)> v2");
     let tool_run = server.create(&key, json!({"agent": "janitor", "input": "Delete the old branch"}));
     let reject_run = server.create_script(&key, "approve Archive the logs");
     let id = |run: &Value| run["id"].as_str().unwrap().to_owned();
@@ -113,7 +113,7 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
 
     // What the person did in the browser is what the service recorded.
     let approved = server.wait_for_status(&key, &id(&script_run), "succeeded");
-    assert_eq!(approved["output"], "approved: Deploy <img src=x onerror=alert(1)> v2");
+    assert_eq!(approved["output"], "approved: Deploy <script>alert(1)</script><img src=x onerror=alert(1)> v2");
     let edited = server.wait_for_status(&key, &id(&tool_run), "succeeded");
     assert_eq!(edited["pending_approvals"][0]["edited_arguments"], json!({"branch": "older"}));
     let calls = model.tool_calls();
