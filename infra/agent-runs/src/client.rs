@@ -76,6 +76,10 @@ pub enum RunsCommand {
         /// Approve a tool call with these arguments (JSON) instead.
         #[arg(long, value_name = "JSON")]
         edit: Option<String>,
+        /// The call's arguments_sha256 as `runs get` showed it: the decision
+        /// counts only for that exact call (409 otherwise).
+        #[arg(long, value_name = "HEX")]
+        sha256: Option<String>,
     },
     /// Reject a run's pending approval (the only one, or APPROVAL_ID).
     Reject {
@@ -104,6 +108,20 @@ pub enum ApprovalsCommand {
     },
 }
 
+/// Writes to stdout; a reader that went away (`| head`) ends the program
+/// quietly, as it does any command-line tool.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write the output: {error}");
+        std::process::exit(2);
+    }
+}
+
 /// What a command did, for the exit code.
 pub enum Done {
     Ok,
@@ -124,7 +142,11 @@ impl Api {
             .filter(|key| !key.trim().is_empty())
             .ok_or("set AGENT_RUNS_KEY to an API key (`agent-runs keys create --owner <owner>` makes one)")?;
         agent_runs_shared::sdk::use_ring_for_rustls();
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
+        // No redirects: one would turn a POST into a GET of somewhere else.
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
         Ok(Api { http, url: connection.url.trim_end_matches('/').to_owned(), key })
     }
 
@@ -148,8 +170,15 @@ impl Api {
         let status = response.status();
         let text = response.text().await.map_err(|error| format!("{url}: the answer was cut off: {error}"))?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        if status.is_success() {
+        if status.is_success() && value.is_object() {
             return Ok(value);
+        }
+        if status.is_success() {
+            return Err(format!(
+                "{url} answered HTTP {} without the API's JSON; is it the API's URL?",
+                status.as_u16()
+            )
+            .into());
         }
         match value["error"]["message"].as_str() {
             Some(message) => Err(format!("{message} (HTTP {}, {})", status.as_u16(), value["error"]["code"]).into()),
@@ -220,18 +249,23 @@ pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done,
             out.runs(&page);
         }
         RunsCommand::Get { run_id } => out.run(&api.get(&format!("/v1/agent/runs/{}", path_segment(&run_id))).await?),
-        RunsCommand::Events { run_id, after } => {
+        RunsCommand::Events { run_id, mut after } => loop {
             let path = format!("/v1/agent/runs/{}/events?after={after}&limit=1000", path_segment(&run_id));
             let page = api.get(&path).await?;
             out.events(page["data"].as_array().map(Vec::as_slice).unwrap_or_default());
-        }
+            match page["next_after"].as_u64() {
+                Some(next) if page["has_more"] == true && next > after => after = next,
+                _ => break,
+            }
+        },
         RunsCommand::Watch { run_id } => return watch(&api, &out, &run_id).await,
-        RunsCommand::Approve { run_id, approval_id, comment, edit } => {
-            let mut body = json!({"decision": "approve", "comment": comment});
+        RunsCommand::Approve { run_id, approval_id, comment, edit, sha256 } => {
+            let mut body = json!({"decision": "approve", "comment": comment, "arguments_sha256": sha256});
             if let Some(edit) = edit {
                 let arguments: Value =
                     serde_json::from_str(&edit).map_err(|error| format!("--edit is not JSON: {error}"))?;
-                body = json!({"decision": "edit", "comment": body["comment"], "arguments": arguments});
+                body["decision"] = "edit".into();
+                body["arguments"] = arguments;
             }
             out.run(&decide(&api, &run_id, approval_id, body).await?);
         }
@@ -371,7 +405,7 @@ impl Output {
     }
 
     fn print_json(value: &Value) {
-        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+        emit(&format!("{}\n", serde_json::to_string_pretty(value).unwrap_or_default()));
     }
 
     fn run(&self, run: &Value) {
@@ -391,18 +425,15 @@ impl Output {
             }
         }
         for approval in run["pending_approvals"].as_array().into_iter().flatten() {
-            let mut line = format!(
-                "{} {} {}",
-                text(&approval["id"]),
-                self.status(&approval["status"]),
-                cell(&approval["action"], 80)
-            );
-            if !approval["arguments"].is_null() {
-                line.push_str(&format!("  arguments {}", approval["arguments"]));
-            }
+            let status = self.status(&approval["status"]);
+            let line = format!("{} {status} {}", text(&approval["id"]), cell(&approval["action"], 200));
             rows.push(vec!["approval".into(), line]);
+            if !approval["arguments"].is_null() {
+                rows.push(vec!["  arguments".into(), approval["arguments"].to_string()]);
+                rows.push(vec!["  sha256".into(), text(&approval["arguments_sha256"])]);
+            }
         }
-        print!("{}", table(&rows));
+        emit(&table(&rows));
     }
 
     fn runs(&self, page: &Value) {
@@ -419,9 +450,9 @@ impl Output {
                 cell(&run["input"], 40),
             ]);
         }
-        print!("{}", table(&rows));
+        emit(&table(&rows));
         if let Some(cursor) = page["next_cursor"].as_str() {
-            println!("more: --cursor {cursor}");
+            emit(&format!("more: --cursor {cursor}\n"));
         }
     }
 
@@ -449,16 +480,16 @@ impl Output {
                 cell(&approval["action"], 60),
             ]);
         }
-        print!("{}", table(&rows));
+        emit(&table(&rows));
         if let Some(cursor) = page["next_cursor"].as_str() {
-            println!("more: --cursor {cursor}");
+            emit(&format!("more: --cursor {cursor}\n"));
         }
     }
 
     fn events(&self, events: &[Value]) {
         for event in events {
             if self.json {
-                println!("{}", serde_json::to_string(event).unwrap_or_default());
+                emit(&format!("{}\n", serde_json::to_string(event).unwrap_or_default()));
                 continue;
             }
             let data = &event["data"];
@@ -479,7 +510,7 @@ impl Output {
                 text(&event["created_at"]),
                 text(&event["type"])
             );
-            println!("{}", line.trim_end());
+            emit(&format!("{}\n", line.trim_end()));
         }
     }
 }

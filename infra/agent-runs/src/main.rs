@@ -103,13 +103,15 @@ fn print_openapi() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The client's exit code: 0 done, 1 done and the run did not succeed
+/// (`watch`), 2 the command itself failed.
 fn exit(result: Result<client::Done, client::Error>) -> ExitCode {
     match result {
         Ok(client::Done::Ok) => ExitCode::SUCCESS,
         Ok(client::Done::Unsuccessful) => ExitCode::FAILURE,
         Err(error) => {
             eprintln!("error: {error}");
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }

@@ -91,6 +91,10 @@ fn watch_exits_non_zero_for_runs_that_fail_or_are_canceled_and_rejections_go_thr
     let asking = json(&server, &["runs", "create", "--agent", "script", "--input", "approve Send it"]);
     let asking_id = asking["id"].as_str().unwrap();
     server.wait_for_status(&key, asking_id, "awaiting_approval");
+    // A decision bound to another call's digest changes nothing.
+    let stale = cli(&server, &["runs", "approve", asking_id, "--sha256", &"0".repeat(64)]);
+    assert_eq!(stale.status.code(), Some(2));
+    assert!(stderr(&stale).contains("HTTP 409"), "{}", stderr(&stale));
     let rejected = json(&server, &["runs", "reject", asking_id, "--comment", "not today"]);
     assert_eq!(rejected["pending_approvals"][0]["comment"], "not today");
     assert_eq!(cli(&server, &["runs", "watch", asking_id]).status.code(), Some(0));
@@ -103,7 +107,7 @@ fn watch_exits_non_zero_for_runs_that_fail_or_are_canceled_and_rejections_go_thr
 fn errors_say_what_went_wrong_and_exit_non_zero() {
     let server = Server::start_on(Target::Embedded, &[]);
     let unknown = cli(&server, &["runs", "get", "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9"]);
-    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(unknown.status.code(), Some(2), "an error is 2; 1 is a run that did not succeed");
     let said = stderr(&unknown);
     assert!(said.contains("No run with that id") && said.contains("HTTP 404"), "{said}");
     assert!(!said.contains("panicked"), "{said}");
@@ -114,7 +118,7 @@ fn errors_say_what_went_wrong_and_exit_non_zero() {
     assert!(stderr(&bad_edit).contains("--edit is not JSON"), "{}", stderr(&bad_edit));
 
     let unreachable = cli_at("http://127.0.0.1:9", Some("ark_x"), &["runs", "list"]);
-    assert_eq!(unreachable.status.code(), Some(1));
+    assert_eq!(unreachable.status.code(), Some(2));
     assert!(stderr(&unreachable).contains("cannot reach http://127.0.0.1:9/v1/agent/runs"), "{}", stderr(&unreachable));
     let keyless = cli_at(&server.base, None, &["runs", "list"]);
     assert!(!keyless.status.success() && stderr(&keyless).contains("AGENT_RUNS_KEY"), "{}", stderr(&keyless));

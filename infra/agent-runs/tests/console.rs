@@ -93,7 +93,8 @@ parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} 
     .unwrap();
     server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
 
-    let script_run = server.create_script(&key, "approve Deploy <script>alert(1)</script><img src=x onerror=alert(1)> v2");
+    let script_run =
+        server.create_script(&key, "approve Deploy <script>alert(1)</script><img src=x onerror=alert(1)> v2");
     let tool_run = server.create(&key, json!({"agent": "janitor", "input": "Delete the old branch"}));
     let reject_run = server.create_script(&key, "approve Archive the logs");
     let id = |run: &Value| run["id"].as_str().unwrap().to_owned();

@@ -18,7 +18,9 @@ struct Asset {
 
 fn asset(path: &str) -> Option<Asset> {
     let (content_type, body) = match path {
-        "/console" | "/console/" => ("text/html; charset=utf-8", include_str!("console/index.html")),
+        // One address only: the page's relative links resolve from it, also
+        // under an API Gateway stage or a custom domain's base path.
+        "/console" => ("text/html; charset=utf-8", include_str!("console/index.html")),
         "/console/console.js" => ("text/javascript; charset=utf-8", include_str!("console/console.js")),
         "/console/console.css" => ("text/css; charset=utf-8", include_str!("console/console.css")),
         _ => return None,

@@ -5,8 +5,10 @@
 "use strict";
 
 const KEY = "agent-runs-key";
+// The API's base: the page is `<base>/console` (a stage or base path may precede it).
+const BASE = location.pathname.replace(/\/console$/, "");
 const $ = (id) => document.getElementById(id);
-const state = { view: "inbox", items: [], selected: -1, cursor: null, runId: null, follow: null };
+const state = { view: "inbox", items: [], selected: -1, cursor: null, runId: null, shown: "", renderedAt: 0, follow: null };
 
 function el(tag, props, ...children) {
   const node = document.createElement(tag);
@@ -34,7 +36,7 @@ async function api(path, options = {}) {
   const key = sessionStorage.getItem(KEY);
   const headers = Object.assign({ Authorization: "Bearer " + key }, options.headers || {});
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, {
+  const response = await fetch(BASE + path, {
     method: options.method || "GET",
     headers,
     body: options.body === undefined ? undefined : JSON.stringify(options.body),
@@ -147,17 +149,32 @@ function select(index) {
 // ------------------------------------------------------------------ a run
 
 async function showRun(runId) {
+  const switched = state.runId !== runId;
+  state.runId = runId;
+  if (switched) {
+    state.shown = "";
+    follow(runId);
+  }
   try {
     const run = await api("/v1/agent/runs/" + encodeURIComponent(runId));
     renderRun(run);
-    if (state.runId !== runId) follow(runId);
-    state.runId = runId;
   } catch (error) {
     failed(error);
   }
 }
 
+// What decides whether the run's view must be built again: a change of
+// status, output or approvals. Anything else (an expiry warning) leaves
+// what the person is typing alone.
+function signature(run) {
+  return JSON.stringify([run.id, run.status, run.output, run.error, run.pending_approvals.map((a) => [a.id, a.status, a.expires_at])]);
+}
+
 function renderRun(run) {
+  if (run.id !== state.runId) return; // an answer for a run no longer shown
+  if (signature(run) === state.shown) return;
+  state.shown = signature(run);
+  state.renderedAt = Date.now();
   const detail = $("detail");
   detail.hidden = false;
   const events = state.runId === run.id && $("events") ? $("events") : el("ol", { id: "events" });
@@ -246,39 +263,50 @@ function eventLine(event) {
 
 const TERMINAL = ["run.succeeded", "run.failed", "run.canceled"];
 
+const sleep = (ms, signal) =>
+  new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => { clearTimeout(timer); resolve(); });
+  });
+
 // Follows the run's events: Server-Sent Events where the server streams
-// (the embedded server), else JSON pages held open with `wait`.
+// (the embedded server), else JSON pages held open with `wait`. A failure
+// is retried after a growing pause; showing another run stops it.
 async function follow(runId) {
   if (state.follow) state.follow.abort();
   const controller = new AbortController();
   state.follow = controller;
   let after = 0;
+  let pause = 1000;
   const add = (events) => {
     const list = $("events");
     for (const event of events) {
       after = Math.max(after, event.seq);
       if (list && !list.querySelector('[data-seq="' + event.seq + '"]')) list.append(eventLine(event));
     }
+    if (events.length) pause = 1000;
     if (events.some((event) => event.type.startsWith("run.") || event.type.startsWith("approval."))) {
-      api("/v1/agent/runs/" + encodeURIComponent(runId)).then(renderRun).catch(() => {});
+      api("/v1/agent/runs/" + encodeURIComponent(runId), { signal: controller.signal })
+        .then((run) => controller.signal.aborted || renderRun(run))
+        .catch(() => {});
     }
     return events.some((event) => TERMINAL.includes(event.type));
   };
-  try {
-    for (;;) {
+  while (!controller.signal.aborted) {
+    try {
       const path = "/v1/agent/runs/" + encodeURIComponent(runId) + "/events?after=" + after + "&wait=20";
       const response = await api(path, { raw: true, signal: controller.signal, headers: { Accept: "text/event-stream" } });
       if (response.status === 204) return;
       if (!response.ok) throw new ApiError((await response.json().catch(() => ({ error: {} }))).error.message || "HTTP " + response.status);
-      if ((response.headers.get("content-type") || "").startsWith("text/event-stream")) {
-        if (await readStream(response, add)) return;
-      } else {
-        const page = await response.json();
-        if (add(page.data)) return;
-      }
+      const streamed = (response.headers.get("content-type") || "").startsWith("text/event-stream");
+      if (streamed ? await readStream(response, add) : add((await response.json()).data)) return;
+      if (streamed) await sleep(pause, controller.signal); // a stream that ended early
+    } catch (error) {
+      if (error.name === "AbortError") return;
+      failed(error);
+      await sleep(pause, controller.signal);
+      pause = Math.min(pause * 2, 30000);
     }
-  } catch (error) {
-    if (error.name !== "AbortError") failed(error);
   }
 }
 
@@ -342,6 +370,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("forget").addEventListener("click", () => {
     sessionStorage.removeItem(KEY);
     if (state.follow) state.follow.abort();
+    state.runId = null;
+    state.shown = "";
     notice("The key is forgotten.", true);
     start();
   });
@@ -355,7 +385,8 @@ document.addEventListener("DOMContentLoaded", () => {
     if (["INPUT", "TEXTAREA", "SELECT"].includes(event.target.tagName) || event.ctrlKey || event.metaKey || event.altKey) return;
     if (event.key === "j") select(state.selected + 1);
     else if (event.key === "k") select(state.selected - 1);
-    else if (event.key === "a" || event.key === "r") {
+    else if ((event.key === "a" || event.key === "r") && Date.now() - state.renderedAt > 1000) {
+      // Never on a view that changed under the person's eyes a moment ago.
       const button = document.querySelector("#detail .approval " + (event.key === "a" ? ".approve" : ".reject"));
       if (button) button.click();
     }
