@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::metrics::{EmfSink, MeasuredStore};
 use crate::queue::{NoQueue, RunQueue, SqsQueue};
 use crate::sdk::{sdk_config, store_call_timeouts};
 use crate::services::{Adapters, CacheDefaults, Services};
-use crate::store::DynamoStore;
+use crate::store::{DynamoStore, RunStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -51,12 +52,12 @@ impl AwsServices {
             Some(queue) => Arc::new(queue.clone()),
             None => Arc::new(NoQueue),
         };
-        let adapters = Adapters {
-            runs: Arc::new(store.clone()),
-            keys: Arc::new(store.clone()),
-            agents: Arc::new(store.clone()),
-            queue: sends,
+        let runs: Arc<dyn RunStore> = if config.emf_metrics {
+            Arc::new(MeasuredStore::new(Arc::new(store.clone()), Arc::new(EmfSink)))
+        } else {
+            Arc::new(store.clone())
         };
+        let adapters = Adapters { runs, keys: Arc::new(store.clone()), agents: Arc::new(store.clone()), queue: sends };
         let services = Services::new(config, adapters, CacheDefaults::REMOTE);
         Ok(AwsServices { store, queue, services })
     }

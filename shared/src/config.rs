@@ -40,6 +40,9 @@ pub struct Config {
     /// `AGENT_RUNS_MAX_CHECKPOINT_BYTES`: the largest transcript a defined
     /// agent's run may keep; the run fails beyond it.
     pub max_checkpoint_bytes: usize,
+    /// `AGENT_RUNS_EMF_METRICS=true`: print run metrics as CloudWatch
+    /// Embedded Metric Format lines (template.yaml sets it on Lambda).
+    pub emf_metrics: bool,
 }
 
 fn read<T: std::str::FromStr>(
@@ -117,6 +120,7 @@ impl Config {
                 "AGENT_RUNS_MAX_CHECKPOINT_BYTES",
                 crate::agents::llm::DEFAULT_MAX_CHECKPOINT_BYTES,
             )?,
+            emf_metrics: read(&env, "AGENT_RUNS_EMF_METRICS", false)?,
         };
         if !(1_024..=MAX_CHECKPOINT_BYTES).contains(&config.max_checkpoint_bytes) {
             return Err(ConfigError {

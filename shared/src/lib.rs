@@ -14,6 +14,7 @@ pub mod domain;
 pub mod faults;
 pub mod lambda;
 pub mod lifecycle;
+pub mod metrics;
 pub mod queue;
 pub mod sdk;
 pub mod services;

@@ -215,3 +215,43 @@ mod tests {
         assert_eq!(accept_backoff(u32::MAX), ACCEPT_BACKOFF_MAX);
     }
 }
+
+/// Answers `GET /metrics` with the registry in Prometheus text format, and
+/// anything else with `404`, until the process ends.
+pub async fn serve_metrics(listener: TcpListener, registry: Arc<agent_runs_shared::metrics::Registry>) {
+    let mut failures = 0;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                failures = 0;
+                stream
+            }
+            Err(error) => {
+                failures += 1;
+                tracing::warn!(%error, "accepting a metrics connection failed");
+                tokio::time::sleep(accept_backoff(failures)).await;
+                continue;
+            }
+        };
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let registry = registry.clone();
+                async move {
+                    let found = request.uri().path() == "/metrics" && request.method() == http::Method::GET;
+                    let (status, body) = if found {
+                        (http::StatusCode::OK, registry.render())
+                    } else {
+                        (http::StatusCode::NOT_FOUND, "Metrics are at /metrics.\n".to_owned())
+                    };
+                    let mut response = Response::new(Full::new(Bytes::from(body)));
+                    *response.status_mut() = status;
+                    let content_type = http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8");
+                    response.headers_mut().insert(header::CONTENT_TYPE, content_type);
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}

@@ -10,9 +10,10 @@ use std::time::Duration;
 use agent_runs_shared::config::{Config, MIN_WORKER_DEADLINE_MARGIN_MS};
 use agent_runs_shared::domain::Owner;
 use agent_runs_shared::error_chain;
+use agent_runs_shared::metrics::{MeasuredStore, Registry};
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
-use agent_runs_shared::store::{Durability, KeyStore, SqliteStore};
+use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
 use agent_runs_shared::worker::{PoolSettings, WorkerPool};
 use clap::Args;
 use tokio::net::TcpListener;
@@ -47,6 +48,10 @@ pub struct ServeArgs {
     /// Connections open at once; beyond them new ones wait to be accepted.
     #[arg(long, env = "AGENT_RUNS_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
+    /// Serve Prometheus metrics at http://<this address>/metrics, apart from
+    /// the API (no key; keep it on a private address). Off when not set.
+    #[arg(long, env = "AGENT_RUNS_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 pub fn init_logging() {
@@ -92,12 +97,17 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
 
     let (queue, receiver) = InProcessQueue::new();
     let queue: Arc<dyn RunQueue> = Arc::new(queue);
-    let adapters = Adapters {
-        runs: Arc::new(store.clone()),
-        keys: Arc::new(store.clone()),
-        agents: Arc::new(store.clone()),
-        queue: queue.clone(),
-    };
+    let mut runs: Arc<dyn RunStore> = Arc::new(store.clone());
+    if let Some(addr) = args.metrics_addr {
+        let registry = Arc::new(Registry::default());
+        runs = Arc::new(MeasuredStore::new(runs, registry.clone()));
+        let listener =
+            TcpListener::bind(addr).await.map_err(|error| format!("cannot listen on {addr} for metrics: {error}"))?;
+        println!("Metrics on http://{}/metrics", listener.local_addr()?);
+        tokio::spawn(http_server::serve_metrics(listener, registry));
+    }
+    let adapters =
+        Adapters { runs, keys: Arc::new(store.clone()), agents: Arc::new(store.clone()), queue: queue.clone() };
     let services = Services::new(config, adapters, CacheDefaults::LOCAL);
     let api = Arc::new(services.api());
     let settings = PoolSettings {
