@@ -69,28 +69,7 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     let key = server.dev_key.clone().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("janitor.toml");
-    std::fs::write(
-        &file,
-        format!(
-            r#"name = "janitor"
-provider = "openai"
-model = "stand-in-1"
-base_url = "{url}/v1"
-system_prompt = "You keep the repository tidy."
-allow_private_network = true
-
-[[tools]]
-name = "delete_branch"
-description = "Deletes a branch."
-method = "POST"
-url = "{url}/tools/delete"
-requires_approval = true
-parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} }}, required = ["branch"] }}
-"#,
-            url = model.url
-        ),
-    )
-    .unwrap();
+    std::fs::write(&file, support::janitor_definition(&model.url, "")).unwrap();
     server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
 
     let script_run =

@@ -1057,26 +1057,7 @@ fn a_defined_agent_is_managed_with_the_cli_and_waits_for_approval(target: Target
     let key = server.dev_key.clone().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("janitor.toml");
-    let toml = format!(
-        r#"name = "janitor"
-provider = "openai"
-model = "stand-in-1"
-base_url = "{url}/v1"
-system_prompt = "You keep the repository tidy."
-allow_private_network = true   # the stand-in's tool listens on 127.0.0.1
-separate_approver = true
-max_total_tokens = 1000
-
-[[tools]]
-name = "delete_branch"
-description = "Deletes a branch."
-method = "POST"
-url = "{url}/tools/delete"
-requires_approval = true
-parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} }}, required = ["branch"] }}
-"#,
-        url = model.url
-    );
+    let toml = support::janitor_definition(&model.url, "separate_approver = true\nmax_total_tokens = 1000");
     // Without the opt-in, a tool on 127.0.0.1 could never be called: refused.
     std::fs::write(&file, toml.replace("allow_private_network = true", "")).unwrap();
     let refused = server.admin_output(&["agents", "put", "--file", file.to_str().unwrap()]);

@@ -344,3 +344,26 @@ pub fn http_client() -> reqwest::blocking::ClientBuilder {
     agent_runs_shared::sdk::use_ring_for_rustls();
     Client::builder()
 }
+
+/// A defined agent `janitor` on the stand-in provider at `url`, with one
+/// tool that needs approval; `settings` are more top-level lines.
+pub fn janitor_definition(url: &str, settings: &str) -> String {
+    format!(
+        r#"name = "janitor"
+provider = "openai"
+model = "stand-in-1"
+base_url = "{url}/v1"
+system_prompt = "You keep the repository tidy."
+allow_private_network = true   # the stand-in's tool listens on 127.0.0.1
+{settings}
+
+[[tools]]
+name = "delete_branch"
+description = "Deletes a branch."
+method = "POST"
+url = "{url}/tools/delete"
+requires_approval = true
+parameters = {{ type = "object", properties = {{ branch = {{ type = "string" }} }}, required = ["branch"] }}
+"#
+    )
+}
