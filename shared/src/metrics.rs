@@ -193,7 +193,9 @@ pub const EMF_NAMESPACE: &str = "AgentRuns";
 
 /// The EMF line of one observation at `millis` (Unix time).
 pub fn emf_line(observation: &Observation, millis: i64) -> String {
-    let (dimensions, values): (Vec<(&str, &str)>, Vec<(&str, &str, f64)>) = match *observation {
+    // (name, unit, value) of each metric, and the dimensions they have.
+    type Metrics = Vec<(&'static str, &'static str, f64)>;
+    let (dimensions, values): (Vec<(&str, &str)>, Metrics) = match *observation {
         Observation::Created => (vec![], vec![("RunsCreated", "Count", 1.0)]),
         Observation::FirstStarted { queue_wait } => {
             (vec![], vec![("QueueWait", "Milliseconds", queue_wait.as_millis() as f64)])

@@ -204,18 +204,6 @@ pub async fn serve_with_limits<H, F, B>(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_failing_accept_is_retried_ever_more_slowly_up_to_a_second() {
-        let waits: Vec<u64> = (1..=8).map(|failures| accept_backoff(failures).as_millis() as u64).collect();
-        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000, 1000, 1000]);
-        assert_eq!(accept_backoff(u32::MAX), ACCEPT_BACKOFF_MAX);
-    }
-}
-
 /// Answers `GET /metrics` with the registry in Prometheus text format, and
 /// anything else with `404`, until the process ends.
 pub async fn serve_metrics(listener: TcpListener, registry: Arc<agent_runs_shared::metrics::Registry>) {
@@ -253,5 +241,17 @@ pub async fn serve_metrics(listener: TcpListener, registry: Arc<agent_runs_share
             });
             let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_accept_is_retried_ever_more_slowly_up_to_a_second() {
+        let waits: Vec<u64> = (1..=8).map(|failures| accept_backoff(failures).as_millis() as u64).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000, 1000, 1000]);
+        assert_eq!(accept_backoff(u32::MAX), ACCEPT_BACKOFF_MAX);
     }
 }
