@@ -365,6 +365,20 @@ async fn a_runs_tool_call_budget_stops_it_at_the_next_call() {
 }
 
 #[tokio::test]
+async fn nobody_is_asked_to_approve_a_call_the_budget_no_longer_allows() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#)]);
+    let message = fixture.create("Delete old").await;
+    let mut run = fixture.run(&message).await;
+    run.budget = Budget { max_total_tokens: None, max_tool_calls: Some(0) };
+    fixture.store.update(&mut run).await.unwrap();
+    assert_eq!(fixture.process(&message).await, Outcome::Failed);
+    let run = fixture.run(&message).await;
+    assert!(run.approvals.is_empty(), "{:?}", run.approvals);
+    assert_eq!(run.error.as_deref(), Some("budget exceeded: the run made 0 tool calls of its 0."));
+}
+
+#[tokio::test]
 async fn a_rejected_call_is_not_made_and_the_model_is_told_why() {
     let fixture = Fixture::new().await;
     fixture

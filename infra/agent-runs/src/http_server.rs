@@ -207,8 +207,13 @@ pub async fn serve_with_limits<H, F, B>(
 /// Answers `GET /metrics` with the registry in Prometheus text format, and
 /// anything else with `404`, until the process ends.
 pub async fn serve_metrics(listener: TcpListener, registry: Arc<agent_runs_shared::metrics::Registry>) {
+    // A scraper needs one connection: a few, each closed after its answer
+    // or when its request is slow, so this port cannot hold the process's
+    // file descriptors.
+    let connections = Arc::new(Semaphore::new(METRICS_CONNECTIONS));
     let mut failures = 0;
     loop {
+        let Ok(permit) = connections.clone().acquire_owned().await else { return };
         let stream = match listener.accept().await {
             Ok((stream, _)) => {
                 failures = 0;
@@ -239,10 +244,19 @@ pub async fn serve_metrics(listener: TcpListener, registry: Arc<agent_runs_share
                     Ok::<_, Infallible>(response)
                 }
             });
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(Duration::from_secs(10), connection).await;
+            drop(permit);
         });
     }
 }
+
+/// Connections the metrics listener serves at once.
+const METRICS_CONNECTIONS: usize = 4;
 
 #[cfg(test)]
 mod tests {

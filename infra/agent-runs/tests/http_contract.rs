@@ -1083,6 +1083,7 @@ fn a_defined_agent_is_managed_with_the_cli_and_waits_for_approval(target: Target
         (json!({"max_total_tokens": 0}), "budget.max_total_tokens"),
         (json!({"max_tool_calls": -1}), "budget.max_tool_calls"),
         (json!({"max_tool_calls": 1.5}), "budget.max_tool_calls"),
+        (json!({"max_tool_calls": 9_007_199_254_740_992u64}), "budget.max_tool_calls"),
         (json!({"max_dollars": 1}), "max_dollars"),
         (json!(7), "budget"),
     ] {
@@ -1140,15 +1141,14 @@ fn a_defined_agent_is_managed_with_the_cli_and_waits_for_approval(target: Target
     server.post(&second, &path, json!({"decision": "approve"})).expect_error(409, "conflict");
     server.post(&second, &format!("{path}/extend"), json!({"seconds": 60})).expect_error(409, "conflict");
 
-    // A run whose budget allows no tool call fails before the approved call.
+    // A run whose budget allows no tool call fails before the call, and
+    // nobody is asked to approve it.
     model.script(vec![stand_in::tool_call("call_2", "delete_branch", r#"{"branch":"new"}"#)]);
-    let budget = json!({"max_tool_calls": 0});
+    let budget = json!({"max_tool_calls": 0.0});
     let run = server.create(&key, json!({"agent": "janitor", "input": "Delete new", "budget": budget}));
-    let waiting = server.wait_for_status(&key, run["id"].as_str().unwrap(), "awaiting_approval");
-    let path = format!("{}/approvals/{}", run_path(&run), waiting["pending_approvals"][0]["id"].as_str().unwrap());
-    server.post(&second, &path, json!({"decision": "approve"})).expect_status(200);
     let failed = server.wait_for_status(&key, run["id"].as_str().unwrap(), "failed");
     assert_eq!(failed["error"], "budget exceeded: the run made 0 tool calls of its 0.");
+    assert_eq!(failed["pending_approvals"], json!([]));
     assert_eq!(model.tool_calls().len(), 1, "the call was not made");
 
     server.admin(&["agents", "delete", "janitor"]);

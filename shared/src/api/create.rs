@@ -22,6 +22,9 @@ struct NewRun {
     budget: Budget,
 }
 
+/// The largest budget limit: exact in every JSON reader (2^53 - 1).
+pub const MAX_BUDGET: u64 = (1 << 53) - 1;
+
 /// `budget`: an object of optional whole-number limits.
 fn parse_budget(value: Option<Value>) -> Result<Budget, ApiError> {
     let mut object = match value {
@@ -32,12 +35,17 @@ fn parse_budget(value: Option<Value>) -> Result<Budget, ApiError> {
     reject_unknown_fields(&object, &["max_total_tokens", "max_tool_calls"])?;
     let mut limit = |field: &'static str, least: u64| match object.remove(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(value) => value.as_u64().filter(|limit| *limit >= least).map(Some).ok_or_else(|| {
-            ApiError::invalid_param(
-                format!("budget.{field}"),
-                format!("`budget.{field}` must be a whole number from {least}."),
-            )
-        }),
+        Some(value) => value
+            .as_u64()
+            .or_else(|| value.as_f64().filter(|n| n.fract() == 0.0 && *n >= 0.0).map(|n| n as u64))
+            .filter(|limit| (least..=MAX_BUDGET).contains(limit))
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::invalid_param(
+                    format!("budget.{field}"),
+                    format!("`budget.{field}` must be a whole number from {least} to {MAX_BUDGET}."),
+                )
+            }),
     };
     Ok(Budget { max_total_tokens: limit("max_total_tokens", 1)?, max_tool_calls: limit("max_tool_calls", 0)? })
 }
@@ -83,7 +91,8 @@ async fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun,
     })?;
     verdict
         .map_err(|message| ApiError::invalid("input", format!("The `{agent}` agent rejected the input: {message}")))?;
-    let allowed = api.agents.budget(&agent).await?;
+    // Read only when asked: the agent's own limits apply at execution anyway.
+    let allowed = if budget == Budget::default() { Budget::default() } else { api.agents.budget(&agent).await? };
     for (field, asked, most) in [
         ("max_total_tokens", budget.max_total_tokens, allowed.max_total_tokens),
         ("max_tool_calls", budget.max_tool_calls, allowed.max_tool_calls),

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
 use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
-use super::{batch, events, inbox};
+use super::{batch, create, events, inbox};
 use crate::domain::{
     ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS,
     MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS,
@@ -162,8 +162,8 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
             "additionalProperties": false,
             "description": description,
             "properties": {
-                "max_total_tokens": {"type": ["integer", "null"], "minimum": 1, "description": "Tokens (input and output) the run may use."},
-                "max_tool_calls": {"type": ["integer", "null"], "minimum": 0, "description": "Tool calls the run may make."}
+                "max_total_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": create::MAX_BUDGET, "description": "Tokens (input and output) the run may use."},
+                "max_tool_calls": {"type": ["integer", "null"], "minimum": 0, "maximum": create::MAX_BUDGET, "description": "Tool calls the run may make."}
             }
         })
     };

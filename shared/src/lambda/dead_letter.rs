@@ -39,7 +39,8 @@ pub async fn handle_dead_letters(runs: &dyn RunStore, clock: &dyn Clock, event: 
 pub async fn run_dead_letter() -> Result<(), super::Error> {
     super::init_logging();
     let aws = AwsServices::from_env().await?;
-    let (store, clock) = (&aws.store, aws.services.clock.as_ref());
+    // The composed store (with its metrics), as every other function writes runs.
+    let (store, clock) = (aws.services.adapters.runs.as_ref(), aws.services.clock.as_ref());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         Ok::<_, super::Error>(handle_dead_letters(store, clock, event.payload).await)
     }))

@@ -365,8 +365,16 @@ impl LlmAgent {
             Err(error) => return Step::Failed(error.to_string()),
         };
         transcript.model_calls += 1;
-        if let Some(reported) = reply.usage {
-            *usage.get_or_insert_default() += reported;
+        match reply.usage {
+            Some(reported) => *usage.get_or_insert_default() += reported,
+            // A token budget it cannot count is not kept by guessing.
+            None if budget.within(self.definition.budget()).max_total_tokens.is_some() => {
+                return Step::Failed(
+                    "budget exceeded: the provider reported no token usage, so the run's token budget cannot be kept."
+                        .into(),
+                );
+            }
+            None => {}
         }
         let text = reply.text.as_deref().unwrap_or_default();
         events.push(EventData::ModelResponded {
@@ -431,6 +439,11 @@ impl Agent for LlmAgent {
         };
         if transcript.pending.is_empty() {
             return self.ask_model(step, transcript).await;
+        }
+        // No one is asked to approve a call the budget no longer allows.
+        let budget = step.budget.within(self.definition.budget());
+        if let Some(spent) = budget.refuses_tool_call(step.usage.as_ref()) {
+            return Step::Failed(spent);
         }
         // Every gated call of the model's turn is put to a human at once.
         let first_approval = step.approvals.len();
