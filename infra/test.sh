@@ -24,7 +24,7 @@ SAM_CLI_TELEMETRY=0 .venv-lint/bin/sam validate --lint --template template.yaml 
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   echo "== installing chromium and chromium-driver (Debian packages)"
   as_root=""
-  [ "$(id -u)" = 0 ] || as_root="sudo"
+  [ "$(id -u)" = 0 ] || as_root="sudo -n"   # never a password prompt
   $as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq chromium chromium-driver > /dev/null
 fi
