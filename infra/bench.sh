@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks of the service on this machine, printed as figures and ratios
 # (docs/benchmarks.md records them). Not part of the test suite.
-#   1. create, get and list(limit 20) under concurrent load (wrk) against
+#   1. create, get, list(limit 20) and the approvals inbox under load (wrk) against
 #      `agent-runs serve` (release build), and the same load against a
 #      minimal hyper server answering a fixed JSON body: the ceiling.
 #   2. echo create -> succeeded latency seen by a client polling get.
@@ -24,7 +24,7 @@ if ! command -v wrk > /dev/null; then
   echo "installing wrk (Debian package)"
   apt-get update -qq && apt-get install -y -qq wrk > /dev/null
 fi
-functions="create list get cancel decide events fallback worker sweeper dead-letter"
+functions="create list get cancel decide extend decide-batch events approvals fallback worker sweeper dead-letter"
 if [ "$build" = 1 ]; then
   cargo build --release --quiet --bins -p agent-runs -p agent-runs-bench $(printf -- '-p agent-runs-%s ' $functions)
 fi
@@ -79,6 +79,11 @@ for i in $(seq 1 100); do
   curl -s -X POST "http://$serve/v1/agent/runs" -H "$auth" -H 'Content-Type: application/json' -d "{\"input\": \"run $i\"}" > "$work/last.json"
 done
 run_id=$(sed -n 's/.*"id":"\(run_[^"]*\)".*/\1/p' "$work/last.json")
+# And 40 waiting for a decision, for the inbox.
+for i in $(seq 1 40); do
+  curl -s -X POST "http://$serve/v1/agent/runs" -H "$auth" -H 'Content-Type: application/json' \
+    -d "{\"agent\": \"script\", \"input\": \"approve Step $i\"}" > /dev/null
+done
 cat > "$work/create.lua" <<'LUA'
 wrk.method = "POST"
 wrk.body = '{"input": "bench"}'
@@ -89,9 +94,10 @@ echo "== 1. throughput and latency under load"
 wrk_run fixed-json "http://$fixed/"
 wrk_run get "http://$serve/v1/agent/runs/$run_id" -H "$auth"
 wrk_run list "http://$serve/v1/agent/runs?limit=20" -H "$auth"
+wrk_run inbox "http://$serve/v1/approvals?limit=20" -H "$auth"
 wrk_run create "http://$serve/v1/agent/runs" -H "$auth" -s "$work/create.lua"
 ceiling=$(cat "$work/fixed-json.rps")
-for op in get list create; do
+for op in get list inbox create; do
   awk -v op="$op" -v rps="$(cat "$work/$op.rps")" -v c="$ceiling" 'BEGIN { printf "%-8s %5.1f%% of the fixed-JSON ceiling\n", op, 100 * rps / c }'
 done
 # Let the workers finish the created runs (the backlog of the create run):
@@ -148,6 +154,10 @@ http("get", "GET", f"/v1/agent/runs/{missing}")
 http("cancel", "POST", f"/v1/agent/runs/{missing}/cancel")
 http("decide", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", '{"decision": "approve"}')
 http("events", "GET", f"/v1/agent/runs/{missing}/events")
+http("extend", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9/extend", '{"seconds": 3600}')
+http("approvals", "GET", "/v1/approvals", query="limit=20")
+decision = {"run_id": missing, "approval_id": "apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "decision": "approve"}
+http("decide-batch", "POST", "/v1/approvals/batch", json.dumps({"decisions": [decision]}))
 http("fallback", "GET", "/v1/unknown")
 sqs = json.load(open("infra/events/sqs-run.json"))
 sqs["Records"][0]["body"] = json.dumps({"run_id": missing, "owner": "bench"})

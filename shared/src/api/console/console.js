@@ -8,7 +8,17 @@ const KEY = "agent-runs-key";
 // The API's base: the page is `<base>/console` (a stage or base path may precede it).
 const BASE = location.pathname.replace(/\/console$/, "");
 const $ = (id) => document.getElementById(id);
-const state = { view: "inbox", items: [], selected: -1, cursor: null, runId: null, shown: "", renderedAt: 0, follow: null };
+const state = {
+  view: "inbox",
+  items: [],
+  selected: -1,
+  cursor: null,
+  runId: null, // the run shown (or being loaded)
+  shown: "", // the signature of what the detail shows
+  renderedAt: 0,
+  follow: null, // aborts the events loop of the shown run
+  events: [], // the shown run's events so far
+};
 
 function el(tag, props, ...children) {
   const node = document.createElement(tag);
@@ -177,7 +187,8 @@ function renderRun(run) {
   state.renderedAt = Date.now();
   const detail = $("detail");
   detail.hidden = false;
-  const events = state.runId === run.id && $("events") ? $("events") : el("ol", { id: "events" });
+  const events = detail.dataset.run === run.id && $("events") ? $("events") : el("ol", { id: "events" }, ...state.events.map(eventLine));
+  detail.dataset.run = run.id;
   const parts = [
     el("h2", {}, run.id, " ", status(run.status)),
     el("div", { class: "meta" }, "agent " + run.agent + " · created " + run.created_at),
@@ -276,13 +287,18 @@ async function follow(runId) {
   if (state.follow) state.follow.abort();
   const controller = new AbortController();
   state.follow = controller;
+  state.events = [];
   let after = 0;
   let pause = 1000;
   const add = (events) => {
-    const list = $("events");
+    if (controller.signal.aborted) return true;
+    // Shown only once the detail shows this run; kept for when it does.
+    const list = $("detail").dataset.run === runId ? $("events") : null;
     for (const event of events) {
-      after = Math.max(after, event.seq);
-      if (list && !list.querySelector('[data-seq="' + event.seq + '"]')) list.append(eventLine(event));
+      if (event.seq <= after) continue;
+      after = event.seq;
+      state.events.push(event);
+      if (list) list.append(eventLine(event));
     }
     if (events.length) pause = 1000;
     if (events.some((event) => event.type.startsWith("run.") || event.type.startsWith("approval."))) {
