@@ -83,6 +83,8 @@ try:
     # A tool call: its arguments, a broken edit, a schema error from the API, an edit that works.
     driver.find_element(By.ID, "refresh").click()
     open_run(tool_run)
+    wait_text("#events", "approval.requested")
+    assert "Deploy" not in text_of("#events"), "another run's events: " + text_of("#events")
     arguments = text_of("#detail .approval .arguments")
     assert '"branch": "old"' in arguments, arguments
     editor = driver.find_element(By.CSS_SELECTOR, "#detail .approval .editor")
