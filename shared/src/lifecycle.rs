@@ -16,6 +16,7 @@ use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
 use crate::store::{
     CHANGE_ATTEMPTS, ChangeError, IdempotencyClaim, InsertOutcome, RunStore, StoreError, Transition, change_run,
+    conflict_backoff,
 };
 
 /// How long an idempotency key names the run it created.
@@ -290,12 +291,18 @@ impl Lifecycle {
             return Err(ChangeError::Refused(DecideRefused::Expired));
         }
         if requeued_unseen || outcome == Some(DecideOutcome::Requeued) {
-            let message = RunMessage { run_id: run.id, owner: owner.clone() };
-            if let Err(error) = self.queue.enqueue(&message).await {
-                tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
-            }
+            self.send_resumed(&run).await;
         }
         Ok(run)
+    }
+
+    /// Queues a run its last decision resumed; should the send fail, the
+    /// sweeper sends it.
+    async fn send_resumed(&self, run: &Run) {
+        let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
+        if let Err(error) = self.queue.enqueue(&message).await {
+            tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
+        }
     }
 
     /// Records the decisions on `runs` (as the caller read them, each with
@@ -308,10 +315,7 @@ impl Lifecycle {
         let result = self.record_batch(runs, &mut progress).await;
         // Whatever was written is sent, however the batch ended.
         for run in progress.recorded.iter().filter(|run| progress.to_send.contains(&run.id)) {
-            let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
-            if let Err(error) = self.queue.enqueue(&message).await {
-                tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
-            }
+            self.send_resumed(run).await;
         }
         match result {
             Ok(()) => Ok(progress.recorded),
@@ -383,8 +387,7 @@ impl Lifecycle {
                 Ok(()) => return Ok(()),
                 Err(failed) if matches!(failed.error, StoreError::Conflict) => {
                     may_have_landed = true;
-                    let wait = Duration::from_millis(rand::random_range(0..=(1u64 << attempt.min(5))));
-                    tokio::time::sleep(wait).await;
+                    conflict_backoff(attempt).await;
                 }
                 Err(failed) => return Err((None, failed.error.into())),
             }

@@ -137,6 +137,12 @@ pub fn reject_unknown_fields(object: &Map<String, Value>, known: &[&str]) -> Res
     }
 }
 
+/// A JSON number that is a whole number, however written (`60` or
+/// `60.0`); `None` for anything else. Callers check their own range.
+pub fn whole_number(value: &Value) -> Option<u64> {
+    value.as_u64().or_else(|| value.as_f64().filter(|n| n.fract() == 0.0 && *n >= 0.0).map(|n| n as u64))
+}
+
 /// A string field; `null` counts as absent.
 pub fn optional_string(object: &mut Map<String, Value>, field: &'static str) -> Result<Option<String>, ApiError> {
     match object.remove(field) {

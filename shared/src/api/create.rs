@@ -5,7 +5,7 @@ use http::{HeaderValue, Request, StatusCode, header};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::body::{json_object, optional_string, reject_unknown_fields};
+use super::body::{json_object, optional_string, reject_unknown_fields, whole_number};
 use super::{Api, ApiError, ApiResponse, run_response};
 use crate::auth::Principal;
 use crate::domain::{Budget, IdempotencyKey, Metadata, Run, RunInput};
@@ -35,17 +35,14 @@ fn parse_budget(value: Option<Value>) -> Result<Budget, ApiError> {
     reject_unknown_fields(&object, &["max_total_tokens", "max_tool_calls"])?;
     let mut limit = |field: &'static str, least: u64| match object.remove(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(value) => value
-            .as_u64()
-            .or_else(|| value.as_f64().filter(|n| n.fract() == 0.0 && *n >= 0.0).map(|n| n as u64))
-            .filter(|limit| (least..=MAX_BUDGET).contains(limit))
-            .map(Some)
-            .ok_or_else(|| {
+        Some(value) => {
+            whole_number(&value).filter(|limit| (least..=MAX_BUDGET).contains(limit)).map(Some).ok_or_else(|| {
                 ApiError::invalid_param(
                     format!("budget.{field}"),
                     format!("`budget.{field}` must be a whole number from {least} to {MAX_BUDGET}."),
                 )
-            }),
+            })
+        }
     };
     Ok(Budget { max_total_tokens: limit("max_total_tokens", 1)?, max_tool_calls: limit("max_tool_calls", 0)? })
 }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use serde_json::Value;
 
-use super::body::{json_object, reject_unknown_fields};
+use super::body::{json_object, reject_unknown_fields, whole_number};
 use super::decide::{check_separate_approver, parse_approval_path, refused};
 use super::{Api, ApiError, ApiResponse, run_response};
 use crate::auth::Principal;
@@ -16,13 +16,7 @@ const SECONDS: std::ops::RangeInclusive<u64> = 60..=604_800;
 
 fn seconds(value: Option<Value>) -> Result<Duration, ApiError> {
     let message = || format!("`seconds` is required: a whole number from {} to {}.", SECONDS.start(), SECONDS.end());
-    // A JSON number with no fraction is a whole number, however written (`60.0`).
-    let whole = value.as_ref().and_then(|value| {
-        value
-            .as_u64()
-            .or_else(|| value.as_f64().filter(|n| n.fract() == 0.0 && *n >= 0.0 && *n <= 1e9).map(|n| n as u64))
-    });
-    match whole {
+    match value.as_ref().and_then(whole_number) {
         Some(seconds) if SECONDS.contains(&seconds) => Ok(Duration::from_secs(seconds)),
         _ => Err(ApiError::invalid("seconds", message())),
     }

@@ -40,6 +40,14 @@ pub enum ChangeError<E> {
     Store(#[from] StoreError),
 }
 
+/// The wait before starting over after the `attempt`-th conflict (from 0):
+/// a random part of a ceiling that grows up to [`MAX_BACKOFF`].
+pub async fn conflict_backoff(attempt: u32) {
+    let cap = (100u64 << attempt.min(20)).min(MAX_BACKOFF.as_micros() as u64);
+    let wait = Duration::from_micros(rand::rng().random_range(0..=cap));
+    tokio::time::sleep(wait).await;
+}
+
 /// Applies `transition` to the run and writes the result, starting over
 /// from a fresh read after a conflicting write, at most
 /// [`CHANGE_ATTEMPTS`] times with a short random wait between. `known` is a
@@ -61,11 +69,7 @@ pub async fn change_run<T, E>(
             Transition::Keep(value) => return Ok((run, value)),
             Transition::Write(value) => match runs.update(&mut run).await {
                 Ok(()) => return Ok((run, value)),
-                Err(StoreError::Conflict) if attempt + 1 < CHANGE_ATTEMPTS => {
-                    let cap = (100u64 << attempt.min(20)).min(MAX_BACKOFF.as_micros() as u64);
-                    let wait = Duration::from_micros(rand::rng().random_range(0..=cap));
-                    tokio::time::sleep(wait).await;
-                }
+                Err(StoreError::Conflict) if attempt + 1 < CHANGE_ATTEMPTS => conflict_backoff(attempt).await,
                 Err(StoreError::Conflict) => {}
                 Err(error) => return Err(error.into()),
             },

@@ -168,14 +168,21 @@ fn event_sk(seq: u64) -> String {
     format!("EV#{seq:012}")
 }
 
+/// The inbox index's sort key: `<requested_at, 13 digits>#<run_id>`, and
+/// `#<approval_id>` for one approval's entry (or a cursor's position).
+fn inbox_sort_key(requested_at: Timestamp, run_id: RunId, approval: Option<ApprovalId>) -> String {
+    let key = format!("{:013}#{run_id}", requested_at.millis().max(0));
+    match approval {
+        Some(approval) => format!("{key}#{approval}"),
+        None => key,
+    }
+}
+
 /// The inbox index keys of `run`'s approvals with `status` (the sort key
 /// of one approval, or of all of the run's pending ones when `None`).
 fn inbox_keys(run: &Run, status: ApprovalStatus, requested_at: Timestamp, approval: Option<ApprovalId>) -> Item {
     let status = status.as_str();
-    let mut sort = format!("{:013}#{}", requested_at.millis().max(0), run.id);
-    if let Some(approval) = approval {
-        sort = format!("{sort}#{approval}");
-    }
+    let sort = inbox_sort_key(requested_at, run.id, approval);
     Item::from([
         ("gsi3pk".into(), s(format!("APR#{}#{status}", run.owner))),
         ("gsi3sk".into(), s(sort)),
@@ -987,7 +994,7 @@ impl RunStore for DynamoStore {
             Some(after) => {
                 query.key_condition_expression("gsi3pk = :p AND gsi3sk <= :last").expression_attribute_values(
                     ":last",
-                    s(format!("{:013}#{}#{}", after.requested_at.millis().max(0), after.run_id, after.approval_id)),
+                    s(inbox_sort_key(after.requested_at, after.run_id, Some(after.approval_id))),
                 )
             }
         };

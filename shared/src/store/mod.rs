@@ -13,7 +13,7 @@ use crate::domain::{
 };
 
 pub use crate::domain::{InboxEntry, Run};
-pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if};
+pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if, conflict_backoff};
 pub use dynamodb::{
     APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, STATUS_INDEX,
 };

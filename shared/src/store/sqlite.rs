@@ -23,7 +23,7 @@ use super::{
     InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent,
     StoredKey,
 };
-use crate::domain::{AgentDefinition, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp};
+use crate::domain::{AgentDefinition, ApprovalId, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp};
 
 const READERS: usize = 4;
 
@@ -425,20 +425,27 @@ fn insert_events(connection: &Connection, events: &[Event]) -> Result<(), StoreE
 /// Brings the inbox rows of the approvals whose status `events` changed up
 /// to date with `run`.
 fn index_approvals(connection: &Connection, run: &Run, events: &[Event]) -> Result<(), StoreError> {
-    let changed = events.iter().filter_map(|event| match &event.data {
-        EventData::ApprovalRequested(approval)
-        | EventData::ApprovalDecided(approval)
-        | EventData::ApprovalExpired(approval)
-        | EventData::ApprovalCanceled(approval) => Some(approval.id),
-        _ => None,
-    });
+    let changed: Vec<ApprovalId> = events
+        .iter()
+        .filter_map(|event| match &event.data {
+            EventData::ApprovalRequested(approval)
+            | EventData::ApprovalDecided(approval)
+            | EventData::ApprovalExpired(approval)
+            | EventData::ApprovalCanceled(approval) => Some(approval.id),
+            _ => None,
+        })
+        .collect();
+    if changed.is_empty() {
+        // Most writes (claims, heartbeats, finishes of runs without approvals).
+        return Ok(());
+    }
     let mut statement = connection
         .prepare_cached(
             "INSERT OR REPLACE INTO approvals (owner, run_id, approval_id, status, agent, requested_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .map_err(unavailable)?;
-    for approval in changed.filter_map(|id| run.approvals.iter().find(|approval| approval.id == id)) {
+    for approval in changed.into_iter().filter_map(|id| run.approvals.iter().find(|approval| approval.id == id)) {
         statement
             .execute(params![
                 run.owner.as_str(),
