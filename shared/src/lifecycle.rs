@@ -356,10 +356,18 @@ impl Lifecycle {
                     outcome = outcome.max(decided);
                 }
                 if outcome == DecideOutcome::Unchanged {
-                    // A write whose answer was lost reads back as a repeat.
+                    // A write whose answer was lost reads back as a repeat:
+                    // the run moved on since the first read and every
+                    // decision stands as this batch's key made it.
                     if may_have_landed {
                         let read_first = first_versions.iter().find(|(id, _)| *id == next.id).map(|(_, v)| *v);
-                        progress.wrote |= read_first.is_some_and(|version| next.version > version);
+                        let ours = decisions.iter().all(|decision| {
+                            next.approvals.iter().any(|approval| {
+                                approval.id == decision.approval_id
+                                    && approval.resolved_by == decision.request.decided_by
+                            })
+                        });
+                        progress.wrote |= ours && read_first.is_some_and(|version| next.version > version);
                         if next.is_requeued_after_decisions() {
                             progress.to_send.push(next.id);
                         }

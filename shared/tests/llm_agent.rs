@@ -19,7 +19,7 @@ use agent_runs_shared::queue::RunMessage;
 use agent_runs_shared::store::{AgentStore, Durability, RunStore, SqliteStore};
 use agent_runs_shared::worker::{Outcome, Worker};
 use serde_json::{Value, json};
-use support::stand_in::{StandIn, Turn, text, tool_call};
+use support::stand_in::{self, StandIn, Turn, text, tool_call};
 use tokio::sync::watch;
 
 const API_KEY: &str = "sk-test-secret-4f9a";
@@ -376,6 +376,34 @@ async fn nobody_is_asked_to_approve_a_call_the_budget_no_longer_allows() {
     let run = fixture.run(&message).await;
     assert!(run.approvals.is_empty(), "{:?}", run.approvals);
     assert_eq!(run.error.as_deref(), Some("budget exceeded: the run made 0 tool calls of its 0."));
+}
+
+#[tokio::test]
+async fn a_rejected_call_after_the_budget_is_spent_still_reaches_the_model() {
+    // Two gated calls in one turn, a budget of one call: the approved one is
+    // made, the rejected one costs nothing, and the model is told and answers.
+    let fixture = Fixture::new().await;
+    let two_calls = stand_in::reply(json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "delete_branch", "arguments": "{\"branch\":\"a\"}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "delete_branch", "arguments": "{\"branch\":\"b\"}"}}
+    ]}));
+    fixture.stand_in.script(vec![two_calls, text("Deleted a, kept b.")]);
+    let message = fixture.create("Delete a and b").await;
+    let mut run = fixture.run(&message).await;
+    run.budget = Budget { max_total_tokens: None, max_tool_calls: Some(1) };
+    fixture.store.update(&mut run).await.unwrap();
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    let mut run = fixture.run(&message).await;
+    let (first, second) = (run.approvals[0].id, run.approvals[1].id);
+    let ask = |decision| DecisionRequest { decision, comment: None, seen_sha256: None, decided_by: None };
+    run.decide(first, ask(Decision::Approve), fixture.clock.now(), &fixture.policy).unwrap();
+    run.decide(second, ask(Decision::Reject), fixture.clock.now(), &fixture.policy).unwrap();
+    fixture.store.update(&mut run).await.unwrap();
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.output.as_deref(), Some("Deleted a, kept b."));
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1);
+    assert_eq!(run.usage.map(|usage| usage.tool_calls), Some(1));
 }
 
 #[tokio::test]

@@ -440,11 +440,6 @@ impl Agent for LlmAgent {
         if transcript.pending.is_empty() {
             return self.ask_model(step, transcript).await;
         }
-        // No one is asked to approve a call the budget no longer allows.
-        let budget = step.budget.within(self.definition.budget());
-        if let Some(spent) = budget.refuses_tool_call(step.usage.as_ref()) {
-            return Step::Failed(spent);
-        }
         // Every gated call of the model's turn is put to a human at once.
         let first_approval = step.approvals.len();
         let mut requests = Vec::new();
@@ -455,6 +450,12 @@ impl Agent for LlmAgent {
             }
         }
         if !requests.is_empty() {
+            // No one is asked to approve a call the budget no longer allows
+            // (a call already decided is checked as it is answered).
+            let budget = step.budget.within(self.definition.budget());
+            if let Some(spent) = budget.refuses_tool_call(step.usage.as_ref()) {
+                return Step::Failed(spent);
+            }
             return match self.save(&transcript) {
                 Ok(checkpoint) => Step::AwaitApproval { requests, checkpoint },
                 Err(failed) => failed,

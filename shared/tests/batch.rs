@@ -1,0 +1,124 @@
+//! Batch decisions against a store where another person decides the same
+//! runs between the batch's read and its write.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use agent_runs_shared::domain::{
+    ApprovalRequest, Decision, DecisionRequest, ExecutionPolicy, KeyId, ManualClock, Owner, Run, RunId, Timestamp,
+};
+use agent_runs_shared::lifecycle::{BatchDecision, Lifecycle};
+use agent_runs_shared::queue::InProcessQueue;
+use agent_runs_shared::store::{
+    BatchWriteError, DueRun, Durability, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
+    ListRequest, RunStore, SqliteStore, StoreError,
+};
+use async_trait::async_trait;
+use ulid::Ulid;
+
+const T0: i64 = 1_795_303_478_123;
+
+/// A SQLite store whose first batch write finds these decisions, by
+/// another key, made just before it (and so conflicts).
+struct Raced {
+    inner: SqliteStore,
+    before_first_batch: Mutex<Option<Vec<(RunId, Decision)>>>,
+}
+
+#[async_trait]
+impl RunStore for Raced {
+    async fn insert(
+        &self,
+        run: &mut Run,
+        idem: Option<&IdempotencyClaim>,
+        max: u32,
+    ) -> Result<InsertOutcome, StoreError> {
+        self.inner.insert(run, idem, max).await
+    }
+    async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
+        self.inner.undo_create(run, key).await
+    }
+    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
+        self.inner.active_runs(owner).await
+    }
+    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        self.inner.get(owner, run_id).await
+    }
+    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
+        self.inner.update(run).await
+    }
+    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError> {
+        let race = self.before_first_batch.lock().unwrap().take();
+        for (run_id, decision) in race.into_iter().flatten() {
+            let mut run = self.inner.get(&owner(), run_id).await.unwrap().unwrap();
+            let request = DecisionRequest { decision, comment: None, seen_sha256: None, decided_by: Some(key(9)) };
+            run.decide(run.approvals[0].id, request, Timestamp::from_millis(T0 + 50), &ExecutionPolicy::default())
+                .unwrap();
+            self.inner.update(&mut run).await.unwrap();
+        }
+        self.inner.update_batch(runs).await
+    }
+    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
+        self.inner.list(owner, request).await
+    }
+    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
+        self.inner.inbox(owner, request).await
+    }
+    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
+        self.inner.due(until, after, limit).await
+    }
+    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
+        self.inner.events(run_id, after, limit).await
+    }
+}
+
+fn owner() -> Owner {
+    Owner::parse("acme").unwrap()
+}
+
+fn key(n: u128) -> KeyId {
+    KeyId::from_ulid(Ulid::from_parts(T0 as u64, n))
+}
+
+/// A run awaiting one approval, stored.
+async fn awaiting(store: &SqliteStore, n: u128) -> Run {
+    let policy = ExecutionPolicy::default();
+    let id = RunId::from_ulid(Ulid::from_parts(T0 as u64, n));
+    let mut run = Run::new(id, owner(), "script".into(), "x".into(), BTreeMap::new(), &policy);
+    store.insert(&mut run, None, 100).await.unwrap();
+    run.claim("w", Timestamp::from_millis(T0 + 10), &policy).unwrap();
+    let approval = agent_runs_shared::domain::ApprovalId::from_ulid(Ulid::from_parts(T0 as u64 + 20, n));
+    run.park(
+        "w",
+        vec![(approval, ApprovalRequest::action("go"))],
+        serde_json::json!({}),
+        Timestamp::from_millis(T0 + 20),
+        &policy,
+    )
+    .unwrap();
+    store.update(&mut run).await.unwrap();
+    run
+}
+
+#[tokio::test]
+async fn a_batch_beaten_by_another_key_does_not_claim_to_have_recorded_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap();
+    let (first, second) = (awaiting(&inner, 1).await, awaiting(&inner, 2).await);
+    // Another key approves the first run (as the batch will) and rejects the second.
+    let race = vec![(first.id, Decision::Approve), (second.id, Decision::Reject)];
+    let store = Arc::new(Raced { inner, before_first_batch: Mutex::new(Some(race)) });
+    let (queue, _receiver) = InProcessQueue::new();
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0 + 100)));
+    let lifecycle = Lifecycle::new(store.clone(), Arc::new(queue), clock, ExecutionPolicy::default(), 100);
+    let approve = |index, run: &Run| {
+        let request =
+            DecisionRequest { decision: Decision::Approve, comment: None, seen_sha256: None, decided_by: Some(key(1)) };
+        (run.clone(), vec![BatchDecision { index, approval_id: run.approvals[0].id, request }])
+    };
+    let refused = lifecycle.decide_batch(vec![approve(0, &first), approve(1, &second)]).await.unwrap_err();
+    assert_eq!(refused.index, Some(1), "the second run was rejected by the other key");
+    assert!(!refused.partly_recorded, "this batch wrote nothing: the first run's approval is the other key's");
+    let stored = store.get(&owner(), first.id).await.unwrap().unwrap();
+    assert_eq!(stored.approvals[0].resolved_by, Some(key(9)));
+}
