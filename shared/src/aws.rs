@@ -57,7 +57,13 @@ impl AwsServices {
         } else {
             Arc::new(store.clone())
         };
-        let adapters = Adapters { runs, keys: Arc::new(store.clone()), agents: Arc::new(store.clone()), queue: sends };
+        let adapters = Adapters {
+            runs,
+            keys: Arc::new(store.clone()),
+            agents: Arc::new(store.clone()),
+            webhooks: Arc::new(store.clone()),
+            queue: sends,
+        };
         let services = Services::new(config, adapters, CacheDefaults::REMOTE);
         Ok(AwsServices { store, queue, services })
     }

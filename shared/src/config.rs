@@ -43,6 +43,13 @@ pub struct Config {
     /// `AGENT_RUNS_EMF_METRICS=true`: print run metrics as CloudWatch
     /// Embedded Metric Format lines (template.yaml sets it on Lambda).
     pub emf_metrics: bool,
+    /// `AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE=true`: webhook URLs may be `http`
+    /// and reach loopback, private and link-local addresses (local
+    /// development and tests only).
+    pub webhook_allow_private: bool,
+    /// `AGENT_RUNS_WEBHOOK_QUEUE_URL`: the SQS queue of webhook deliveries
+    /// (the notifier and delivery functions on AWS).
+    pub webhook_queue_url: Option<String>,
 }
 
 fn read<T: std::str::FromStr>(
@@ -121,6 +128,8 @@ impl Config {
                 crate::agents::llm::DEFAULT_MAX_CHECKPOINT_BYTES,
             )?,
             emf_metrics: read(&env, "AGENT_RUNS_EMF_METRICS", false)?,
+            webhook_allow_private: read(&env, "AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", false)?,
+            webhook_queue_url: env("AGENT_RUNS_WEBHOOK_QUEUE_URL").filter(|url| !url.trim().is_empty()),
         };
         if !(1_024..=MAX_CHECKPOINT_BYTES).contains(&config.max_checkpoint_bytes) {
             return Err(ConfigError {

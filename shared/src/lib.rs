@@ -15,11 +15,13 @@ pub mod faults;
 pub mod lambda;
 pub mod lifecycle;
 pub mod metrics;
+pub mod public_network;
 pub mod queue;
 pub mod sdk;
 pub mod services;
 pub mod store;
 pub mod views;
+pub mod webhooks;
 pub mod worker;
 
 /// An error and all its causes, for logs (never for clients).

@@ -15,7 +15,8 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::domain::{Clock, SystemClock};
 use crate::queue::RunQueue;
-use crate::store::{AgentStore, KeyStore, RunStore};
+use crate::store::{AgentStore, KeyStore, RunStore, WebhookStore};
+use crate::webhooks::{Deliverer, DeliveryPolicy};
 use crate::worker::{Sweeper, Worker};
 
 /// The ports, as one deployment implements them.
@@ -24,6 +25,7 @@ pub struct Adapters {
     pub runs: Arc<dyn RunStore>,
     pub keys: Arc<dyn KeyStore>,
     pub agents: Arc<dyn AgentStore>,
+    pub webhooks: Arc<dyn WebhookStore>,
     pub queue: Arc<dyn RunQueue>,
 }
 
@@ -90,6 +92,8 @@ impl Services {
             clock: self.clock.clone(),
             policy: self.config.policy.clone(),
             limits: self.config.limits.clone(),
+            webhooks: self.adapters.webhooks.clone(),
+            webhook_allow_private: self.config.webhook_allow_private,
         })
     }
 
@@ -102,6 +106,11 @@ impl Services {
             self.agents(Some(Arc::new(runtime)))
         });
         Worker::new(self.adapters.runs.clone(), agents.clone(), self.clock.clone(), self.config.policy.clone())
+    }
+
+    /// Signs and sends webhook deliveries.
+    pub fn deliverer(&self) -> Deliverer {
+        Deliverer::new(DeliveryPolicy::new(self.config.webhook_allow_private), self.clock.clone())
     }
 
     pub fn sweeper(&self) -> Sweeper {

@@ -5,7 +5,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::domain::{Approval, Budget, EventData, EventText, InboxEntry, Run, Timestamp, Usage};
+use crate::domain::{
+    Approval, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, Run, RunId, Timestamp, Usage,
+    WebhookEndpoint,
+};
+use crate::store::StoredEvent;
 
 #[derive(Serialize)]
 pub struct RunView<'a> {
@@ -91,6 +95,75 @@ impl<'a> From<&'a Run> for RunView<'a> {
             completed_at: rfc3339(run.completed_at),
             usage: run.usage,
             budget: (run.budget != Budget::default()).then_some(run.budget),
+        }
+    }
+}
+
+/// A webhook endpoint; its secret only in the answers that make one.
+#[derive(Serialize)]
+pub struct WebhookView<'a> {
+    pub id: String,
+    pub url: &'a str,
+    pub events: Vec<String>,
+    pub description: Option<&'a str>,
+    pub status: &'static str,
+    pub created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+impl<'a> From<&'a WebhookEndpoint> for WebhookView<'a> {
+    fn from(endpoint: &'a WebhookEndpoint) -> Self {
+        WebhookView {
+            id: endpoint.id.to_string(),
+            url: &endpoint.url,
+            events: endpoint.events.names(),
+            description: endpoint.description.as_deref(),
+            status: endpoint.status.as_str(),
+            created_at: endpoint.created_at.to_rfc3339(),
+            secret: None,
+        }
+    }
+}
+
+impl<'a> WebhookView<'a> {
+    pub fn with_secret(endpoint: &'a WebhookEndpoint) -> Self {
+        WebhookView { secret: Some(endpoint.secret.expose()), ..WebhookView::from(endpoint) }
+    }
+}
+
+/// What a delete answers.
+#[derive(Serialize)]
+pub struct DeletedView {
+    pub id: String,
+    pub deleted: bool,
+}
+
+/// One delivery attempt.
+#[derive(Serialize)]
+pub struct DeliveryAttemptView<'a> {
+    pub id: String,
+    pub event_id: &'a str,
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    pub attempt: u32,
+    pub http_status: Option<u16>,
+    pub error: Option<&'a str>,
+    pub duration_ms: u64,
+    pub at: String,
+}
+
+impl<'a> From<&'a DeliveryAttempt> for DeliveryAttemptView<'a> {
+    fn from(attempt: &'a DeliveryAttempt) -> Self {
+        DeliveryAttemptView {
+            id: attempt.id.to_string(),
+            event_id: &attempt.event_id,
+            kind: &attempt.event_type,
+            attempt: attempt.attempt,
+            http_status: attempt.http_status,
+            error: attempt.error.as_deref(),
+            duration_ms: attempt.duration_ms,
+            at: attempt.at.to_rfc3339(),
         }
     }
 }
@@ -220,6 +293,20 @@ pub struct EventView<'a> {
     pub kind: &'a str,
     pub created_at: String,
     pub data: &'a serde_json::value::RawValue,
+}
+
+impl<'a> EventView<'a> {
+    /// The event as clients see it; fails only when its stored data is not JSON.
+    pub fn of(run_id: RunId, event: &'a StoredEvent) -> Result<Self, serde_json::Error> {
+        Ok(EventView {
+            id: EventId::of_event(run_id, event.seq, event.at).to_string(),
+            seq: event.seq,
+            run_id: run_id.to_string(),
+            kind: &event.kind,
+            created_at: event.at.to_rfc3339(),
+            data: serde_json::from_str(&event.data)?,
+        })
+    }
 }
 
 #[derive(Serialize)]

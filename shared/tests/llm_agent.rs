@@ -581,7 +581,7 @@ async fn without_the_opt_in_metadata_localhost_and_mapped_loopback_addresses_are
 /// that resolves only to this machine gets no connection.
 #[tokio::test]
 async fn the_tools_client_refuses_a_name_that_resolves_to_a_loopback_address() {
-    use agent_runs_shared::agents::llm::public_network::NotPublic;
+    use agent_runs_shared::public_network::NotPublic;
     let stand_in = StandIn::start().await;
     let port = stand_in.url.rsplit(':').next().unwrap().to_owned();
     let runtime = LlmRuntime::new(Arc::new(|_| None), 256 * 1024);

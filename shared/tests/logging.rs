@@ -64,6 +64,7 @@ async fn a_failed_request_and_a_run_log_their_cause_with_request_owner_and_run()
         runs: Arc::new(FaultyStore::new(sqlite.clone(), outage.clone())),
         keys: sqlite.clone(),
         agents: sqlite.clone(),
+        webhooks: sqlite.clone(),
         queue: Arc::new(queue),
     };
     let services = Services::new(Config::from_lookup(|_| None).unwrap(), adapters, CacheDefaults::LOCAL);

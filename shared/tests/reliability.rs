@@ -225,6 +225,8 @@ impl World {
             clock: self.clock.clone(),
             policy: self.policy.clone(),
             limits: ApiLimits::default(),
+            webhooks: self.keys.clone(),
+            webhook_allow_private: false,
         })
     }
 

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use agent_runs_shared::agents::llm::public_network;
+use agent_runs_shared::public_network;
 use agent_runs_shared::domain::{AgentDefinition, Clock, SystemClock};
 use clap::Subcommand;
 

@@ -14,6 +14,7 @@ use agent_runs_shared::metrics::{MeasuredStore, Registry};
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
 use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
+use agent_runs_shared::webhooks::OutboxWorker;
 use agent_runs_shared::worker::{PoolSettings, WorkerPool};
 use clap::Args;
 use tokio::net::TcpListener;
@@ -106,8 +107,13 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
         println!("Metrics on http://{}/metrics", listener.local_addr()?);
         tokio::spawn(http_server::serve_metrics(listener, registry));
     }
-    let adapters =
-        Adapters { runs, keys: Arc::new(store.clone()), agents: Arc::new(store.clone()), queue: queue.clone() };
+    let adapters = Adapters {
+        runs,
+        keys: Arc::new(store.clone()),
+        agents: Arc::new(store.clone()),
+        webhooks: Arc::new(store.clone()),
+        queue: queue.clone(),
+    };
     let services = Services::new(config, adapters, CacheDefaults::LOCAL);
     let api = Arc::new(services.api());
     let settings = PoolSettings {
@@ -116,6 +122,9 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
         sweep_every: Duration::from_millis(args.sweep_ms.max(10)),
     };
     let pool = WorkerPool::start(settings, || services.worker(), receiver, queue, services.sweeper());
+    let (stop_deliveries, stopped) = tokio::sync::watch::channel(false);
+    let deliveries = OutboxWorker::new(Arc::new(store.clone()), Arc::new(store.clone()), services.deliverer());
+    let deliveries = tokio::spawn(deliveries.run(services.clock.clone(), stopped));
 
     let listener =
         TcpListener::bind(args.addr).await.map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;
@@ -134,5 +143,9 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     // A tool call in flight is let finish (up to its timeout) so its outcome
     // is saved; other work is handed back at once.
     pool.shutdown(Duration::from_millis(MIN_WORKER_DEADLINE_MARGIN_MS)).await;
+    // Deliveries in flight are cut off: they stay in the outbox and are
+    // sent again after the restart.
+    let _ = stop_deliveries.send(true);
+    let _ = deliveries.await;
     Ok(())
 }

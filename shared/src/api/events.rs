@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::query::{page_size, parameters, whole_number};
 use super::response::json_response;
 use super::{ApiError, ApiResponse, parse_run_id};
-use crate::domain::{EventId, Owner, RunId, RunStatus};
+use crate::domain::{Owner, RunId, RunStatus};
 use crate::store::{EventPage, RunStore, StoredEvent};
 use crate::views::{EventPageView, EventView};
 
@@ -150,16 +150,8 @@ pub(super) async fn handle(
 }
 
 fn event_view(run_id: RunId, event: &StoredEvent) -> Result<EventView<'_>, ApiError> {
-    let data = serde_json::from_str::<&serde_json::value::RawValue>(&event.data)
-        .map_err(|_| ApiError::Internal(format!("event {} of {run_id} has malformed data", event.seq).into()))?;
-    Ok(EventView {
-        id: EventId::of_event(run_id, event.seq, event.at).to_string(),
-        seq: event.seq,
-        run_id: run_id.to_string(),
-        kind: &event.kind,
-        created_at: event.at.to_rfc3339(),
-        data,
-    })
+    EventView::of(run_id, event)
+        .map_err(|_| ApiError::Internal(format!("event {} of {run_id} has malformed data", event.seq).into()))
 }
 
 fn page_view(run_id: RunId, after: u64, page: &EventPage) -> Result<EventPageView<'_>, ApiError> {

@@ -21,6 +21,7 @@ mod query;
 mod rate_limit;
 mod response;
 pub mod routes;
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -41,7 +42,7 @@ use crate::domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId};
 use crate::error_chain;
 use crate::lifecycle::Lifecycle;
 use crate::queue::RunQueue;
-use crate::store::RunStore;
+use crate::store::{RunStore, WebhookStore};
 use rate_limit::RateLimiter;
 use routes::Resolved;
 
@@ -83,6 +84,8 @@ pub struct Api {
     ids: IdGenerator,
     rate_limiter: RateLimiter,
     openapi: Bytes,
+    webhooks: Arc<dyn WebhookStore>,
+    webhook_allow_private: bool,
 }
 
 /// What [`Api`] is made of; [`crate::services::Services::api`] builds it.
@@ -94,16 +97,30 @@ pub struct ApiParts {
     pub clock: Arc<dyn Clock>,
     pub policy: ExecutionPolicy,
     pub limits: ApiLimits,
+    pub webhooks: Arc<dyn WebhookStore>,
+    /// Webhook URLs may be `http` and private addresses.
+    pub webhook_allow_private: bool,
 }
 
 impl Api {
     pub fn new(parts: ApiParts) -> Self {
-        let ApiParts { runs, queue, auth, agents, clock, policy, limits } = parts;
+        let ApiParts { runs, queue, auth, agents, clock, policy, limits, webhooks, webhook_allow_private } = parts;
         let rate_limiter = RateLimiter::new(limits.rate);
         let document = openapi::document(&agents.names_list(), agents.default_name());
         let openapi = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
         let lifecycle = Lifecycle::new(runs.clone(), queue, clock.clone(), policy, limits.max_active_runs);
-        Api { runs, lifecycle, auth, agents, clock, ids: IdGenerator::default(), rate_limiter, openapi }
+        Api {
+            runs,
+            lifecycle,
+            auth,
+            agents,
+            clock,
+            ids: IdGenerator::default(),
+            rate_limiter,
+            openapi,
+            webhooks,
+            webhook_allow_private,
+        }
     }
 
     /// Answers one request, of any operation. Never fails: every error
@@ -112,9 +129,9 @@ impl Api {
         self.answer(Serving::All, request).await
     }
 
-    /// Answers a request that must be for `operation` (a Lambda function
-    /// serves one); any other path or method is a `404` or `405`, never
-    /// another operation. `None` is API Gateway's `$default` route, which
+    /// Answers a request that must be for `operation` or another of its
+    /// function's (a Lambda function serves those); any other path or
+    /// method is a `404` or `405`, never another function's operation. `None` is API Gateway's `$default` route, which
     /// serves no operation: only the `404` and `405` answers.
     pub async fn handle_as(&self, operation: Option<Operation>, request: Request<Bytes>) -> ApiResponse {
         self.answer(operation.map_or(Serving::Nothing, Serving::One), request).await
@@ -178,7 +195,7 @@ impl Api {
         };
         let served = match serving {
             Serving::All => true,
-            Serving::One(expected) => expected == route.operation,
+            Serving::One(expected) => expected.route().function == route.function,
             Serving::Nothing => false,
         };
         if !served {
@@ -211,6 +228,18 @@ impl Api {
             Operation::Events => events::handle(&self.runs, owner, run_id, &request).await,
             Operation::Inbox => inbox::handle(self.runs.as_ref(), owner, request.uri().query()).await,
             Operation::DecideBatch => batch::handle(self, &principal, &request).await,
+            Operation::CreateWebhook => webhooks::create(self, owner, &request).await,
+            Operation::ListWebhooks => webhooks::list(self, owner, request.uri().query()).await,
+            Operation::GetWebhook => webhooks::get(self, owner, params.get("webhook_id"), request.uri().query()).await,
+            Operation::DeleteWebhook => {
+                webhooks::delete(self, owner, params.get("webhook_id"), request.uri().query()).await
+            }
+            Operation::RotateWebhookSecret => {
+                webhooks::rotate_secret(self, owner, params.get("webhook_id"), &request).await
+            }
+            Operation::ListWebhookDeliveries => {
+                webhooks::deliveries(self, owner, params.get("webhook_id"), request.uri().query()).await
+            }
         }
     }
 
@@ -238,7 +267,8 @@ enum Serving {
 
 fn not_found_path() -> ApiError {
     ApiError::NotFound(
-        "No such path. Operations live under /v1/agent/runs and /v1/approvals; the console is at /console.".into(),
+        "No such path. Operations live under /v1/agent/runs, /v1/approvals and /v1/webhooks; the console is at /console."
+            .into(),
     )
 }
 

@@ -9,11 +9,11 @@ use serde_json::{Value, json};
 use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
 use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
-use super::{batch, create, events, inbox};
+use super::{batch, create, events, inbox, webhooks};
 use crate::domain::{
     ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS,
     MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS,
-    RunStatus,
+    MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER, RETRY_DELAYS, RunStatus,
 };
 
 pub const PATH: &str = "/v1/openapi.json";
@@ -129,6 +129,89 @@ fn decision_schema(extra: &[(&str, Value)]) -> Value {
     schema
 }
 
+fn webhook_response(description: &str, with_secret: bool) -> Value {
+    let schema = if with_secret { "WebhookWithSecret" } else { "Webhook" };
+    json!({
+        "description": description,
+        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
+    })
+}
+
+fn webhook_schemas() -> serde_json::Map<String, Value> {
+    let event_types: Vec<&str> = std::iter::once("*").chain(EVENT_TYPES).collect();
+    let retries: Vec<String> = RETRY_DELAYS.iter().map(|delay| format!("{} s", delay.as_secs())).collect();
+    let webhook = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["id", "url", "events", "description", "status", "created_at"],
+        "properties": {
+            "id": {"type": "string", "pattern": format!("^wh_{ULID}$")},
+            "url": {"type": "string", "format": "uri"},
+            "events": {"type": "array", "items": {"type": "string", "enum": event_types}},
+            "description": {"type": ["string", "null"]},
+            "status": {"type": "string", "enum": ["enabled", "disabled"], "description": "disabled: by a 410 Gone answer, or after every attempt failed for 5 days."},
+            "created_at": timestamp(false)
+        }
+    });
+    let mut with_secret = webhook.clone();
+    with_secret["properties"]["secret"] = json!({"type": "string", "pattern": "^whsec_[A-Za-z0-9+/]{43}=$", "description": "The signing secret: HMAC-SHA256 with its base64-decoded bytes, per the Standard Webhooks specification."});
+    with_secret["required"].as_array_mut().expect("a list").push(json!("secret"));
+    let list = |item: &str| {
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["data", "next_cursor"],
+            "properties": {
+                "data": {"type": "array", "items": {"$ref": format!("#/components/schemas/{item}")}},
+                "next_cursor": {"type": ["string", "null"]}
+            }
+        })
+    };
+    let schemas = json!({
+        "Webhook": webhook,
+        "WebhookWithSecret": with_secret,
+        "WebhookList": list("Webhook"),
+        "CreateWebhook": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["url", "events"],
+            "description": format!("At most {MAX_WEBHOOKS_PER_OWNER} endpoints per owner. Deliveries are POSTs signed per standardwebhooks.com (webhook-id: the event's id, webhook-timestamp, webhook-signature) with body {{\"type\", \"timestamp\", \"data\": <the event>}}; a 2xx is delivered, anything else is retried after {} (each ±20 %).", retries.join(", ")),
+            "properties": {
+                "url": {"type": "string", "maxLength": MAX_WEBHOOK_URL_BYTES, "description": "https, and not a loopback, private, link-local or metadata address (checked again on the resolved address at every delivery), unless the deployment allows private addresses."},
+                "events": {"type": "array", "minItems": 1, "uniqueItems": true, "items": {"type": "string", "enum": event_types}, "description": "Event types, or [\"*\"] alone for all."},
+                "description": {"type": ["string", "null"], "maxLength": MAX_WEBHOOK_DESCRIPTION_CHARS}
+            }
+        },
+        "Deleted": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "deleted"],
+            "properties": {"id": {"type": "string"}, "deleted": {"const": true}}
+        },
+        "DeliveryAttempt": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "event_id", "type", "attempt", "http_status", "error", "duration_ms", "at"],
+            "properties": {
+                "id": {"type": "string", "pattern": format!("^dlv_{ULID}$")},
+                "event_id": {"type": "string", "pattern": format!("^evt_{ULID}$"), "description": "Also the delivery's webhook-id header."},
+                "type": {"type": "string", "enum": EVENT_TYPES},
+                "attempt": {"type": "integer", "minimum": 1},
+                "http_status": {"type": ["integer", "null"], "description": "The endpoint's answer; null when there was none."},
+                "error": {"type": ["string", "null"], "description": "Why the attempt failed; null when delivered."},
+                "duration_ms": {"type": "integer", "minimum": 0},
+                "at": timestamp(false)
+            }
+        },
+        "DeliveryList": list("DeliveryAttempt")
+    });
+    match schemas {
+        Value::Object(map) => map,
+        _ => unreachable!("an object literal"),
+    }
+}
+
 /// The document, with `agents` as the values `agent` may take.
 pub fn document(agents: &[&str], default_agent: &str) -> Value {
     let statuses: Vec<&str> = RunStatus::ALL.iter().map(|status| status.as_str()).collect();
@@ -137,6 +220,12 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
     let run_id = json!({"name": "run_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^run_{ULID}$")}});
     let approval_id = json!({"name": "approval_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^apr_{ULID}$")}});
     let not_found = json!({"$ref": "#/components/responses/NotFound"});
+    let webhook_id = json!({"name": "webhook_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^wh_{ULID}$")}});
+    let webhook_not_found = error_response("No such webhook endpoint for this API key's owner.", &[]);
+    let page_parameters = json!([
+        {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": webhooks::MAX_LIMIT}, {"const": ""}], "default": webhooks::DEFAULT_LIMIT}},
+        {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page of the same list.", "schema": {"type": "string"}}
+    ]);
     let conflict = error_response("The run or approval is not in a state that allows this.", &[]);
     let links = json!({
         "GetRun": {"operationId": "getRun", "parameters": {"run_id": "$response.body#/id"}},
@@ -365,6 +454,70 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     "404": not_found
                 }),
             ),
+            Operation::CreateWebhook => operation(
+                route.operation_id,
+                "Create a webhook endpoint",
+                json!([]),
+                Some(json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateWebhook"}}}})),
+                json!({"201": webhook_response("The endpoint, with its signing secret (shown only here and by rotate-secret).", true)}),
+            ),
+            Operation::ListWebhooks => operation(
+                route.operation_id,
+                "List webhook endpoints, newest first",
+                page_parameters.clone(),
+                None,
+                json!({"200": {
+                    "description": "One page of endpoints (no secrets).",
+                    "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/WebhookList"}}}
+                }}),
+            ),
+            Operation::GetWebhook => operation(
+                route.operation_id,
+                "Get a webhook endpoint",
+                json!([webhook_id]),
+                None,
+                json!({"200": webhook_response("The endpoint (no secret).", false), "404": webhook_not_found.clone()}),
+            ),
+            Operation::DeleteWebhook => operation(
+                route.operation_id,
+                "Delete a webhook endpoint",
+                json!([webhook_id]),
+                None,
+                json!({
+                    "200": {
+                        "description": "Deleted: deliveries not yet made are dropped.",
+                        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Deleted"}}}
+                    },
+                    "404": webhook_not_found.clone()
+                }),
+            ),
+            Operation::RotateWebhookSecret => operation(
+                route.operation_id,
+                "Rotate a webhook endpoint's signing secret",
+                json!([webhook_id]),
+                Some(json!({"required": false, "content": {"application/json": {"schema": {"type": "object", "additionalProperties": false, "maxProperties": 0}}}})),
+                json!({
+                    "200": webhook_response("The endpoint with its new secret. For 24 hours deliveries carry a signature with the old secret too.", true),
+                    "404": webhook_not_found.clone(),
+                    "409": error_response("Another rotation happened at the same moment; its answer holds the secret.", &[])
+                }),
+            ),
+            Operation::ListWebhookDeliveries => operation(
+                route.operation_id,
+                "List a webhook endpoint's delivery attempts, newest first",
+                json!([webhook_id, page_parameters[0], page_parameters[1]]),
+                None,
+                json!({
+                    "200": {
+                        "description": "One page of attempts (kept 30 days).",
+                        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeliveryList"}}}
+                    },
+                    "404": webhook_not_found.clone()
+                }),
+            ),
         };
         let methods = paths.entry(route.path).or_insert_with(|| json!({}));
         methods[route.method.as_str().to_ascii_lowercase()] = spec;
@@ -380,7 +533,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
             }
         }),
     );
-    json!({
+    let mut document = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Agent Runs API",
@@ -530,7 +683,10 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 }
             }
         }
-    })
+    });
+    let schemas = document["components"]["schemas"].as_object_mut().expect("an object");
+    schemas.extend(webhook_schemas());
+    document
 }
 
 #[cfg(test)]

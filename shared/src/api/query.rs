@@ -14,10 +14,12 @@ pub(super) fn parameters<const N: usize>(
     for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         let Some(index) = names.iter().position(|known| *known == name) else {
             let shown: String = name.chars().take(64).collect();
-            return Err(ApiError::invalid_param(
-                shown.clone(),
-                format!("Unknown query parameter `{shown}`. Allowed: {}.", names.join(", ")),
-            ));
+            let allowed = if names.is_empty() {
+                "This operation takes none.".to_owned()
+            } else {
+                format!("Allowed: {}.", names.join(", "))
+            };
+            return Err(ApiError::invalid_param(shown.clone(), format!("Unknown query parameter `{shown}`. {allowed}")));
         };
         if std::mem::replace(&mut seen[index], true) {
             return Err(ApiError::invalid(names[index], format!("`{name}` may be given only once.")));

@@ -93,6 +93,45 @@ impl InboxCursor {
     }
 }
 
+/// Where the next page of a list ordered by id (newest first) starts:
+/// after `last`, exclusive. Bound to the owner and to the list it was
+/// issued for (`list`: "webhooks", or a webhook's id for its deliveries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdCursor {
+    pub last: Ulid,
+}
+
+const ID_VERSION: u8 = 3;
+const ID_PAYLOAD_BYTES: usize = 1 + 4 + 16;
+
+impl IdCursor {
+    pub fn encode(&self, owner: &Owner, list: &str) -> String {
+        let mut bytes = Vec::with_capacity(ID_PAYLOAD_BYTES + CHECK_BYTES);
+        bytes.push(ID_VERSION);
+        bytes.extend_from_slice(&agent_tag(Some(list)));
+        bytes.extend_from_slice(&self.last.to_bytes());
+        let check = checksum(owner, &bytes);
+        bytes.extend_from_slice(&check);
+        URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    pub fn decode(text: &str, owner: &Owner, list: &str) -> Result<IdCursor, CursorError> {
+        let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| CursorError::Malformed)?;
+        if bytes.len() != ID_PAYLOAD_BYTES + CHECK_BYTES || bytes[0] != ID_VERSION {
+            return Err(CursorError::Malformed);
+        }
+        let (payload, check) = bytes.split_at(ID_PAYLOAD_BYTES);
+        if checksum(owner, payload) != check {
+            return Err(CursorError::Malformed);
+        }
+        if payload[1..5] != agent_tag(Some(list)) {
+            return Err(CursorError::FilterMismatch);
+        }
+        let last: [u8; 16] = payload[5..].try_into().map_err(|_| CursorError::Malformed)?;
+        Ok(IdCursor { last: Ulid::from_bytes(last) })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CursorError {
     #[error(
@@ -159,6 +198,17 @@ mod tests {
 
     fn owner(name: &str) -> Owner {
         Owner::parse(name).unwrap()
+    }
+
+    #[test]
+    fn an_id_cursor_is_bound_to_its_owner_and_list() {
+        let cursor = IdCursor { last: Ulid::from_parts(1_795_303_478_123, 7) };
+        let text = cursor.encode(&owner("acme"), "webhooks");
+        assert_eq!(IdCursor::decode(&text, &owner("acme"), "webhooks"), Ok(cursor));
+        assert_eq!(IdCursor::decode(&text, &owner("acme"), "wh_x"), Err(CursorError::FilterMismatch));
+        assert_eq!(IdCursor::decode(&text, &owner("other"), "webhooks"), Err(CursorError::Malformed));
+        let runs_cursor = Cursor { status: None, last: RunId::from_ulid(cursor.last) }.encode(&owner("acme"));
+        assert_eq!(IdCursor::decode(&runs_cursor, &owner("acme"), "webhooks"), Err(CursorError::Malformed));
     }
 
     #[test]

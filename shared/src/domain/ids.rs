@@ -78,6 +78,8 @@ prefixed_id!(RunId, "run_", "a run");
 prefixed_id!(ApprovalId, "apr_", "an approval");
 prefixed_id!(KeyId, "key_", "an API key");
 prefixed_id!(EventId, "evt_", "a run event");
+prefixed_id!(WebhookId, "wh_", "a webhook endpoint");
+prefixed_id!(DeliveryId, "dlv_", "a webhook delivery");
 
 impl EventId {
     /// The id of a run's event, derived from what names it (the run and its

@@ -10,16 +10,20 @@ mod ids;
 mod run;
 mod scope;
 mod time;
+mod webhook;
 
 #[cfg(test)]
 mod run_tests;
 
 pub use agent::*;
 pub use approval::*;
-pub use cursor::{Cursor, CursorError, InboxCursor, InboxPosition};
+pub use cursor::{Cursor, CursorError, IdCursor, InboxCursor, InboxPosition};
 pub use event::*;
 pub use fields::*;
-pub use ids::{ApprovalId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId};
+pub use ids::{
+    ApprovalId, DeliveryId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId, WebhookId,
+};
 pub use run::*;
 pub use scope::{Scope, Scopes};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use webhook::*;

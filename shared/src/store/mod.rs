@@ -9,13 +9,14 @@ mod sqlite;
 use async_trait::async_trait;
 
 use crate::domain::{
-    AgentDefinition, ApprovalStatus, InboxPosition, KeyId, Owner, RunId, RunStatus, Scopes, Timestamp,
+    AgentDefinition, ApprovalStatus, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId, Owner, RunId,
+    RunStatus, Scopes, Timestamp, WebhookEndpoint, WebhookId, WebhookSecret,
 };
 
 pub use crate::domain::{InboxEntry, Run};
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if, conflict_backoff};
 pub use dynamodb::{
-    APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, STATUS_INDEX,
+    NOTIFIED_EVENT_PREFIX, decode_stream_event, APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, STATUS_INDEX,
 };
 pub use sqlite::{Durability, SqliteStore};
 
@@ -232,4 +233,86 @@ pub trait AgentStore: Send + Sync + 'static {
     async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError>;
     /// `Ok(false)` when no such agent exists.
     async fn delete_agent(&self, name: &str) -> Result<bool, StoreError>;
+}
+
+/// One page of a list newest first, and whether more exist beyond it.
+#[derive(Debug)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub has_more: bool,
+}
+
+/// Webhook endpoints and the record of their delivery attempts.
+#[async_trait]
+pub trait WebhookStore: Send + Sync + 'static {
+    /// Adds the endpoint unless its owner already has `max_per_owner`:
+    /// `Ok(false)`, nothing written.
+    async fn create_webhook(&self, endpoint: &WebhookEndpoint, max_per_owner: usize) -> Result<bool, StoreError>;
+    async fn get_webhook(&self, owner: &Owner, id: WebhookId) -> Result<Option<WebhookEndpoint>, StoreError>;
+    /// The owner's endpoints, newest first, older than `before`.
+    async fn list_webhooks(
+        &self,
+        owner: &Owner,
+        before: Option<WebhookId>,
+        limit: u32,
+    ) -> Result<Page<WebhookEndpoint>, StoreError>;
+    /// Removes the endpoint; its deliveries not yet made are dropped.
+    /// `Ok(false)` when it does not exist.
+    async fn delete_webhook(&self, owner: &Owner, id: WebhookId) -> Result<bool, StoreError>;
+    /// Stores `endpoint`'s secrets if its stored secret is still `replaced`
+    /// (a rotation); `Ok(false)` when it changed or the endpoint is gone.
+    async fn rotate_webhook_secret(
+        &self,
+        endpoint: &WebhookEndpoint,
+        replaced: &WebhookSecret,
+    ) -> Result<bool, StoreError>;
+    /// The endpoint's recent attempts, newest first, older than `before`.
+    async fn deliveries(
+        &self,
+        owner: &Owner,
+        id: WebhookId,
+        before: Option<DeliveryId>,
+        limit: u32,
+    ) -> Result<Page<DeliveryAttempt>, StoreError>;
+    /// Records an attempt and what it did to its endpoint.
+    async fn record_attempt(
+        &self,
+        owner: &Owner,
+        attempt: &DeliveryAttempt,
+        health: EndpointHealth,
+    ) -> Result<(), StoreError>;
+}
+
+/// An event an endpoint is yet to receive, from the embedded server's
+/// outbox (written in the transaction of the event).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingDelivery {
+    /// Its place in the outbox.
+    pub id: i64,
+    pub owner: Owner,
+    pub webhook_id: WebhookId,
+    pub run_id: RunId,
+    pub event: StoredEvent,
+    /// Attempts made so far.
+    pub attempts: u32,
+}
+
+/// The embedded server's outbox of deliveries.
+#[async_trait]
+pub trait Outbox: Send + Sync + 'static {
+    /// Returns once a commit has queued deliveries since the last call
+    /// (at once if one has).
+    async fn deliveries_queued(&self);
+    /// Deliveries due at `now`, the longest waiting first.
+    async fn due_deliveries(&self, now: Timestamp, limit: u32) -> Result<Vec<PendingDelivery>, StoreError>;
+    /// Records the attempt and its effect on the endpoint, then schedules
+    /// the delivery's next attempt at `retry_at`, or drops it when `None`
+    /// (delivered, or given up), all in one transaction.
+    async fn finish_delivery(
+        &self,
+        delivery: &PendingDelivery,
+        attempt: &DeliveryAttempt,
+        health: EndpointHealth,
+        retry_at: Option<Timestamp>,
+    ) -> Result<(), StoreError>;
 }

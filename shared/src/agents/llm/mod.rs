@@ -6,7 +6,6 @@
 mod bedrock;
 mod model;
 mod openai;
-pub mod public_network;
 mod tools;
 
 use std::sync::Arc;
@@ -76,7 +75,7 @@ impl LlmRuntime {
     /// `3xx` goes back to the model as the tool's answer, and the tool's
     /// secret headers go nowhere else). Unless `allow_private_network`, it
     /// connects only to public addresses: names are resolved by
-    /// [`public_network::PublicAddressResolver`], and environment proxies
+    /// [`crate::public_network::PublicAddressResolver`], and environment proxies
     /// are not used (a proxy would resolve the name itself, out of sight of
     /// the check).
     pub fn tool_http(&self, allow_private_network: bool) -> ToolHttp {
@@ -86,7 +85,7 @@ impl LlmRuntime {
         } else {
             self.tools_public.get_or_init(|| {
                 build_client(|builder| {
-                    no_redirects(builder).no_proxy().dns_resolver(Arc::new(public_network::PublicAddressResolver))
+                    no_redirects(builder).no_proxy().dns_resolver(Arc::new(crate::public_network::PublicAddressResolver))
                 })
             })
         };
@@ -154,7 +153,7 @@ impl LlmRuntime {
 
 /// A client with this process's settings (user agent, root certificates),
 /// as `configure` adjusts it.
-fn build_client(configure: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder) -> reqwest::Client {
+pub(crate) fn build_client(configure: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder) -> reqwest::Client {
     crate::sdk::use_ring_for_rustls();
     let builder =
         || configure(reqwest::Client::builder().user_agent(concat!("agent-runs/", env!("CARGO_PKG_VERSION"))));

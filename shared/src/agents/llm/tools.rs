@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::public_network::{self, NotPublic};
+use crate::public_network::{self, NotPublic};
 use crate::domain::ToolDefinition;
 
 /// A definition's tool with its compiled argument schema.

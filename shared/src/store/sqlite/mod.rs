@@ -17,6 +17,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 
 use tokio::sync::watch;
 
+mod webhooks;
+
 use super::record::StoredRun;
 use super::{
     AgentStore, BatchWriteError, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage,
@@ -141,8 +143,51 @@ INSERT INTO approvals (owner, run_id, approval_id, status, agent, requested_at)
     FROM runs, json_each(runs.body, '$.approvals') AS approval;
 ";
 
+/// Version 8: webhook endpoints, the outbox of their deliveries (a row per
+/// endpoint and event, written in the event's transaction) and the record
+/// of attempts.
+const SCHEMA_8: &str = "
+CREATE TABLE webhooks (
+    id              TEXT    PRIMARY KEY,
+    owner           TEXT    NOT NULL,
+    url             TEXT    NOT NULL,
+    events          TEXT    NOT NULL,
+    description     TEXT,
+    status          TEXT    NOT NULL,
+    created_at      INTEGER NOT NULL,
+    secret          TEXT    NOT NULL,
+    previous_secret TEXT,
+    previous_until  INTEGER,
+    failing_since   INTEGER
+) WITHOUT ROWID;
+CREATE INDEX webhooks_by_owner ON webhooks (owner, status, id);
+CREATE TABLE webhook_outbox (
+    id              INTEGER PRIMARY KEY,
+    webhook_id      TEXT    NOT NULL,
+    run_id          TEXT    NOT NULL,
+    seq             INTEGER NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER NOT NULL
+);
+CREATE INDEX webhook_outbox_by_due ON webhook_outbox (next_attempt_at, id);
+CREATE INDEX webhook_outbox_by_webhook ON webhook_outbox (webhook_id);
+CREATE INDEX webhook_outbox_by_run ON webhook_outbox (run_id);
+CREATE TABLE webhook_attempts (
+    webhook_id  TEXT    NOT NULL,
+    id          TEXT    NOT NULL,
+    event_id    TEXT    NOT NULL,
+    type        TEXT    NOT NULL,
+    attempt     INTEGER NOT NULL,
+    http_status INTEGER,
+    error       TEXT,
+    duration_ms INTEGER NOT NULL,
+    at          INTEGER NOT NULL,
+    PRIMARY KEY (webhook_id, id)
+) WITHOUT ROWID;
+";
+
 /// Schema version N is reached by running the first N steps, in order.
-const MIGRATIONS: [&str; 7] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7];
+const MIGRATIONS: [&str; 8] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8];
 
 /// Expired idempotency records removed by each create that adds one: more
 /// than one, so the table shrinks back to the keys still in their window.
@@ -176,6 +221,8 @@ struct Inner {
     _owner_lock: Option<std::fs::File>,
     /// The last event `seq` committed, per run somebody waits on.
     event_signals: Mutex<HashMap<RunId, watch::Sender<u64>>>,
+    /// Told when a commit queued webhook deliveries.
+    deliveries_queued: tokio::sync::Notify,
 }
 
 /// Signals kept before those nobody waits on any more are dropped.
@@ -315,6 +362,7 @@ impl SqliteStore {
             recent: serving.then(RecentRuns::default),
             _owner_lock: owner_lock,
             event_signals: Mutex::default(),
+            deliveries_queued: tokio::sync::Notify::new(),
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -404,7 +452,9 @@ fn insert_run_row(connection: &Connection, run: &Run) -> Result<usize, StoreErro
     Ok(body.len())
 }
 
-fn insert_events(connection: &Connection, events: &[Event]) -> Result<(), StoreError> {
+/// Writes the run's events, and for each an outbox row per enabled
+/// webhook endpoint of the owner that wants it; `true` when there were any.
+fn insert_events(connection: &Connection, owner: &Owner, events: &[Event]) -> Result<bool, StoreError> {
     let mut statement = connection
         .prepare_cached("INSERT INTO run_events (run_id, seq, type, created_at, data) VALUES (?1, ?2, ?3, ?4, ?5)")
         .map_err(unavailable)?;
@@ -419,7 +469,7 @@ fn insert_events(connection: &Connection, events: &[Event]) -> Result<(), StoreE
             ])
             .map_err(unavailable)?;
     }
-    Ok(())
+    webhooks::enqueue_deliveries(connection, owner, events)
 }
 
 /// Brings the inbox rows of the approvals whose status `events` changed up
@@ -470,7 +520,8 @@ struct PendingUpdate {
 }
 
 impl PendingUpdate {
-    fn apply(&self, transaction: &Connection) -> Result<(), StoreError> {
+    /// `true` when webhook deliveries were queued.
+    fn apply(&self, transaction: &Connection) -> Result<bool, StoreError> {
         let next = &self.next;
         let changed = transaction
             .prepare_cached(
@@ -492,8 +543,9 @@ impl PendingUpdate {
         if changed != 1 {
             return Err(StoreError::Conflict);
         }
-        insert_events(transaction, &self.events)?;
-        index_approvals(transaction, next, &self.events)
+        let queued = insert_events(transaction, &next.owner, &self.events)?;
+        index_approvals(transaction, next, &self.events)?;
+        Ok(queued)
     }
 }
 
@@ -545,7 +597,7 @@ impl RunStore for SqliteStore {
                     return Ok(InsertOutcome::TooManyActiveRuns);
                 }
                 let encoded_len = insert_run_row(&transaction, &run)?;
-                insert_events(&transaction, &events)?;
+                let queued = insert_events(&transaction, &run.owner, &events)?;
                 if let Some(claim) = &idempotency {
                     transaction
                         .prepare_cached(
@@ -577,6 +629,9 @@ impl RunStore for SqliteStore {
                 transaction.commit().map_err(unavailable)?;
                 store.remember(&run, encoded_len);
                 store.events_committed(run.id, run.event_seq);
+                if queued {
+                    store.signal_deliveries_queued();
+                }
                 Ok(InsertOutcome::Inserted)
             })
             .await?;
@@ -604,6 +659,7 @@ impl RunStore for SqliteStore {
                 return Ok(false);
             }
             transaction.execute("DELETE FROM run_events WHERE run_id = ?1", params![id]).map_err(unavailable)?;
+            transaction.execute("DELETE FROM webhook_outbox WHERE run_id = ?1", params![id]).map_err(unavailable)?;
             if let Some(key_hash) = key_hash {
                 transaction
                     .execute(
@@ -667,10 +723,14 @@ impl RunStore for SqliteStore {
         let written = self
             .write(move |connection| {
                 let transaction = connection.transaction().map_err(unavailable)?;
+                let mut queued = false;
                 for write in &writes {
-                    write.apply(&transaction)?;
+                    queued |= write.apply(&transaction)?;
                 }
                 transaction.commit().map_err(unavailable)?;
+                if queued {
+                    store.signal_deliveries_queued();
+                }
                 for write in &writes {
                     store.remember(&write.next, write.body.len());
                     if !write.events.is_empty() {

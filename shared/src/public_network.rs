@@ -1,8 +1,9 @@
-//! Keeps tool calls on the public internet. A tool's URL comes from the
-//! agent's definition, but the model chooses its arguments, and a tool
-//! endpoint may be made to point elsewhere (an open redirect, a DNS name an
-//! attacker controls). Unless the definition allows private networks, a
-//! tool call may connect only to a public address: never to loopback,
+//! Keeps tool calls and webhook deliveries on the public internet. A
+//! tool's URL comes from the agent's definition, but the model chooses its
+//! arguments; a webhook's URL comes from a tenant; and either may be made
+//! to point elsewhere (an open redirect, a DNS name an attacker controls).
+//! Unless private networks are allowed, a call may connect only to a
+//! public address: never to loopback,
 //! private, link-local (the cloud metadata endpoint at 169.254.169.254 is
 //! one), CGNAT, unspecified, multicast or reserved ones, written as IPv4 or
 //! as any IPv6 form that carries an IPv4 address.

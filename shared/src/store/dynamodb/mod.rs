@@ -9,6 +9,9 @@
 //! | a run's event | `RUN#<run_id>` | `EV#<seq, 12 digits>` |
 //! | API key | `KEY#<sha256 hex of the key>` | `KEY` |
 //! | agent definition | `AGENT#<name>` | `AGENT` |
+//! | webhook endpoint | `WEBHOOKS#<owner>` | `WH#<webhook_id>` |
+//! | an owner's count of endpoints | `WEBHOOKS#<owner>` | `COUNT` |
+//! | a delivery attempt (kept 30 days) | `WH#<webhook_id>` | `DLV#<delivery_id>` |
 //!
 //! Runs also carry `gsi1pk = OWNER#<owner>#STATUS#<status>`, `gsi1sk =
 //! RUN#<run_id>` (the status filter) and, while not terminal, `gsi2pk =
@@ -46,6 +49,10 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+
+mod webhooks;
+
+pub use webhooks::{NOTIFIED_EVENT_PREFIX, decode_stream_event};
 
 use super::record::StoredRun;
 use super::{
@@ -210,6 +217,8 @@ fn event_put(table: &str, run: &Run, event: &Event) -> Result<TransactWriteItem,
         .item("type", s(event.data.kind()))
         .item("at", n(event.at.millis()))
         .item("data", s(crate::views::event_data_json(&event.data)))
+        // Whose it is, for the webhook notifier reading the table's stream.
+        .item("owner", s(run.owner.as_str()))
         // A seq is never written twice; should the run's count be wrong,
         // the write fails rather than overwrite the log.
         .condition_expression("attribute_not_exists(pk)")

@@ -1,0 +1,10 @@
+//! `webhooks`: every `/v1/webhooks` operation behind API Gateway (they
+//! share one permission and one table access, so one function serves them).
+
+use agent_runs_shared::api::Operation;
+use agent_runs_shared::lambda;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda::Error> {
+    lambda::run_http(Some(Operation::CreateWebhook)).await
+}

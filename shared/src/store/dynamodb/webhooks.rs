@@ -1,0 +1,349 @@
+//! Webhook endpoints and their attempts in the table. An owner's endpoints
+//! share a partition (the notifier reads them with one Query per owner),
+//! counted by an item in the same partition so the limit per owner holds
+//! exactly; each endpoint's attempts have a partition of their own and
+//! expire after 30 days (the table's TTL).
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem, Update};
+use serde::{Deserialize, Serialize};
+
+use super::{DynamoStore, Item, TransactFailure, defect, events_pk, n, s, text, unavailable};
+use crate::domain::{
+    DeliveryAttempt, DeliveryId, EndpointHealth, EventFilter, Owner, PreviousSecret, RunId, Timestamp,
+    WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
+};
+use crate::store::{Page, StoreError, StoredEvent, WebhookStore};
+
+/// The sort key prefix of event items: what the notifier's stream filter
+/// lets through.
+pub const NOTIFIED_EVENT_PREFIX: &str = "EV#";
+const ATTEMPTS_KEPT_FOR_SECS: i64 = 30 * 24 * 60 * 60;
+
+fn endpoints_pk(owner: &Owner) -> String {
+    format!("WEBHOOKS#{owner}")
+}
+
+fn endpoint_sk(id: WebhookId) -> String {
+    format!("WH#{id}")
+}
+
+fn attempts_pk(id: WebhookId) -> String {
+    format!("WH#{id}")
+}
+
+#[derive(Serialize, Deserialize)]
+struct EndpointItem {
+    webhook_id: WebhookId,
+    owner: Owner,
+    url: String,
+    events: Vec<String>,
+    description: Option<String>,
+    status: String,
+    created_at: Timestamp,
+    secret: String,
+    previous_secret: Option<String>,
+    previous_until: Option<Timestamp>,
+    failing_since: Option<Timestamp>,
+}
+
+fn encode_endpoint(endpoint: &WebhookEndpoint) -> Result<Item, StoreError> {
+    let item = EndpointItem {
+        webhook_id: endpoint.id,
+        owner: endpoint.owner.clone(),
+        url: endpoint.url.clone(),
+        events: endpoint.events.names(),
+        description: endpoint.description.clone(),
+        status: endpoint.status.as_str().to_owned(),
+        created_at: endpoint.created_at,
+        secret: endpoint.secret.expose(),
+        previous_secret: endpoint.previous_secret.as_ref().map(|previous| previous.secret.expose()),
+        previous_until: endpoint.previous_secret.as_ref().map(|previous| previous.until),
+        failing_since: endpoint.failing_since,
+    };
+    let mut item: Item = serde_dynamo::to_item(item).map_err(defect)?;
+    item.insert("pk".into(), s(endpoints_pk(&endpoint.owner)));
+    item.insert("sk".into(), s(endpoint_sk(endpoint.id)));
+    Ok(item)
+}
+
+fn decode_endpoint(item: Item) -> Result<WebhookEndpoint, StoreError> {
+    let item: EndpointItem = serde_dynamo::from_item(item).map_err(defect)?;
+    let malformed = |what: &str| defect(format!("malformed stored webhook: {what}"));
+    let previous_secret = match (item.previous_secret, item.previous_until) {
+        (Some(secret), Some(until)) => Some(PreviousSecret {
+            secret: WebhookSecret::parse(&secret).ok_or_else(|| malformed("previous secret"))?,
+            until,
+        }),
+        _ => None,
+    };
+    Ok(WebhookEndpoint {
+        id: item.webhook_id,
+        owner: item.owner,
+        url: item.url,
+        events: EventFilter::parse(item.events).map_err(|_| malformed("events"))?,
+        description: item.description,
+        status: WebhookStatus::parse(&item.status).ok_or_else(|| malformed("status"))?,
+        created_at: item.created_at,
+        secret: WebhookSecret::parse(&item.secret).ok_or_else(|| malformed("secret"))?,
+        previous_secret,
+        failing_since: item.failing_since,
+    })
+}
+
+#[derive(Serialize, Deserialize)]
+struct AttemptItem {
+    delivery_id: DeliveryId,
+    webhook_id: WebhookId,
+    event_id: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    attempt: u32,
+    http_status: Option<u16>,
+    error: Option<String>,
+    duration_ms: u64,
+    at: Timestamp,
+    /// Seconds since the epoch: the table's TTL removes the item then.
+    expires_at: i64,
+}
+
+/// A run's event from a record of the table's stream (its new image), with
+/// the owner and run it belongs to; `None` for any other item.
+pub fn decode_stream_event(item: &Item) -> Option<Result<(Owner, RunId, StoredEvent), StoreError>> {
+    let sk = item.get("sk")?.as_s().ok()?;
+    if !sk.starts_with(NOTIFIED_EVENT_PREFIX) {
+        return None;
+    }
+    let decode = || -> Result<(Owner, RunId, StoredEvent), StoreError> {
+        let run_id = text(item, "pk")?
+            .strip_prefix("RUN#")
+            .and_then(|id| id.parse().ok())
+            .ok_or_else(|| defect("an event item's pk is not a run's"))?;
+        let owner = Owner::parse(text(item, "owner")?).map_err(|_| defect("an event item without a valid owner"))?;
+        Ok((owner, run_id, super::decode_event(item)?))
+    };
+    Some(decode())
+}
+
+impl DynamoStore {
+    /// The event `seq` of a run, as stored (strongly consistent).
+    pub async fn event(&self, run_id: RunId, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
+        self.get_item(events_pk(run_id), super::event_sk(seq)).await?.as_ref().map(super::decode_event).transpose()
+    }
+
+    /// Every endpoint of the owner (at most 20: one Query).
+    pub async fn owner_webhooks(&self, owner: &Owner) -> Result<Vec<WebhookEndpoint>, StoreError> {
+        Ok(self.list_webhooks(owner, None, crate::domain::MAX_WEBHOOKS_PER_OWNER as u32).await?.items)
+    }
+
+    fn endpoint_count(&self, owner: &Owner, delta: i64, max: Option<usize>) -> Result<Update, StoreError> {
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .key("pk", s(endpoints_pk(owner)))
+            .key("sk", s("COUNT"))
+            .update_expression("ADD endpoints :delta")
+            .expression_attribute_values(":delta", n(delta));
+        if let Some(max) = max {
+            update = update
+                .condition_expression("attribute_not_exists(endpoints) OR endpoints < :max")
+                .expression_attribute_values(":max", n(max));
+        }
+        update.build().map_err(defect)
+    }
+}
+
+#[async_trait]
+impl WebhookStore for DynamoStore {
+    async fn create_webhook(&self, endpoint: &WebhookEndpoint, max_per_owner: usize) -> Result<bool, StoreError> {
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(encode_endpoint(endpoint)?))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(defect)?;
+        let items = vec![
+            TransactWriteItem::builder().update(self.endpoint_count(&endpoint.owner, 1, Some(max_per_owner))?).build(),
+            TransactWriteItem::builder().put(put).build(),
+        ];
+        match self.transact(items).await {
+            Ok(()) => Ok(true),
+            Err(TransactFailure::ConditionsFailed(failed)) if failed.first() == Some(&true) => Ok(false),
+            Err(TransactFailure::ConditionsFailed(_)) => Err(defect("a new webhook id was already taken")),
+            Err(TransactFailure::Store(error)) => Err(error),
+        }
+    }
+
+    async fn get_webhook(&self, owner: &Owner, id: WebhookId) -> Result<Option<WebhookEndpoint>, StoreError> {
+        self.get_item(endpoints_pk(owner), endpoint_sk(id)).await?.map(decode_endpoint).transpose()
+    }
+
+    async fn list_webhooks(
+        &self,
+        owner: &Owner,
+        before: Option<WebhookId>,
+        limit: u32,
+    ) -> Result<Page<WebhookEndpoint>, StoreError> {
+        // Every endpoint id sorts below "WH#wh_~": no cursor needs no second shape.
+        let before = before.map_or_else(|| "WH#wh_~".to_owned(), endpoint_sk);
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND sk BETWEEN :first AND :before")
+            .expression_attribute_values(":pk", s(endpoints_pk(owner)))
+            .expression_attribute_values(":first", s("WH#"))
+            .expression_attribute_values(":before", s(before.clone()))
+            .scan_index_forward(false)
+            .consistent_read(true);
+        let mut items =
+            self.query_up_to(query, None, limit as usize + 1, |item| Ok(item)).await?.into_iter().collect::<Vec<_>>();
+        // BETWEEN includes its ends; the cursor's own endpoint is not in the page.
+        items.retain(|item| text(item, "sk").is_ok_and(|sk| sk != before));
+        let has_more = items.len() > limit as usize;
+        let items = items.into_iter().take(limit as usize).map(decode_endpoint).collect::<Result<_, _>>()?;
+        Ok(Page { items, has_more })
+    }
+
+    async fn delete_webhook(&self, owner: &Owner, id: WebhookId) -> Result<bool, StoreError> {
+        let delete = Delete::builder()
+            .table_name(&self.table)
+            .key("pk", s(endpoints_pk(owner)))
+            .key("sk", s(endpoint_sk(id)))
+            .condition_expression("attribute_exists(pk)")
+            .build()
+            .map_err(defect)?;
+        let items = vec![
+            TransactWriteItem::builder().delete(delete).build(),
+            TransactWriteItem::builder().update(self.endpoint_count(owner, -1, None)?).build(),
+        ];
+        // Its attempts expire with the TTL; deliveries queued for it find
+        // no endpoint and are dropped.
+        match self.transact(items).await {
+            Ok(()) => Ok(true),
+            Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
+            Err(TransactFailure::Store(error)) => Err(error),
+        }
+    }
+
+    async fn rotate_webhook_secret(
+        &self,
+        endpoint: &WebhookEndpoint,
+        replaced: &WebhookSecret,
+    ) -> Result<bool, StoreError> {
+        let previous = endpoint.previous_secret.as_ref().ok_or_else(|| defect("a rotation without a previous secret"))?;
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(endpoints_pk(&endpoint.owner)))
+            .key("sk", s(endpoint_sk(endpoint.id)))
+            .update_expression("SET secret = :secret, previous_secret = :previous, previous_until = :until")
+            .condition_expression("secret = :replaced")
+            .expression_attribute_values(":secret", s(endpoint.secret.expose()))
+            .expression_attribute_values(":previous", s(previous.secret.expose()))
+            .expression_attribute_values(":until", n(previous.until.millis()))
+            .expression_attribute_values(":replaced", s(replaced.expose()))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(error) if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) => {
+                Ok(false)
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    async fn deliveries(
+        &self,
+        owner: &Owner,
+        id: WebhookId,
+        before: Option<DeliveryId>,
+        limit: u32,
+    ) -> Result<Page<DeliveryAttempt>, StoreError> {
+        // The endpoint's partition holds only its attempts; whose it is,
+        // the caller checked by reading the endpoint.
+        let _ = owner;
+        let before = before.map_or_else(|| "DLV#dlv_~".to_owned(), |id| format!("DLV#{id}"));
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND sk BETWEEN :first AND :before")
+            .expression_attribute_values(":pk", s(attempts_pk(id)))
+            .expression_attribute_values(":first", s("DLV#"))
+            .expression_attribute_values(":before", s(before.clone()))
+            .scan_index_forward(false);
+        let mut items = self.query_up_to(query, None, limit as usize + 1, |item| Ok(item)).await?;
+        items.retain(|item| text(item, "sk").is_ok_and(|sk| sk != before));
+        let has_more = items.len() > limit as usize;
+        let items = items
+            .into_iter()
+            .take(limit as usize)
+            .map(|item| {
+                let item: AttemptItem = serde_dynamo::from_item(item).map_err(defect)?;
+                Ok(DeliveryAttempt {
+                    id: item.delivery_id,
+                    webhook_id: item.webhook_id,
+                    event_id: item.event_id,
+                    event_type: item.event_type,
+                    attempt: item.attempt,
+                    http_status: item.http_status,
+                    error: item.error,
+                    duration_ms: item.duration_ms,
+                    at: item.at,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Page { items, has_more })
+    }
+
+    async fn record_attempt(
+        &self,
+        owner: &Owner,
+        attempt: &DeliveryAttempt,
+        health: EndpointHealth,
+    ) -> Result<(), StoreError> {
+        let item = AttemptItem {
+            delivery_id: attempt.id,
+            webhook_id: attempt.webhook_id,
+            event_id: attempt.event_id.clone(),
+            event_type: attempt.event_type.clone(),
+            attempt: attempt.attempt,
+            http_status: attempt.http_status,
+            error: attempt.error.clone(),
+            duration_ms: attempt.duration_ms,
+            at: attempt.at,
+            expires_at: attempt.at.millis() / 1_000 + ATTEMPTS_KEPT_FOR_SECS,
+        };
+        let mut item: Item = serde_dynamo::to_item(item).map_err(defect)?;
+        item.insert("pk".into(), s(attempts_pk(attempt.webhook_id)));
+        item.insert("sk".into(), s(format!("DLV#{}", attempt.id)));
+        self.client.put_item().table_name(&self.table).set_item(Some(item)).send().await.map_err(unavailable)?;
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(endpoints_pk(owner)))
+            .key("sk", s(endpoint_sk(attempt.webhook_id)))
+            .condition_expression("attribute_exists(pk)");
+        let update = match health {
+            EndpointHealth::Healthy => update.update_expression("REMOVE failing_since"),
+            EndpointHealth::FailingSince(since) => update
+                .update_expression("SET failing_since = :since")
+                .expression_attribute_values(":since", n(since.millis())),
+            EndpointHealth::Disable => update
+                .update_expression("SET #status = :disabled")
+                .expression_attribute_names("#status", "status")
+                .expression_attribute_values(":disabled", s(WebhookStatus::Disabled.as_str())),
+        };
+        match update.send().await {
+            Ok(_) => Ok(()),
+            // Deleted meanwhile: nothing to mark.
+            Err(error) if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) => {
+                Ok(())
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+}

@@ -1,0 +1,441 @@
+//! Webhook endpoints, the outbox of their deliveries and the record of
+//! attempts, in the embedded database.
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{SqliteStore, unavailable};
+use crate::domain::{
+    DeliveryAttempt, DeliveryId, EndpointHealth, Event, EventFilter, Owner, PreviousSecret, Timestamp,
+    WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
+};
+use crate::store::{Outbox, Page, PendingDelivery, StoreError, StoredEvent, WebhookStore};
+
+/// Attempts older than this are removed as new ones are recorded.
+const ATTEMPTS_KEPT_FOR_MILLIS: i64 = 30 * 24 * 60 * 60 * 1000;
+
+const ENDPOINT_COLUMNS: &str =
+    "id, owner, url, events, description, status, created_at, secret, previous_secret, previous_until, failing_since";
+
+/// Queues a delivery of each event to each of the owner's enabled endpoints
+/// that wants it, in the transaction that writes the events.
+pub(super) fn enqueue_deliveries(connection: &Connection, owner: &Owner, events: &[Event]) -> Result<bool, StoreError> {
+    let mut statement = connection
+        .prepare_cached(
+            "INSERT INTO webhook_outbox (webhook_id, run_id, seq, next_attempt_at)
+             SELECT id, ?2, ?3, ?4 FROM webhooks
+             WHERE owner = ?1 AND status = 'enabled'
+               AND EXISTS (SELECT 1 FROM json_each(webhooks.events) WHERE value IN ('*', ?5))",
+        )
+        .map_err(unavailable)?;
+    let mut queued = 0;
+    for event in events {
+        queued += statement
+            .execute(params![owner.as_str(), event.run_id.to_string(), event.seq as i64, event.at.millis(), event.data.kind()])
+            .map_err(unavailable)?;
+    }
+    Ok(queued > 0)
+}
+
+fn defect(what: &str) -> StoreError {
+    StoreError::Defect(format!("malformed stored webhook: {what}"))
+}
+
+fn endpoint_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<EndpointRow> {
+    Ok(EndpointRow {
+        id: row.get(0)?,
+        owner: row.get(1)?,
+        url: row.get(2)?,
+        events: row.get(3)?,
+        description: row.get(4)?,
+        status: row.get(5)?,
+        created_at: row.get(6)?,
+        secret: row.get(7)?,
+        previous_secret: row.get(8)?,
+        previous_until: row.get(9)?,
+        failing_since: row.get(10)?,
+    })
+}
+
+struct EndpointRow {
+    id: String,
+    owner: String,
+    url: String,
+    events: String,
+    description: Option<String>,
+    status: String,
+    created_at: i64,
+    secret: String,
+    previous_secret: Option<String>,
+    previous_until: Option<i64>,
+    failing_since: Option<i64>,
+}
+
+impl EndpointRow {
+    fn decode(self) -> Result<WebhookEndpoint, StoreError> {
+        let events: Vec<String> = serde_json::from_str(&self.events).map_err(|_| defect("events"))?;
+        let previous_secret = match (self.previous_secret, self.previous_until) {
+            (Some(secret), Some(until)) => Some(PreviousSecret {
+                secret: WebhookSecret::parse(&secret).ok_or_else(|| defect("previous secret"))?,
+                until: Timestamp::from_millis(until),
+            }),
+            _ => None,
+        };
+        Ok(WebhookEndpoint {
+            id: self.id.parse().map_err(|_| defect("id"))?,
+            owner: Owner::parse(&self.owner).map_err(|_| defect("owner"))?,
+            url: self.url,
+            events: EventFilter::parse(events).map_err(|_| defect("events"))?,
+            description: self.description,
+            status: WebhookStatus::parse(&self.status).ok_or_else(|| defect("status"))?,
+            created_at: Timestamp::from_millis(self.created_at),
+            secret: WebhookSecret::parse(&self.secret).ok_or_else(|| defect("secret"))?,
+            previous_secret,
+            failing_since: self.failing_since.map(Timestamp::from_millis),
+        })
+    }
+}
+
+fn find_endpoint(connection: &Connection, id: &str) -> Result<Option<WebhookEndpoint>, StoreError> {
+    connection
+        .prepare_cached(&format!("SELECT {ENDPOINT_COLUMNS} FROM webhooks WHERE id = ?1"))
+        .and_then(|mut statement| statement.query_row(params![id], endpoint_from_row).optional())
+        .map_err(unavailable)?
+        .map(EndpointRow::decode)
+        .transpose()
+}
+
+/// Writes the attempt and its effect on its endpoint.
+fn record(connection: &Connection, attempt: &DeliveryAttempt, health: EndpointHealth) -> Result<(), StoreError> {
+    let webhook_id = attempt.webhook_id.to_string();
+    connection
+        .prepare_cached(
+            "INSERT INTO webhook_attempts
+             (webhook_id, id, event_id, type, attempt, http_status, error, duration_ms, at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )
+        .and_then(|mut statement| {
+            statement.execute(params![
+                webhook_id,
+                attempt.id.to_string(),
+                attempt.event_id,
+                attempt.event_type,
+                attempt.attempt,
+                attempt.http_status,
+                attempt.error,
+                attempt.duration_ms.min(i64::MAX as u64) as i64,
+                attempt.at.millis()
+            ])
+        })
+        .map_err(unavailable)?;
+    // Attempt ids are ULIDs: older ones sort lower.
+    let oldest_kept = DeliveryId::from_ulid(ulid::Ulid::from_parts(
+        (attempt.at.millis() - ATTEMPTS_KEPT_FOR_MILLIS).max(0) as u64,
+        0,
+    ));
+    connection
+        .prepare_cached("DELETE FROM webhook_attempts WHERE webhook_id = ?1 AND id < ?2")
+        .and_then(|mut statement| statement.execute(params![webhook_id, oldest_kept.to_string()]))
+        .map_err(unavailable)?;
+    let health_update = match health {
+        EndpointHealth::Healthy => connection
+            .prepare_cached("UPDATE webhooks SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL")
+            .and_then(|mut statement| statement.execute(params![webhook_id])),
+        EndpointHealth::FailingSince(since) => connection
+            .prepare_cached("UPDATE webhooks SET failing_since = ?2 WHERE id = ?1")
+            .and_then(|mut statement| statement.execute(params![webhook_id, since.millis()])),
+        EndpointHealth::Disable => connection
+            .prepare_cached("UPDATE webhooks SET status = 'disabled' WHERE id = ?1")
+            .and_then(|mut statement| statement.execute(params![webhook_id]))
+            .and_then(|_| {
+                connection.execute("DELETE FROM webhook_outbox WHERE webhook_id = ?1", params![webhook_id])
+            }),
+    };
+    health_update.map_err(unavailable)?;
+    Ok(())
+}
+
+#[async_trait]
+impl WebhookStore for SqliteStore {
+    async fn create_webhook(&self, endpoint: &WebhookEndpoint, max_per_owner: usize) -> Result<bool, StoreError> {
+        let endpoint = endpoint.clone();
+        let events = serde_json::to_string(&endpoint.events.names()).map_err(|error| StoreError::Defect(error.to_string()))?;
+        self.write(move |connection| {
+            let transaction = connection.transaction().map_err(unavailable)?;
+            let count: i64 = transaction
+                .query_row("SELECT COUNT(*) FROM webhooks WHERE owner = ?1", params![endpoint.owner.as_str()], |row| {
+                    row.get(0)
+                })
+                .map_err(unavailable)?;
+            if count >= max_per_owner as i64 {
+                return Ok(false);
+            }
+            transaction
+                .execute(
+                    &format!("INSERT INTO webhooks ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
+                    params![
+                        endpoint.id.to_string(),
+                        endpoint.owner.as_str(),
+                        endpoint.url,
+                        events,
+                        endpoint.description,
+                        endpoint.status.as_str(),
+                        endpoint.created_at.millis(),
+                        endpoint.secret.expose(),
+                        endpoint.previous_secret.as_ref().map(|previous| previous.secret.expose()),
+                        endpoint.previous_secret.as_ref().map(|previous| previous.until.millis()),
+                        endpoint.failing_since.map(Timestamp::millis)
+                    ],
+                )
+                .map_err(unavailable)?;
+            transaction.commit().map_err(unavailable)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn get_webhook(&self, owner: &Owner, id: WebhookId) -> Result<Option<WebhookEndpoint>, StoreError> {
+        let owner = owner.clone();
+        self.read(move |connection| {
+            Ok(find_endpoint(connection, &id.to_string())?.filter(|endpoint| endpoint.owner == owner))
+        })
+        .await
+    }
+
+    async fn list_webhooks(
+        &self,
+        owner: &Owner,
+        before: Option<WebhookId>,
+        limit: u32,
+    ) -> Result<Page<WebhookEndpoint>, StoreError> {
+        let owner = owner.to_string();
+        self.read(move |connection| {
+            let before = before.map_or_else(|| "wh_~".to_owned(), |id| id.to_string());
+            let rows = connection
+                .prepare_cached(&format!(
+                    "SELECT {ENDPOINT_COLUMNS} FROM webhooks WHERE owner = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3"
+                ))
+                .and_then(|mut statement| {
+                    statement
+                        .query_map(params![owner, before, i64::from(limit) + 1], endpoint_from_row)?
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(unavailable)?;
+            let has_more = rows.len() > limit as usize;
+            let items = rows.into_iter().take(limit as usize).map(EndpointRow::decode).collect::<Result<_, _>>()?;
+            Ok(Page { items, has_more })
+        })
+        .await
+    }
+
+    async fn delete_webhook(&self, owner: &Owner, id: WebhookId) -> Result<bool, StoreError> {
+        let owner = owner.to_string();
+        self.write(move |connection| {
+            let transaction = connection.transaction().map_err(unavailable)?;
+            let id = id.to_string();
+            let deleted = transaction
+                .execute("DELETE FROM webhooks WHERE id = ?1 AND owner = ?2", params![id, owner])
+                .map_err(unavailable)?;
+            if deleted > 0 {
+                for table in ["webhook_outbox", "webhook_attempts"] {
+                    transaction
+                        .execute(&format!("DELETE FROM {table} WHERE webhook_id = ?1"), params![id])
+                        .map_err(unavailable)?;
+                }
+            }
+            transaction.commit().map_err(unavailable)?;
+            Ok(deleted > 0)
+        })
+        .await
+    }
+
+    async fn rotate_webhook_secret(
+        &self,
+        endpoint: &WebhookEndpoint,
+        replaced: &WebhookSecret,
+    ) -> Result<bool, StoreError> {
+        let previous = endpoint.previous_secret.clone();
+        let (id, owner, secret, replaced) =
+            (endpoint.id.to_string(), endpoint.owner.to_string(), endpoint.secret.expose(), replaced.expose());
+        self.write(move |connection| {
+            let changed = connection
+                .execute(
+                    "UPDATE webhooks SET secret = ?1, previous_secret = ?2, previous_until = ?3
+                     WHERE id = ?4 AND owner = ?5 AND secret = ?6",
+                    params![
+                        secret,
+                        previous.as_ref().map(|previous| previous.secret.expose()),
+                        previous.as_ref().map(|previous| previous.until.millis()),
+                        id,
+                        owner,
+                        replaced
+                    ],
+                )
+                .map_err(unavailable)?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn deliveries(
+        &self,
+        owner: &Owner,
+        id: WebhookId,
+        before: Option<DeliveryId>,
+        limit: u32,
+    ) -> Result<Page<DeliveryAttempt>, StoreError> {
+        let owner = owner.to_string();
+        self.read(move |connection| {
+            let before = before.map_or_else(|| "dlv_~".to_owned(), |id| id.to_string());
+            let rows = connection
+                .prepare_cached(
+                    "SELECT webhook_attempts.id, event_id, type, attempt, http_status, error, duration_ms, at
+                     FROM webhook_attempts JOIN webhooks ON webhooks.id = webhook_attempts.webhook_id
+                     WHERE webhooks.id = ?1 AND webhooks.owner = ?2 AND webhook_attempts.id < ?3
+                     ORDER BY webhook_attempts.id DESC LIMIT ?4",
+                )
+                .and_then(|mut statement| {
+                    statement
+                        .query_map(params![id.to_string(), owner, before, i64::from(limit) + 1], |row| {
+                            Ok((
+                                row.get::<_, String>(0)?,
+                                row.get::<_, String>(1)?,
+                                row.get::<_, String>(2)?,
+                                row.get::<_, u32>(3)?,
+                                row.get::<_, Option<u16>>(4)?,
+                                row.get::<_, Option<String>>(5)?,
+                                row.get::<_, i64>(6)?,
+                                row.get::<_, i64>(7)?,
+                            ))
+                        })?
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(unavailable)?;
+            let has_more = rows.len() > limit as usize;
+            let items = rows
+                .into_iter()
+                .take(limit as usize)
+                .map(|(attempt_id, event_id, event_type, attempt, http_status, error, duration_ms, at)| {
+                    Ok(DeliveryAttempt {
+                        id: attempt_id.parse().map_err(|_| defect("attempt id"))?,
+                        webhook_id: id,
+                        event_id,
+                        event_type,
+                        attempt,
+                        http_status,
+                        error,
+                        duration_ms: duration_ms.max(0) as u64,
+                        at: Timestamp::from_millis(at),
+                    })
+                })
+                .collect::<Result<_, StoreError>>()?;
+            Ok(Page { items, has_more })
+        })
+        .await
+    }
+
+    async fn record_attempt(
+        &self,
+        _owner: &Owner,
+        attempt: &DeliveryAttempt,
+        health: EndpointHealth,
+    ) -> Result<(), StoreError> {
+        let attempt = attempt.clone();
+        self.write(move |connection| {
+            let transaction = connection.transaction().map_err(unavailable)?;
+            record(&transaction, &attempt, health)?;
+            transaction.commit().map_err(unavailable)
+        })
+        .await
+    }
+}
+
+impl SqliteStore {
+    pub(super) fn signal_deliveries_queued(&self) {
+        self.inner.deliveries_queued.notify_one();
+    }
+}
+
+#[async_trait]
+impl Outbox for SqliteStore {
+    async fn deliveries_queued(&self) {
+        self.inner.deliveries_queued.notified().await;
+    }
+
+    async fn due_deliveries(&self, now: Timestamp, limit: u32) -> Result<Vec<PendingDelivery>, StoreError> {
+        self.read(move |connection| {
+            let rows = connection
+                .prepare_cached(
+                    "SELECT webhook_outbox.id, webhooks.owner, webhook_outbox.webhook_id, webhook_outbox.run_id,
+                            webhook_outbox.attempts, run_events.seq, run_events.type, run_events.created_at,
+                            run_events.data
+                     FROM webhook_outbox
+                     JOIN webhooks ON webhooks.id = webhook_outbox.webhook_id
+                     JOIN run_events ON run_events.run_id = webhook_outbox.run_id
+                                    AND run_events.seq = webhook_outbox.seq
+                     WHERE webhook_outbox.next_attempt_at <= ?1
+                     ORDER BY webhook_outbox.next_attempt_at, webhook_outbox.id LIMIT ?2",
+                )
+                .and_then(|mut statement| {
+                    statement
+                        .query_map(params![now.millis(), limit], |row| {
+                            Ok((
+                                row.get::<_, i64>(0)?,
+                                row.get::<_, String>(1)?,
+                                row.get::<_, String>(2)?,
+                                row.get::<_, String>(3)?,
+                                row.get::<_, u32>(4)?,
+                                StoredEvent {
+                                    seq: row.get::<_, i64>(5)? as u64,
+                                    kind: row.get(6)?,
+                                    at: Timestamp::from_millis(row.get(7)?),
+                                    data: row.get(8)?,
+                                },
+                            ))
+                        })?
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(unavailable)?;
+            rows.into_iter()
+                .map(|(id, owner, webhook_id, run_id, attempts, event)| {
+                    Ok(PendingDelivery {
+                        id,
+                        owner: Owner::parse(&owner).map_err(|_| defect("owner"))?,
+                        webhook_id: webhook_id.parse().map_err(|_| defect("outbox webhook id"))?,
+                        run_id: run_id.parse().map_err(|_| defect("outbox run id"))?,
+                        event,
+                        attempts,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn finish_delivery(
+        &self,
+        delivery: &PendingDelivery,
+        attempt: &DeliveryAttempt,
+        health: EndpointHealth,
+        retry_at: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        let (id, attempt) = (delivery.id, attempt.clone());
+        self.write(move |connection| {
+            let transaction = connection.transaction().map_err(unavailable)?;
+            // The endpoint may have been deleted while the attempt was made.
+            if find_endpoint(&transaction, &attempt.webhook_id.to_string())?.is_some() {
+                record(&transaction, &attempt, health)?;
+            }
+            match retry_at {
+                Some(at) => transaction.execute(
+                    "UPDATE webhook_outbox SET attempts = ?2, next_attempt_at = ?3 WHERE id = ?1",
+                    params![id, attempt.attempt, at.millis()],
+                ),
+                None => transaction.execute("DELETE FROM webhook_outbox WHERE id = ?1", params![id]),
+            }
+            .map_err(unavailable)?;
+            transaction.commit().map_err(unavailable)
+        })
+        .await
+    }
+}
