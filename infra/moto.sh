@@ -2,9 +2,13 @@
 
 MOTO_VERSION=5.2.5
 
-# Installs the pinned moto server into .venv once.
+# Installs the pinned moto server (and the test receiver's webhook library)
+# into .venv once.
 install_moto() {
-  if [ ! -x .venv/bin/moto_server ] || ! .venv/bin/pip freeze 2>/dev/null | grep -qxF "moto==$MOTO_VERSION"; then
+  local installed
+  installed=$(.venv/bin/pip freeze 2>/dev/null || true)
+  if [ ! -x .venv/bin/moto_server ] || ! grep -qxF "moto==$MOTO_VERSION" <<< "$installed" \
+      || ! grep -qxF "standardwebhooks==1.1.0" <<< "$installed"; then
     python3 -m venv .venv
     .venv/bin/pip install --quiet --disable-pip-version-check -r infra/requirements-test.txt
   fi

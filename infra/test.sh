@@ -41,6 +41,8 @@ start_moto "$port"
 echo "== moto server on 127.0.0.1:$port"
 
 export AGENT_RUNS_TEST_AWS_ENDPOINT="http://127.0.0.1:$port"
+# The webhook tests' receiver verifies deliveries with standardwebhooks (in .venv).
+export AGENT_RUNS_TEST_WEBHOOK_PYTHON="$PWD/.venv/bin/python"
 cargo test --workspace --locked "$@"
 echo "== reliability counts"
 cat target/tmp/reliability-*.txt 2> /dev/null || true
