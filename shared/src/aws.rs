@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::metrics::{EmfSink, MeasuredStore};
-use crate::queue::{NoQueue, RunQueue, SqsQueue};
+use crate::queue::{NoQueue, RunQueue, SqsQueue, WebhookQueue};
 use crate::sdk::{sdk_config, store_call_timeouts};
 use crate::services::{Adapters, CacheDefaults, Services};
 use crate::store::{DynamoStore, RunStore};
@@ -23,6 +23,8 @@ pub struct AwsServices {
     pub store: DynamoStore,
     /// Absent where a function sends nothing (get, list, cancel).
     pub queue: Option<SqsQueue>,
+    /// The webhook delivery queue: the notifier's and deliver's.
+    pub webhook_queue: Option<WebhookQueue>,
     pub services: Services,
 }
 
@@ -46,7 +48,9 @@ impl AwsServices {
         let dynamodb = dynamodb.to_builder().timeout_config(store_call_timeouts()).build();
         let sqs = sqs.to_builder().timeout_config(store_call_timeouts()).build();
         let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(dynamodb), table);
-        let queue = config.queue_url.clone().map(|url| SqsQueue::new(aws_sdk_sqs::Client::from_conf(sqs), url));
+        let sqs = aws_sdk_sqs::Client::from_conf(sqs);
+        let queue = config.queue_url.clone().map(|url| SqsQueue::new(sqs.clone(), url));
+        let webhook_queue = config.webhook_queue_url.clone().map(|url| WebhookQueue::new(sqs, url));
         // A function configured without a queue fails its sends.
         let sends: Arc<dyn RunQueue> = match &queue {
             Some(queue) => Arc::new(queue.clone()),
@@ -65,7 +69,7 @@ impl AwsServices {
             queue: sends,
         };
         let services = Services::new(config, adapters, CacheDefaults::REMOTE);
-        Ok(AwsServices { store, queue, services })
+        Ok(AwsServices { store, queue, webhook_queue, services })
     }
 
     /// Opens the connections a cold function will need, in the background,

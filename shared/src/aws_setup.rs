@@ -7,7 +7,7 @@ use std::path::Path;
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection, ProjectionType,
-    ScalarAttributeType, TimeToLiveSpecification,
+    ScalarAttributeType, StreamSpecification, StreamViewType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 pub use serde_yaml::Value;
@@ -80,6 +80,14 @@ pub async fn create_table(client: &aws_sdk_dynamodb::Client, template: &Value, t
                 .build()?,
         );
     }
+    if let Some(stream) = table.get("StreamSpecification") {
+        request = request.stream_specification(
+            StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(StreamViewType::from(text(&stream["StreamViewType"], "StreamViewType")?.as_str()))
+                .build()?,
+        );
+    }
     request.send().await?;
     if let Some(ttl) = table.get("TimeToLiveSpecification") {
         client
@@ -97,51 +105,67 @@ pub async fn create_table(client: &aws_sdk_dynamodb::Client, template: &Value, t
     Ok(())
 }
 
-/// Creates the dead-letter queue, then the run queue redriving to it;
-/// returns both URLs.
-pub async fn create_queues(
+/// The queues of template.yaml, by URL.
+#[derive(Debug, Clone)]
+pub struct Queues {
+    pub runs: String,
+    pub runs_dead_letters: String,
+    pub webhook_deliveries: String,
+    pub webhook_dead_letters: String,
+}
+
+async fn create_queue(
     client: &aws_sdk_sqs::Client,
-    template: &Value,
-    prefix: &str,
-) -> Result<(String, String), Error> {
-    let dlq = properties(template, "DeadLetterQueue")?;
-    let dlq_url = client
+    properties: &Value,
+    name: String,
+    redrive_to: Option<&str>,
+) -> Result<String, Error> {
+    let mut request = client
         .create_queue()
-        .queue_name(format!("{prefix}-dlq"))
-        .attributes(QueueAttributeName::VisibilityTimeout, number(&dlq["VisibilityTimeout"], "DLQ VisibilityTimeout")?)
+        .queue_name(name)
+        .attributes(QueueAttributeName::VisibilityTimeout, number(&properties["VisibilityTimeout"], "VisibilityTimeout")?)
         .attributes(
             QueueAttributeName::MessageRetentionPeriod,
-            number(&dlq["MessageRetentionPeriod"], "DLQ retention")?,
-        )
-        .send()
-        .await?
-        .queue_url
-        .ok_or("no DLQ url")?;
-    let dlq_arn = client
-        .get_queue_attributes()
-        .queue_url(&dlq_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await?
-        .attributes
-        .and_then(|attributes| attributes.get(&QueueAttributeName::QueueArn).cloned())
-        .ok_or("no DLQ ARN")?;
-    let queue = properties(template, "RunQueue")?;
-    let redrive = serde_json::json!({
-        "deadLetterTargetArn": dlq_arn,
-        "maxReceiveCount": queue["RedrivePolicy"]["maxReceiveCount"].as_u64().ok_or("maxReceiveCount is not a number")?,
-    });
-    let queue_url = client
-        .create_queue()
-        .queue_name(format!("{prefix}-runs"))
-        .attributes(QueueAttributeName::VisibilityTimeout, number(&queue["VisibilityTimeout"], "VisibilityTimeout")?)
-        .attributes(QueueAttributeName::MessageRetentionPeriod, number(&queue["MessageRetentionPeriod"], "retention")?)
-        .attributes(QueueAttributeName::RedrivePolicy, redrive.to_string())
-        .send()
-        .await?
-        .queue_url
-        .ok_or("no queue url")?;
-    Ok((queue_url, dlq_url))
+            number(&properties["MessageRetentionPeriod"], "MessageRetentionPeriod")?,
+        );
+    if let Some(dead_letters) = redrive_to {
+        let arn = client
+            .get_queue_attributes()
+            .queue_url(dead_letters)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await?
+            .attributes
+            .and_then(|attributes| attributes.get(&QueueAttributeName::QueueArn).cloned())
+            .ok_or("no dead-letter queue ARN")?;
+        let max_receives = properties["RedrivePolicy"]["maxReceiveCount"].as_u64().ok_or("maxReceiveCount is not a number")?;
+        let redrive = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max_receives});
+        request = request.attributes(QueueAttributeName::RedrivePolicy, redrive.to_string());
+    }
+    Ok(request.send().await?.queue_url.ok_or("no queue url")?)
+}
+
+/// Creates each dead-letter queue, then the queue redriving to it.
+pub async fn create_queues(client: &aws_sdk_sqs::Client, template: &Value, prefix: &str) -> Result<Queues, Error> {
+    let runs_dead_letters =
+        create_queue(client, properties(template, "DeadLetterQueue")?, format!("{prefix}-dlq"), None).await?;
+    let runs =
+        create_queue(client, properties(template, "RunQueue")?, format!("{prefix}-runs"), Some(&runs_dead_letters)).await?;
+    let webhook_dead_letters = create_queue(
+        client,
+        properties(template, "WebhookDeadLetterQueue")?,
+        format!("{prefix}-webhook-dlq"),
+        None,
+    )
+    .await?;
+    let webhook_deliveries = create_queue(
+        client,
+        properties(template, "WebhookDeliveryQueue")?,
+        format!("{prefix}-webhooks"),
+        Some(&webhook_dead_letters),
+    )
+    .await?;
+    Ok(Queues { runs, runs_dead_letters, webhook_deliveries, webhook_dead_letters })
 }
 
 pub fn read_template(path: &Path) -> Result<Value, Error> {

@@ -15,7 +15,8 @@ pub struct AwsSetupArgs {
     /// The SAM template whose table and queues to create.
     #[arg(long, default_value = "template.yaml")]
     template: PathBuf,
-    /// Names are `<prefix>-runs` (table and queue) and `<prefix>-dlq`.
+    /// Names are `<prefix>-runs` (table and queue), `<prefix>-dlq`,
+    /// `<prefix>-webhooks` and `<prefix>-webhook-dlq`.
     #[arg(long, default_value = "agent-runs")]
     prefix: String,
 }
@@ -25,11 +26,12 @@ pub async fn run(args: AwsSetupArgs) -> Result<(), Error> {
     let sdk = sdk_config().await;
     let table = format!("{}-runs", args.prefix);
     create_table(&aws_sdk_dynamodb::Client::new(&sdk), &template, &table).await.map_err(|error| error as Error)?;
-    let (queue_url, dlq_url) = create_queues(&aws_sdk_sqs::Client::new(&sdk), &template, &args.prefix)
-        .await
-        .map_err(|error| error as Error)?;
+    let queues =
+        create_queues(&aws_sdk_sqs::Client::new(&sdk), &template, &args.prefix).await.map_err(|error| error as Error)?;
     println!("export AGENT_RUNS_TABLE={table}");
-    println!("export AGENT_RUNS_QUEUE_URL={queue_url}");
-    println!("export AGENT_RUNS_DLQ_URL={dlq_url}");
+    println!("export AGENT_RUNS_QUEUE_URL={}", queues.runs);
+    println!("export AGENT_RUNS_DLQ_URL={}", queues.runs_dead_letters);
+    println!("export AGENT_RUNS_WEBHOOK_QUEUE_URL={}", queues.webhook_deliveries);
+    println!("export AGENT_RUNS_WEBHOOK_DLQ_URL={}", queues.webhook_dead_letters);
     Ok(())
 }

@@ -1,15 +1,18 @@
 //! The Lambda entry points: API Gateway (HTTP API, payload 2.0) requests
 //! to the shared operations, SQS batches to the worker, and the scheduled
-//! sweeper. Each function's `main` calls one `run_*` here.
+//! sweeper, and the webhook notifier (the table's stream) and deliverer
+//! (their SQS queue). Each function's `main` calls one `run_*` here.
 
 mod dead_letter;
 mod http;
 mod sweeper;
+mod webhooks;
 mod worker;
 
 pub use dead_letter::{handle_dead_letters, run_dead_letter};
 pub use http::{from_api_response, into_api_request, run_http};
 pub use sweeper::run_sweeper;
+pub use webhooks::{handle_deliveries, handle_stream, run_deliver, run_notifier};
 pub use worker::{handle_batch, run_worker};
 
 pub type Error = lambda_runtime::Error;

@@ -2,6 +2,7 @@
 
 mod in_process;
 mod sqs;
+mod webhook_sqs;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -10,6 +11,7 @@ use crate::domain::{Owner, RunId};
 
 pub use in_process::{InProcessQueue, QueueReceiver};
 pub use sqs::SqsQueue;
+pub use webhook_sqs::{DeliveryMessage, WebhookQueue};
 
 /// The body of a queue message: which run to work on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,148 @@
+//! Webhooks on AWS: the notifier turns each new event item of the table's
+//! stream into one delivery message per endpoint that wants it; the
+//! deliver function sends them, records every attempt, and schedules the
+//! next attempt of a failed one by hiding its message until then.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use aws_lambda_events::event::dynamodb::Event as StreamEvent;
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
+use futures_util::future::join_all;
+use lambda_runtime::{LambdaEvent, service_fn};
+
+use crate::aws::AwsServices;
+use crate::domain::{Owner, WebhookEndpoint, WebhookStatus};
+use crate::error_chain;
+use crate::queue::{DeliveryMessage, WebhookQueue};
+use crate::store::{DynamoStore, StoreError, WebhookStore, decode_stream_event};
+use crate::webhooks::Deliverer;
+
+/// Queues the deliveries of a batch of stream records, in order. At the
+/// first record that cannot be queued it stops and reports that record,
+/// so Lambda retries from it (records before it are done; a record is
+/// never skipped, and one retried may be delivered twice: at least once).
+pub async fn handle_stream(store: &DynamoStore, queue: &WebhookQueue, event: StreamEvent) -> DynamoDbEventResponse {
+    let mut endpoints: HashMap<Owner, Vec<WebhookEndpoint>> = HashMap::new();
+    let mut response = DynamoDbEventResponse::default();
+    for record in event.records {
+        let image = record.change.new_image.clone().into();
+        let (owner, run_id, event) = match decode_stream_event(&image) {
+            None => continue,
+            Some(Ok(decoded)) => decoded,
+            Some(Err(error)) => {
+                // Not an event the service can read: retrying will not help.
+                tracing::error!(error = %error_chain(&error), "an event item of the stream cannot be read; no webhook for it");
+                continue;
+            }
+        };
+        let queued = async {
+            let owners = match endpoints.entry(owner.clone()) {
+                Entry::Occupied(found) => found.into_mut(),
+                Entry::Vacant(empty) => empty.insert(store.owner_webhooks(&owner).await?),
+            };
+            let messages: Vec<DeliveryMessage> = owners
+                .iter()
+                .filter(|endpoint| endpoint.status == WebhookStatus::Enabled && endpoint.events.wants(&event.kind))
+                .map(|endpoint| DeliveryMessage { owner: owner.clone(), webhook_id: endpoint.id, run_id, seq: event.seq })
+                .collect();
+            queue.send(&messages).await.map_err(|error| StoreError::Unavailable(Box::new(error)))
+        };
+        if let Err(error) = queued.await {
+            tracing::warn!(error = %error_chain(&error), %run_id, seq = event.seq, "cannot queue webhook deliveries; retrying from this record");
+            let mut failure = DynamoDbBatchItemFailure::default();
+            failure.item_identifier = record.change.sequence_number.clone();
+            response.batch_item_failures.push(failure);
+            break;
+        }
+    }
+    response
+}
+
+/// The attempt a message is on: SQS counts its receives.
+fn attempt_number(record: &aws_lambda_events::event::sqs::SqsMessage) -> u32 {
+    record.attributes.get("ApproximateReceiveCount").and_then(|count| count.parse().ok()).unwrap_or(1).max(1)
+}
+
+/// Makes the attempts of a batch of delivery messages, all at once. A
+/// message is acknowledged when its delivery is done (delivered, given up,
+/// or its endpoint or event is gone); a failed one is hidden until its next
+/// attempt and reported, so SQS keeps it.
+pub async fn handle_deliveries(
+    store: &DynamoStore,
+    queue: &WebhookQueue,
+    deliverer: &Deliverer,
+    event: SqsEvent,
+) -> SqsBatchResponse {
+    let results = join_all(event.records.into_iter().map(|record| async move {
+        let id = record.message_id.clone().unwrap_or_default();
+        let Some(message) = record.body.as_deref().and_then(|body| serde_json::from_str::<DeliveryMessage>(body).ok())
+        else {
+            tracing::error!(message_id = %id, "unreadable delivery message");
+            return Err(id);
+        };
+        let read = async {
+            let endpoint = store.get_webhook(&message.owner, message.webhook_id).await?;
+            let event = store.event(message.run_id, message.seq).await?;
+            Ok::<_, StoreError>((endpoint, event))
+        };
+        let (endpoint, event) = match read.await {
+            Ok((Some(endpoint), Some(event))) if endpoint.status == WebhookStatus::Enabled => (endpoint, event),
+            // Deleted or disabled endpoint, or an event undone with its run.
+            Ok(_) => return Ok(()),
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), "cannot read a delivery's endpoint or event; SQS will redeliver");
+                return Err(id);
+            }
+        };
+        let result = deliverer.attempt(&endpoint, message.run_id, &event, attempt_number(&record)).await;
+        if let Err(error) = store.record_attempt(&message.owner, &result.attempt, result.health).await {
+            tracing::error!(error = %error_chain(&error), webhook_id = %endpoint.id, "cannot record a webhook attempt");
+        }
+        let Some(retry_at) = result.retry_at else {
+            return Ok(());
+        };
+        let delay = retry_at.since(result.attempt.at);
+        let receipt = record.receipt_handle.as_deref().unwrap_or_default();
+        if let Err(error) = queue.retry_later(receipt, delay).await {
+            tracing::warn!(error = %error_chain(&error), "cannot schedule a retry; the queue's visibility timeout applies");
+        }
+        Err(id)
+    }))
+    .await;
+    let mut response = SqsBatchResponse::default();
+    for failed in results.into_iter().filter_map(Result::err) {
+        response.add_failure(failed);
+    }
+    response
+}
+
+fn webhook_queue(aws: &AwsServices) -> Result<WebhookQueue, super::Error> {
+    aws.webhook_queue.clone().ok_or_else(|| "AGENT_RUNS_WEBHOOK_QUEUE_URL is not set".into())
+}
+
+pub async fn run_notifier() -> Result<(), super::Error> {
+    super::init_logging();
+    let aws = AwsServices::from_env().await?;
+    aws.warm_up();
+    let queue = webhook_queue(&aws)?;
+    let (store, queue) = (&aws.store, &queue);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<StreamEvent>| async move {
+        Ok::<_, super::Error>(handle_stream(store, queue, event.payload).await)
+    }))
+    .await
+}
+
+pub async fn run_deliver() -> Result<(), super::Error> {
+    super::init_logging();
+    let aws = AwsServices::from_env().await?;
+    aws.warm_up();
+    let queue = webhook_queue(&aws)?;
+    let deliverer = aws.services.deliverer();
+    let (store, queue, deliverer) = (&aws.store, &queue, &deliverer);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+        Ok::<_, super::Error>(handle_deliveries(store, queue, deliverer, event.payload).await)
+    }))
+    .await
+}

@@ -1,0 +1,88 @@
+//! The AWS path's queue of webhook deliveries: one SQS message per
+//! endpoint and event, naming them (the deliver function reads both, so a
+//! message stays small whatever the event holds). A failed attempt's next
+//! one is scheduled by hiding its message until then.
+
+use std::time::Duration;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use serde::{Deserialize, Serialize};
+
+use super::QueueError;
+use crate::domain::{Owner, RunId, WebhookId};
+
+/// SQS hides a message for at most 12 hours.
+const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
+/// Entries of one SendMessageBatch.
+const BATCH: usize = 10;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryMessage {
+    pub owner: Owner,
+    pub webhook_id: WebhookId,
+    pub run_id: RunId,
+    pub seq: u64,
+}
+
+#[derive(Clone)]
+pub struct WebhookQueue {
+    client: Client,
+    queue_url: String,
+}
+
+fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> QueueError {
+    QueueError::Unavailable(Box::new(error))
+}
+
+impl WebhookQueue {
+    pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
+        Self { client, queue_url: queue_url.into() }
+    }
+
+    /// Sends every message, or fails (some may have been sent: a delivery
+    /// is at least once).
+    pub async fn send(&self, messages: &[DeliveryMessage]) -> Result<(), QueueError> {
+        for chunk in messages.chunks(BATCH) {
+            let mut entries = Vec::with_capacity(chunk.len());
+            for (index, message) in chunk.iter().enumerate() {
+                let body = serde_json::to_string(message).map_err(unavailable)?;
+                entries.push(
+                    SendMessageBatchRequestEntry::builder()
+                        .id(index.to_string())
+                        .message_body(body)
+                        .build()
+                        .map_err(unavailable)?,
+                );
+            }
+            let output = self
+                .client
+                .send_message_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(unavailable)?;
+            if let Some(failed) = output.failed.first() {
+                return Err(QueueError::Unavailable(
+                    format!("SQS refused a delivery message: {}", failed.code).into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hides a received message for `delay` (at most 12 hours), so it is
+    /// received again, for the next attempt, then.
+    pub async fn retry_later(&self, receipt_handle: &str, delay: Duration) -> Result<(), QueueError> {
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.queue_url)
+            .receipt_handle(receipt_handle)
+            .visibility_timeout(delay.min(MAX_VISIBILITY).as_secs().max(1) as i32)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+}
