@@ -69,6 +69,7 @@ struct Aws {
     dynamodb: aws_sdk_dynamodb::Client,
     sqs: aws_sdk_sqs::Client,
     queue_url: String,
+    webhook_queue_url: String,
     key: String,
 }
 
@@ -79,7 +80,13 @@ impl Aws {
 
     /// DynamoDB calls picked by `plan` are answered with `error`.
     async fn with_faults(plan: Arc<dyn FaultPlan>, error: AwsError) -> Aws {
-        let resources: HashMap<String, String> = support::create_aws_resources().into_iter().collect();
+        Self::with(plan, error, &[]).await
+    }
+
+    /// With more configuration.
+    async fn with(plan: Arc<dyn FaultPlan>, error: AwsError, settings: &[(&str, &str)]) -> Aws {
+        let mut resources: HashMap<String, String> = support::create_aws_resources().into_iter().collect();
+        resources.extend(settings.iter().map(|(name, value)| (name.to_string(), value.to_string())));
         let config = Config::from_lookup(|name| resources.get(name).cloned()).unwrap();
         let sdk = support::aws_sdk_config().await;
         let calls = CallLog::default();
@@ -107,6 +114,7 @@ impl Aws {
             dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
             sqs: aws_sdk_sqs::Client::new(&sdk),
             queue_url: resources["AGENT_RUNS_QUEUE_URL"].clone(),
+            webhook_queue_url: resources["AGENT_RUNS_WEBHOOK_QUEUE_URL"].clone(),
             key: issued.secret,
             services,
         }
@@ -658,4 +666,195 @@ async fn a_call_without_an_answer_ends_at_the_call_timeout() {
     assert!(elapsed >= STORE_ATTEMPT_TIMEOUT, "{elapsed:?}");
     assert!(elapsed < STORE_CALL_TIMEOUT + std::time::Duration::from_secs(1), "{elapsed:?}");
     accepted.abort();
+}
+
+/// Every record of the table's stream so far, as the Lambda event a
+/// stream's event source mapping would send (the emulator's DynamoDB
+/// Streams API, spoken as JSON: no SDK crate for one test).
+async fn stream_event(aws: &Aws) -> aws_lambda_events::event::dynamodb::Event {
+    let table = aws.services.store.table().to_owned();
+    let described = aws.dynamodb.describe_table().table_name(&table).send().await.unwrap();
+    let arn = described.table.unwrap().latest_stream_arn.expect("the table has a stream, as in template.yaml");
+    let client = reqwest::Client::new();
+    let call = |target: &'static str, body: Value| {
+        let request = client
+            .post(support::aws_endpoint())
+            .header("content-type", "application/x-amz-json-1.0")
+            .header("x-amz-target", format!("DynamoDBStreams_20120810.{target}"))
+            .header("authorization", "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0")
+            .body(body.to_string());
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let stream = call("DescribeStream", json!({"StreamArn": arn})).await;
+    let mut records = Vec::new();
+    for shard in stream["StreamDescription"]["Shards"].as_array().unwrap() {
+        let iterator = call(
+            "GetShardIterator",
+            json!({"StreamArn": arn, "ShardId": shard["ShardId"], "ShardIteratorType": "TRIM_HORIZON"}),
+        )
+        .await;
+        let page = call("GetRecords", json!({"ShardIterator": iterator["ShardIterator"], "Limit": 1000})).await;
+        for mut record in page["Records"].as_array().unwrap().iter().cloned() {
+            record["eventSourceARN"] = arn.clone().into();
+            records.push(record);
+        }
+    }
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+/// The delivery queue's waiting messages, as the Lambda event SQS would
+/// send (receipt handles and receive counts included).
+async fn delivery_event(aws: &Aws, queue_url: &str) -> SqsEvent {
+    let received = aws
+        .sqs
+        .receive_message()
+        .queue_url(queue_url)
+        .max_number_of_messages(10)
+        .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap();
+    let records: Vec<Value> = received
+        .messages
+        .unwrap_or_default()
+        .iter()
+        .map(|message| {
+            let attributes: serde_json::Map<String, Value> = message
+                .attributes()
+                .into_iter()
+                .flatten()
+                .map(|(name, value)| (name.as_str().to_owned(), Value::from(value.as_str())))
+                .collect();
+            json!({
+                "messageId": message.message_id(),
+                "receiptHandle": message.receipt_handle(),
+                "body": message.body(),
+                "attributes": attributes,
+                "messageAttributes": {},
+                "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:deliveries",
+                "awsRegion": "us-east-1"
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_the_standard_library() {
+    use agent_runs_shared::lambda::{handle_deliveries, handle_stream};
+    use support::receiver::{Receiver, delivered_ids};
+
+    if support::without_emulator("webhooks_go_from_the_stream_through_the_delivery_queue") {
+        return;
+    }
+    let receiver = Arc::new(tokio::task::spawn_blocking(Receiver::start).await.unwrap());
+    let blocking = |work: Box<dyn FnOnce(&Receiver) -> Value + Send>| {
+        let receiver = receiver.clone();
+        async move { tokio::task::spawn_blocking(move || work(&receiver)).await.unwrap() }
+    };
+    let aws = Aws::with(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")]).await;
+    let queue = aws.services.webhook_queue.clone().expect("aws-setup names the delivery queue");
+    let deliveries_url = aws.webhook_queue_url.clone();
+    let deliverer = aws.services.services.deliverer();
+
+    let url = receiver.url("aws");
+    let (status, endpoint) =
+        aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(json!({"url": url, "events": ["*"]}))).await;
+    assert_eq!(status, 201, "{endpoint}");
+    let secret = endpoint["secret"].clone();
+    blocking(Box::new(move |receiver| {
+        receiver.configure("aws", json!({"secrets": [secret]}));
+        Value::Null
+    }))
+    .await;
+    let (_, listed) = aws.invoke(Operation::ListWebhooks, "GET", "/v1/webhooks", None).await;
+    assert_eq!(listed["data"][0]["id"], endpoint["id"], "the webhooks function serves every webhook operation");
+
+    let (status, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "hooked"}))).await;
+    assert_eq!(status, 201);
+    let (_, failures) = aws.deliver().await;
+    assert!(failures.is_empty());
+    let (_, events) =
+        aws.invoke(Operation::Events, "GET", &format!("/v1/agent/runs/{}/events", id(&run)), None).await;
+    let expected: std::collections::BTreeSet<String> =
+        events["data"].as_array().unwrap().iter().map(|event| event["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(expected.len(), 3, "created, started, succeeded: {events}");
+
+    // The notifier skips every item but events; one message per event.
+    let response = handle_stream(&aws.services.store, &queue, stream_event(&aws).await).await;
+    assert!(response.batch_item_failures.is_empty());
+    let mut delivered = 0;
+    while delivered < expected.len() {
+        let event = delivery_event(&aws, &deliveries_url).await;
+        assert!(!event.records.is_empty(), "a message per event was queued");
+        delivered += event.records.len();
+        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, event).await;
+        assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
+    }
+    let received = blocking(Box::new(|receiver| Value::from(receiver.received("aws")))).await;
+    let received = received.as_array().unwrap().clone();
+    assert_eq!(delivered_ids(&received), expected);
+    assert!(received.iter().all(|delivery| delivery["verified_by"] == json!([0])), "{received:#?}");
+
+    // A failing endpoint: the attempt is recorded and the message hidden
+    // until the next attempt (5 s), which then gets through.
+    let secret = endpoint["secret"].clone();
+    blocking(Box::new(move |receiver| {
+        receiver.configure("aws", json!({"secrets": [secret], "status": 503}));
+        Value::Null
+    }))
+    .await;
+    let (status, canceled) = aws
+        .invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "second"})))
+        .await;
+    assert_eq!(status, 201, "{canceled}");
+    let all_records = stream_event(&aws).await;
+    let response = handle_stream(&aws.services.store, &queue, all_records).await;
+    assert!(response.batch_item_failures.is_empty());
+    // The stream is read again from its start: the first run's events are
+    // queued a second time (at least once) and delivered again.
+    let mut failed = Vec::new();
+    loop {
+        let event = delivery_event(&aws, &deliveries_url).await;
+        if event.records.is_empty() {
+            break;
+        }
+        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, event).await;
+        failed.extend(response.batch_item_failures.into_iter().map(|failure| failure.item_identifier));
+    }
+    assert_eq!(failed.len(), 4, "three repeats and the new run.created failed: {failed:?}");
+    let webhook_id = endpoint["id"].as_str().unwrap();
+    let (_, attempts) =
+        aws.invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None).await;
+    assert_eq!(attempts["data"][0]["http_status"], 503, "{attempts}");
+    assert_eq!(attempts["data"][0]["attempt"], 1);
+
+    let secret = endpoint["secret"].clone();
+    blocking(Box::new(move |receiver| {
+        receiver.configure("aws", json!({"secrets": [secret]}));
+        Value::Null
+    }))
+    .await;
+    // Hidden for about 5 s (±20 %), then received again as attempt 2.
+    assert!(delivery_event(&aws, &deliveries_url).await.records.is_empty(), "hidden until the next attempt");
+    tokio::time::sleep(std::time::Duration::from_millis(6_500)).await;
+    let mut retried = 0;
+    loop {
+        let event = delivery_event(&aws, &deliveries_url).await;
+        if event.records.is_empty() {
+            break;
+        }
+        for record in &event.records {
+            assert_eq!(record.attributes.get("ApproximateReceiveCount").map(String::as_str), Some("2"));
+        }
+        retried += event.records.len();
+        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, event).await;
+        assert!(response.batch_item_failures.is_empty());
+    }
+    assert_eq!(retried, 4);
+    let (_, attempts) =
+        aws.invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None).await;
+    assert_eq!((attempts["data"][0]["http_status"].as_u64(), attempts["data"][0]["attempt"].as_u64()), (Some(200), Some(2)));
 }

@@ -172,6 +172,9 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
         "worker",
         "sweeper",
         "dead-letter",
+        "webhooks",
+        "notifier",
+        "deliver",
     ]
     .map(str::to_owned)
     .into();

@@ -7,88 +7,13 @@
 mod support;
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::Server;
+use support::receiver::{Receiver, delivered_ids};
 
 const ALLOW_PRIVATE: (&str, &str) = ("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true");
-
-struct Receiver {
-    child: Child,
-    base: String,
-    client: reqwest::blocking::Client,
-}
-
-impl Receiver {
-    fn start() -> Receiver {
-        let python = std::env::var("AGENT_RUNS_TEST_WEBHOOK_PYTHON").expect(
-            "AGENT_RUNS_TEST_WEBHOOK_PYTHON names a Python with standardwebhooks (bash infra/test.sh sets it up)",
-        );
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../webhook_receiver.py");
-        let mut child = Command::new(python)
-            .arg(script)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the webhook receiver");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let port = line.trim().strip_prefix("listening ").expect("the receiver prints its port").to_owned();
-        let client = support::http_client().timeout(Duration::from_secs(10)).build().unwrap();
-        Receiver { child, base: format!("http://127.0.0.1:{port}"), client }
-    }
-
-    fn url(&self, name: &str) -> String {
-        format!("{}/hooks/{name}", self.base)
-    }
-
-    fn configure(&self, name: &str, config: Value) {
-        let response = self.client.put(format!("{}/config/{name}", self.base)).json(&config).send().unwrap();
-        assert!(response.status().is_success());
-    }
-
-    fn received(&self, name: &str) -> Vec<Value> {
-        let all: Vec<Value> = self.client.get(format!("{}/received", self.base)).send().unwrap().json().unwrap();
-        all.into_iter().filter(|delivery| delivery["name"] == name).collect()
-    }
-
-    /// Waits until `done` holds for what `name` received.
-    #[track_caller]
-    fn wait_for(&self, name: &str, timeout: Duration, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let received = self.received(name);
-            if done(&received) {
-                return received;
-            }
-            assert!(Instant::now() < deadline, "{name} did not receive what was expected in {timeout:?}: {received:#?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Sends a delivery as received, with `body` instead of its own: the
-    /// receiver's answer.
-    fn replay(&self, name: &str, delivery: &Value, body: &str) -> u16 {
-        let mut request = self.client.post(self.url(name)).body(body.to_owned());
-        for (header, value) in delivery["headers"].as_object().unwrap() {
-            if let Some(value) = value.as_str() {
-                request = request.header(header.as_str(), value);
-            }
-        }
-        request.send().unwrap().status().as_u16()
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn create_webhook(server: &Server, key: &str, url: &str, events: Value) -> Value {
     server.post(key, "/v1/webhooks", json!({"url": url, "events": events})).expect_status(201).clone()
@@ -102,10 +27,6 @@ fn event_ids(server: &Server, key: &str, runs: &[String]) -> BTreeSet<String> {
         ids.extend(page["data"].as_array().unwrap().iter().map(|event| event["id"].as_str().unwrap().to_owned()));
     }
     ids
-}
-
-fn delivered_ids(received: &[Value]) -> BTreeSet<String> {
-    received.iter().map(|delivery| delivery["headers"]["webhook-id"].as_str().unwrap().to_owned()).collect()
 }
 
 #[test]

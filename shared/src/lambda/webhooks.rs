@@ -27,6 +27,9 @@ pub async fn handle_stream(store: &DynamoStore, queue: &WebhookQueue, event: Str
     let mut endpoints: HashMap<Owner, Vec<WebhookEndpoint>> = HashMap::new();
     let mut response = DynamoDbEventResponse::default();
     for record in event.records {
+        if record.event_name != "INSERT" {
+            continue;
+        }
         let image = record.change.new_image.clone().into();
         let (owner, run_id, event) = match decode_stream_event(&image) {
             None => continue,
