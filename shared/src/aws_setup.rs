@@ -123,7 +123,10 @@ async fn create_queue(
     let mut request = client
         .create_queue()
         .queue_name(name)
-        .attributes(QueueAttributeName::VisibilityTimeout, number(&properties["VisibilityTimeout"], "VisibilityTimeout")?)
+        .attributes(
+            QueueAttributeName::VisibilityTimeout,
+            number(&properties["VisibilityTimeout"], "VisibilityTimeout")?,
+        )
         .attributes(
             QueueAttributeName::MessageRetentionPeriod,
             number(&properties["MessageRetentionPeriod"], "MessageRetentionPeriod")?,
@@ -138,7 +141,8 @@ async fn create_queue(
             .attributes
             .and_then(|attributes| attributes.get(&QueueAttributeName::QueueArn).cloned())
             .ok_or("no dead-letter queue ARN")?;
-        let max_receives = properties["RedrivePolicy"]["maxReceiveCount"].as_u64().ok_or("maxReceiveCount is not a number")?;
+        let max_receives =
+            properties["RedrivePolicy"]["maxReceiveCount"].as_u64().ok_or("maxReceiveCount is not a number")?;
         let redrive = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max_receives});
         request = request.attributes(QueueAttributeName::RedrivePolicy, redrive.to_string());
     }
@@ -150,14 +154,11 @@ pub async fn create_queues(client: &aws_sdk_sqs::Client, template: &Value, prefi
     let runs_dead_letters =
         create_queue(client, properties(template, "DeadLetterQueue")?, format!("{prefix}-dlq"), None).await?;
     let runs =
-        create_queue(client, properties(template, "RunQueue")?, format!("{prefix}-runs"), Some(&runs_dead_letters)).await?;
-    let webhook_dead_letters = create_queue(
-        client,
-        properties(template, "WebhookDeadLetterQueue")?,
-        format!("{prefix}-webhook-dlq"),
-        None,
-    )
-    .await?;
+        create_queue(client, properties(template, "RunQueue")?, format!("{prefix}-runs"), Some(&runs_dead_letters))
+            .await?;
+    let webhook_dead_letters =
+        create_queue(client, properties(template, "WebhookDeadLetterQueue")?, format!("{prefix}-webhook-dlq"), None)
+            .await?;
     let webhook_deliveries = create_queue(
         client,
         properties(template, "WebhookDeliveryQueue")?,

@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use agent_runs_shared::public_network;
 use agent_runs_shared::domain::{AgentDefinition, Clock, SystemClock};
+use agent_runs_shared::public_network;
 use clap::Subcommand;
 
 use crate::keys::{Error, admin_store};

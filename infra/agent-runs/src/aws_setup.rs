@@ -26,8 +26,9 @@ pub async fn run(args: AwsSetupArgs) -> Result<(), Error> {
     let sdk = sdk_config().await;
     let table = format!("{}-runs", args.prefix);
     create_table(&aws_sdk_dynamodb::Client::new(&sdk), &template, &table).await.map_err(|error| error as Error)?;
-    let queues =
-        create_queues(&aws_sdk_sqs::Client::new(&sdk), &template, &args.prefix).await.map_err(|error| error as Error)?;
+    let queues = create_queues(&aws_sdk_sqs::Client::new(&sdk), &template, &args.prefix)
+        .await
+        .map_err(|error| error as Error)?;
     println!("export AGENT_RUNS_TABLE={table}");
     println!("export AGENT_RUNS_QUEUE_URL={}", queues.runs);
     println!("export AGENT_RUNS_DLQ_URL={}", queues.runs_dead_letters);

@@ -776,8 +776,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
     assert_eq!(status, 201);
     let (_, failures) = aws.deliver().await;
     assert!(failures.is_empty());
-    let (_, events) =
-        aws.invoke(Operation::Events, "GET", &format!("/v1/agent/runs/{}/events", id(&run)), None).await;
+    let (_, events) = aws.invoke(Operation::Events, "GET", &format!("/v1/agent/runs/{}/events", id(&run)), None).await;
     let expected: std::collections::BTreeSet<String> =
         events["data"].as_array().unwrap().iter().map(|event| event["id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(expected.len(), 3, "created, started, succeeded: {events}");
@@ -806,9 +805,8 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         Value::Null
     }))
     .await;
-    let (status, canceled) = aws
-        .invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "second"})))
-        .await;
+    let (status, canceled) =
+        aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "second"}))).await;
     assert_eq!(status, 201, "{canceled}");
     let all_records = stream_event(&aws).await;
     let response = handle_stream(&aws.services.store, &queue, all_records).await;
@@ -826,8 +824,9 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
     }
     assert_eq!(failed.len(), 4, "three repeats and the new run.created failed: {failed:?}");
     let webhook_id = endpoint["id"].as_str().unwrap();
-    let (_, attempts) =
-        aws.invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None).await;
+    let (_, attempts) = aws
+        .invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None)
+        .await;
     assert_eq!(attempts["data"][0]["http_status"], 503, "{attempts}");
     assert_eq!(attempts["data"][0]["attempt"], 1);
 
@@ -854,7 +853,11 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         assert!(response.batch_item_failures.is_empty());
     }
     assert_eq!(retried, 4);
-    let (_, attempts) =
-        aws.invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None).await;
-    assert_eq!((attempts["data"][0]["http_status"].as_u64(), attempts["data"][0]["attempt"].as_u64()), (Some(200), Some(2)));
+    let (_, attempts) = aws
+        .invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None)
+        .await;
+    assert_eq!(
+        (attempts["data"][0]["http_status"].as_u64(), attempts["data"][0]["attempt"].as_u64()),
+        (Some(200), Some(2))
+    );
 }

@@ -81,7 +81,8 @@ fn every_event_is_delivered_signed_so_the_standard_library_verifies_it_and_refus
 
     // Each attempt is listed, newest first.
     let webhook_id = all["id"].as_str().unwrap();
-    let attempts = server.get(&key, &format!("/v1/webhooks/{webhook_id}/deliveries?limit=100")).expect_status(200).clone();
+    let attempts =
+        server.get(&key, &format!("/v1/webhooks/{webhook_id}/deliveries?limit=100")).expect_status(200).clone();
     let attempts = attempts["data"].as_array().unwrap();
     assert_eq!(attempts.len(), expected.len());
     for attempt in attempts {
@@ -95,7 +96,8 @@ fn every_event_is_delivered_signed_so_the_standard_library_verifies_it_and_refus
 
     // After a rotation, deliveries carry a signature with each secret: a
     // receiver that knows only one of them still verifies.
-    let rotated = server.post(&key, &format!("/v1/webhooks/{webhook_id}/rotate-secret"), json!({})).expect_status(200).clone();
+    let rotated =
+        server.post(&key, &format!("/v1/webhooks/{webhook_id}/rotate-secret"), json!({})).expect_status(200).clone();
     let new_secret = rotated["secret"].as_str().unwrap();
     assert_ne!(new_secret, secret);
     receiver.configure("all", json!({"secrets": [secret, new_secret]}));
@@ -176,8 +178,9 @@ fn a_slow_endpoint_does_not_hold_up_a_fast_one() {
         let endpoint = create_webhook(&server, &key, &receiver.url(name), json!(["*"]));
         receiver.configure(name, json!({"secrets": [endpoint["secret"]], "delay": delay}));
     }
-    let runs: Vec<String> =
-        (0..8).map(|i| server.create(&key, json!({"input": format!("r{i}")}))["id"].as_str().unwrap().to_owned()).collect();
+    let runs: Vec<String> = (0..8)
+        .map(|i| server.create(&key, json!({"input": format!("r{i}")}))["id"].as_str().unwrap().to_owned())
+        .collect();
     for run in &runs {
         server.wait_for_status(&key, run, "succeeded");
     }
@@ -244,7 +247,8 @@ fn endpoint_rules_bad_input_and_owners() {
     refused(json!({"url": "https://example.com/hook", "events": ["*", "run.failed"]}), "events", "*");
     refused(json!({"url": "https://example.com/hook"}), "events", "required");
     refused(json!({"events": events}), "url", "required");
-    let reply = server.post(&key, "/v1/webhooks", json!({"url": "https://example.com/h", "events": events, "secret": "x"}));
+    let reply =
+        server.post(&key, "/v1/webhooks", json!({"url": "https://example.com/h", "events": events, "secret": "x"}));
     reply.expect_error(400, "invalid_request");
 
     let mut ids = Vec::new();
@@ -273,7 +277,9 @@ fn endpoint_rules_bad_input_and_owners() {
     let other = server.key("other");
     let id = &ids[0];
     server.get(&other, &format!("/v1/webhooks/{id}")).expect_error(404, "not_found");
-    server.send(server.request("DELETE", &format!("/v1/webhooks/{id}")).bearer_auth(&other)).expect_error(404, "not_found");
+    server
+        .send(server.request("DELETE", &format!("/v1/webhooks/{id}")).bearer_auth(&other))
+        .expect_error(404, "not_found");
     server.post(&other, &format!("/v1/webhooks/{id}/rotate-secret"), json!({})).expect_error(404, "not_found");
     server.get(&other, &format!("/v1/webhooks/{id}/deliveries")).expect_error(404, "not_found");
     assert_eq!(server.get(&other, "/v1/webhooks").expect_status(200)["data"], json!([]));
@@ -286,7 +292,9 @@ fn endpoint_rules_bad_input_and_owners() {
     let deleted = server.send(server.request("DELETE", &format!("/v1/webhooks/{id}")).bearer_auth(&key));
     assert_eq!(deleted.expect_status(200).clone(), json!({"id": id, "deleted": true}));
     server.get(&key, &format!("/v1/webhooks/{id}")).expect_error(404, "not_found");
-    server.send(server.request("DELETE", &format!("/v1/webhooks/{id}")).bearer_auth(&key)).expect_error(404, "not_found");
+    server
+        .send(server.request("DELETE", &format!("/v1/webhooks/{id}")).bearer_auth(&key))
+        .expect_error(404, "not_found");
     create_webhook(&server, &key, "https://example.com/again", events.clone());
 
     // Scopes: webhooks:manage is needed; method and path rules hold.

@@ -458,7 +458,9 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 route.operation_id,
                 "Create a webhook endpoint",
                 json!([]),
-                Some(json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateWebhook"}}}})),
+                Some(
+                    json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateWebhook"}}}}),
+                ),
                 json!({"201": webhook_response("The endpoint, with its signing secret (shown only here and by rotate-secret).", true)}),
             ),
             Operation::ListWebhooks => operation(
@@ -497,7 +499,9 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 route.operation_id,
                 "Rotate a webhook endpoint's signing secret",
                 json!([webhook_id]),
-                Some(json!({"required": false, "content": {"application/json": {"schema": {"type": "object", "additionalProperties": false, "maxProperties": 0}}}})),
+                Some(
+                    json!({"required": false, "content": {"application/json": {"schema": {"type": "object", "additionalProperties": false, "maxProperties": 0}}}}),
+                ),
                 json!({
                     "200": webhook_response("The endpoint with its new secret. For 24 hours deliveries carry a signature with the old secret too.", true),
                     "404": webhook_not_found.clone(),

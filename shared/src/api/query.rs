@@ -19,7 +19,10 @@ pub(super) fn parameters<const N: usize>(
             } else {
                 format!("Allowed: {}.", names.join(", "))
             };
-            return Err(ApiError::invalid_param(shown.clone(), format!("Unknown query parameter `{shown}`. {allowed}")));
+            return Err(ApiError::invalid_param(
+                shown.clone(),
+                format!("Unknown query parameter `{shown}`. {allowed}"),
+            ));
         };
         if std::mem::replace(&mut seen[index], true) {
             return Err(ApiError::invalid(names[index], format!("`{name}` may be given only once.")));

@@ -272,7 +272,9 @@ mod tests {
             assert_eq!(ROUTES.iter().filter(|other| other.key() == route.key()).count(), 1);
             // A function that serves several operations has one permission
             // for all of them.
-            assert!(ROUTES.iter().filter(|other| other.function == route.function).all(|other| other.scope == route.scope));
+            assert!(
+                ROUTES.iter().filter(|other| other.function == route.function).all(|other| other.scope == route.scope)
+            );
         }
     }
 }

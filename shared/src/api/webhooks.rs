@@ -169,7 +169,8 @@ pub(super) async fn deliveries(
     let endpoint = find(api, owner, id).await?;
     let list = endpoint.id.to_string();
     let (limit, after) = page(query, owner, &list)?;
-    let page = api.webhooks.deliveries(owner, endpoint.id, after.map(crate::domain::DeliveryId::from_ulid), limit).await?;
+    let page =
+        api.webhooks.deliveries(owner, endpoint.id, after.map(crate::domain::DeliveryId::from_ulid), limit).await?;
     let next_cursor = page
         .has_more
         .then(|| page.items.last())

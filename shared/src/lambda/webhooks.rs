@@ -48,7 +48,12 @@ pub async fn handle_stream(store: &DynamoStore, queue: &WebhookQueue, event: Str
             let messages: Vec<DeliveryMessage> = owners
                 .iter()
                 .filter(|endpoint| endpoint.status == WebhookStatus::Enabled && endpoint.events.wants(&event.kind))
-                .map(|endpoint| DeliveryMessage { owner: owner.clone(), webhook_id: endpoint.id, run_id, seq: event.seq })
+                .map(|endpoint| DeliveryMessage {
+                    owner: owner.clone(),
+                    webhook_id: endpoint.id,
+                    run_id,
+                    seq: event.seq,
+                })
                 .collect();
             queue.send(&messages).await.map_err(|error| StoreError::Unavailable(Box::new(error)))
         };

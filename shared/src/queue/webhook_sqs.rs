@@ -64,9 +64,7 @@ impl WebhookQueue {
                 .await
                 .map_err(unavailable)?;
             if let Some(failed) = output.failed.first() {
-                return Err(QueueError::Unavailable(
-                    format!("SQS refused a delivery message: {}", failed.code).into(),
-                ));
+                return Err(QueueError::Unavailable(format!("SQS refused a delivery message: {}", failed.code).into()));
             }
         }
         Ok(())

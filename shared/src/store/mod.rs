@@ -16,7 +16,8 @@ use crate::domain::{
 pub use crate::domain::{InboxEntry, Run};
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if, conflict_backoff};
 pub use dynamodb::{
-    NOTIFIED_EVENT_PREFIX, decode_stream_event, APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, STATUS_INDEX,
+    APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES,
+    NOTIFIED_EVENT_PREFIX, STATUS_INDEX, decode_stream_event,
 };
 pub use sqlite::{Durability, SqliteStore};
 

@@ -75,8 +75,7 @@ impl Deliverer {
         // used (a proxy would resolve the name out of sight of the check).
         let timeout = policy.timeout;
         let client = crate::agents::llm::build_client(|builder| {
-            let builder =
-                builder.redirect(reqwest::redirect::Policy::none()).timeout(timeout).connect_timeout(timeout);
+            let builder = builder.redirect(reqwest::redirect::Policy::none()).timeout(timeout).connect_timeout(timeout);
             if policy.allow_private {
                 builder
             } else {

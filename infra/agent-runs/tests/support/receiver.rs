@@ -57,7 +57,10 @@ impl Receiver {
             if done(&received) {
                 return received;
             }
-            assert!(Instant::now() < deadline, "{name} did not receive what was expected in {timeout:?}: {received:#?}");
+            assert!(
+                Instant::now() < deadline,
+                "{name} did not receive what was expected in {timeout:?}: {received:#?}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }

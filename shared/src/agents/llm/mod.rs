@@ -85,7 +85,9 @@ impl LlmRuntime {
         } else {
             self.tools_public.get_or_init(|| {
                 build_client(|builder| {
-                    no_redirects(builder).no_proxy().dns_resolver(Arc::new(crate::public_network::PublicAddressResolver))
+                    no_redirects(builder)
+                        .no_proxy()
+                        .dns_resolver(Arc::new(crate::public_network::PublicAddressResolver))
                 })
             })
         };

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::public_network::{self, NotPublic};
 use crate::domain::ToolDefinition;
+use crate::public_network::{self, NotPublic};
 
 /// A definition's tool with its compiled argument schema.
 pub struct Tool {

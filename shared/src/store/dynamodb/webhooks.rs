@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{DynamoStore, Item, TransactFailure, defect, events_pk, n, s, text, unavailable};
 use crate::domain::{
-    DeliveryAttempt, DeliveryId, EndpointHealth, EventFilter, Owner, PreviousSecret, RunId, Timestamp,
-    WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
+    DeliveryAttempt, DeliveryId, EndpointHealth, EventFilter, Owner, PreviousSecret, RunId, Timestamp, WebhookEndpoint,
+    WebhookId, WebhookSecret, WebhookStatus,
 };
 use crate::store::{Page, StoreError, StoredEvent, WebhookStore};
 
@@ -230,7 +230,8 @@ impl WebhookStore for DynamoStore {
         endpoint: &WebhookEndpoint,
         replaced: &WebhookSecret,
     ) -> Result<bool, StoreError> {
-        let previous = endpoint.previous_secret.as_ref().ok_or_else(|| defect("a rotation without a previous secret"))?;
+        let previous =
+            endpoint.previous_secret.as_ref().ok_or_else(|| defect("a rotation without a previous secret"))?;
         let result = self
             .client
             .update_item()
@@ -247,7 +248,9 @@ impl WebhookStore for DynamoStore {
             .await;
         match result {
             Ok(_) => Ok(true),
-            Err(error) if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) => {
+            Err(error)
+                if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) =>
+            {
                 Ok(false)
             }
             Err(error) => Err(unavailable(error)),
@@ -340,7 +343,9 @@ impl WebhookStore for DynamoStore {
         match update.send().await {
             Ok(_) => Ok(()),
             // Deleted meanwhile: nothing to mark.
-            Err(error) if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) => {
+            Err(error)
+                if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) =>
+            {
                 Ok(())
             }
             Err(error) => Err(unavailable(error)),

@@ -6,8 +6,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{SqliteStore, unavailable};
 use crate::domain::{
-    DeliveryAttempt, DeliveryId, EndpointHealth, Event, EventFilter, Owner, PreviousSecret, Timestamp,
-    WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
+    DeliveryAttempt, DeliveryId, EndpointHealth, Event, EventFilter, Owner, PreviousSecret, Timestamp, WebhookEndpoint,
+    WebhookId, WebhookSecret, WebhookStatus,
 };
 use crate::store::{Outbox, Page, PendingDelivery, StoreError, StoredEvent, WebhookStore};
 
@@ -31,7 +31,13 @@ pub(super) fn enqueue_deliveries(connection: &Connection, owner: &Owner, events:
     let mut queued = 0;
     for event in events {
         queued += statement
-            .execute(params![owner.as_str(), event.run_id.to_string(), event.seq as i64, event.at.millis(), event.data.kind()])
+            .execute(params![
+                owner.as_str(),
+                event.run_id.to_string(),
+                event.seq as i64,
+                event.at.millis(),
+                event.data.kind()
+            ])
             .map_err(unavailable)?;
     }
     Ok(queued > 0)
@@ -147,9 +153,7 @@ fn record(connection: &Connection, attempt: &DeliveryAttempt, health: EndpointHe
         EndpointHealth::Disable => connection
             .prepare_cached("UPDATE webhooks SET status = 'disabled' WHERE id = ?1")
             .and_then(|mut statement| statement.execute(params![webhook_id]))
-            .and_then(|_| {
-                connection.execute("DELETE FROM webhook_outbox WHERE webhook_id = ?1", params![webhook_id])
-            }),
+            .and_then(|_| connection.execute("DELETE FROM webhook_outbox WHERE webhook_id = ?1", params![webhook_id])),
     };
     health_update.map_err(unavailable)?;
     Ok(())
@@ -159,7 +163,8 @@ fn record(connection: &Connection, attempt: &DeliveryAttempt, health: EndpointHe
 impl WebhookStore for SqliteStore {
     async fn create_webhook(&self, endpoint: &WebhookEndpoint, max_per_owner: usize) -> Result<bool, StoreError> {
         let endpoint = endpoint.clone();
-        let events = serde_json::to_string(&endpoint.events.names()).map_err(|error| StoreError::Defect(error.to_string()))?;
+        let events =
+            serde_json::to_string(&endpoint.events.names()).map_err(|error| StoreError::Defect(error.to_string()))?;
         self.write(move |connection| {
             let transaction = connection.transaction().map_err(unavailable)?;
             let count: i64 = transaction
