@@ -8,6 +8,8 @@
 #   2b. 1,000 Server-Sent Events streams open on runs while runs are created:
 #      the server's memory and CPU, create throughput with and without them,
 #      and how fast a cancel of every run reaches every stream.
+#   2c. webhooks: deliveries per second from the embedded server to a local
+#      receiver, and create throughput while an endpoint answers in 2 s.
 #   3. each Lambda function's init and invocation times under a Lambda
 #      Runtime API stand-in, against the AWS API emulator.
 #   4. each function's binary and zip size.
@@ -24,7 +26,7 @@ if ! command -v wrk > /dev/null; then
   echo "installing wrk (Debian package)"
   apt-get update -qq && apt-get install -y -qq wrk > /dev/null
 fi
-functions="create list get cancel decide extend decide-batch events approvals fallback worker sweeper dead-letter"
+functions="create list get cancel decide extend decide-batch events approvals webhooks fallback worker sweeper dead-letter notifier deliver"
 if [ "$build" = 1 ]; then
   cargo build --release --quiet --bins -p agent-runs -p agent-runs-bench $(printf -- '-p agent-runs-%s ' $functions)
 fi
@@ -126,6 +128,34 @@ sed -n '/^after the load/,$p' "$work/sse.out"
 awk -v with="$(cat "$work/create-1k-sse.rps")" -v alone="$(cat "$work/create-alone.rps")" \
   'BEGIN { printf "create with 1,000 streams open: %.1f%% of create alone\n", 100 * with / alone }'
 
+echo "== 2c. webhooks: deliveries per second; create beside an endpoint that takes 2 s to answer"
+# webhook_server NAME SINK_DELAY_MS: a server of its own with one endpoint for
+# every event on a local sink; sets $hook_serve, $hook_auth and $hook_sink.
+webhook_server() {
+  "$bin/webhook-sink" 127.0.0.1:0 "$2" > "$work/$1-sink.out" & pids+=($!)
+  AGENT_RUNS_RATE_LIMIT_PER_SECOND=0 AGENT_RUNS_MAX_ACTIVE_RUNS=100000000 AGENT_RUNS_LOG=warn AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE=true \
+    "$bin/agent-runs" serve --addr 127.0.0.1:0 --db "$work/$1.db" > "$work/$1-serve.out" 2> "$work/$1-serve.err" & pids+=($!)
+  wait_for_line "$work/$1-sink.out"; wait_for_line "$work/$1-serve.out"
+  hook_sink=$(addr_of "$work/$1-sink.out"); hook_serve=$(addr_of "$work/$1-serve.out")
+  hook_auth="Authorization: Bearer $(sed -n 's/^ *export AGENT_RUNS_KEY=//p' "$work/$1-serve.out")"
+  curl -s -X POST "http://$hook_serve/v1/webhooks" -H "$hook_auth" -H 'Content-Type: application/json' \
+    -d "{\"url\": \"http://$hook_sink/hook\", \"events\": [\"*\"]}" > /dev/null
+}
+webhook_server fast 0
+wrk_run create-webhook "http://$hook_serve/v1/agent/runs" -H "$hook_auth" -s "$work/create.lua"
+created=$(awk '/requests in/ {print $1}' "$work/create-webhook.wrk")
+# An echo run has three events: created, started, succeeded.
+expected=$((created * 3)); started=$(date +%s.%N); delivered=0
+for _ in $(seq 1 1200); do
+  delivered=$(curl -s "http://$hook_sink/count"); [ "$delivered" -ge "$expected" ] && break; sleep 0.25
+done
+awk -v n="$delivered" -v e="$expected" -v secs="$secs" -v started="$started" -v now="$(date +%s.%N)" \
+  'BEGIN { printf "delivered %d of %d events of the runs created under load; all within %.1f s after the load: %.0f deliveries/s over load and drain\n", n, e, now - started, n / (secs + now - started) }'
+webhook_server slow 2000
+wrk_run create-slow-hook "http://$hook_serve/v1/agent/runs" -H "$hook_auth" -s "$work/create.lua"
+awk -v slow="$(cat "$work/create-slow-hook.rps")" -v fast="$(cat "$work/create-webhook.rps")" -v alone="$(cat "$work/create.rps")" \
+  'BEGIN { printf "create with an endpoint for every event: %.1f%% of create without; with that endpoint taking 2 s: %.1f%%\n", 100 * fast / alone, 100 * slow / alone }'
+
 echo "== 3. Lambda functions: init and invocations (Runtime API stand-in, AWS API emulator)"
 source infra/moto.sh
 install_moto
@@ -134,7 +164,7 @@ start_moto "$port"; pids+=("$MOTO_PID")
 export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=testing \
   AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true
 eval "$("$bin/agent-runs" aws-setup --template template.yaml --prefix bench)"
-export AGENT_RUNS_TABLE AGENT_RUNS_QUEUE_URL
+export AGENT_RUNS_TABLE AGENT_RUNS_QUEUE_URL AGENT_RUNS_WEBHOOK_QUEUE_URL
 lambda_key=$("$bin/agent-runs" keys create --owner bench 2> /dev/null)
 python3 - "$work" "$lambda_key" <<'PY'
 import copy, json, sys
@@ -159,11 +189,22 @@ http("approvals", "GET", "/v1/approvals", query="limit=20")
 decision = {"run_id": missing, "approval_id": "apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "decision": "approve"}
 http("decide-batch", "POST", "/v1/approvals/batch", json.dumps({"decisions": [decision]}))
 http("fallback", "GET", "/v1/unknown")
+http("webhooks", "GET", "/v1/webhooks", query="limit=20")
 sqs = json.load(open("infra/events/sqs-run.json"))
 sqs["Records"][0]["body"] = json.dumps({"run_id": missing, "owner": "bench"})
 json.dump(sqs, open(f"{work}/worker.json", "w"))
 json.dump(json.load(open("infra/events/schedule.json")), open(f"{work}/sweeper.json", "w"))
 json.dump(sqs, open(f"{work}/dead-letter.json", "w"))
+delivery = copy.deepcopy(sqs)
+delivery["Records"][0]["body"] = json.dumps({"owner": "bench", "webhook_id": "wh_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "run_id": missing, "seq": 1})
+json.dump(delivery, open(f"{work}/deliver.json", "w"))
+stream = {"Records": [{"eventID": "1", "eventName": "INSERT", "eventVersion": "1.1", "eventSource": "aws:dynamodb", "awsRegion": "us-east-1",
+  "eventSourceARN": "arn:aws:dynamodb:us-east-1:123456789012:table/bench-runs/stream/1",
+  "dynamodb": {"ApproximateCreationDateTime": 1795303478, "SequenceNumber": "1", "SizeBytes": 100, "StreamViewType": "NEW_IMAGE",
+    "Keys": {"pk": {"S": f"RUN#{missing}"}, "sk": {"S": "EV#000000000001"}},
+    "NewImage": {"pk": {"S": f"RUN#{missing}"}, "sk": {"S": "EV#000000000001"}, "seq": {"N": "1"}, "type": {"S": "run.created"},
+      "at": {"N": "1795303478123"}, "data": {"S": "{}"}, "owner": {"S": "bench"}}}}]}
+json.dump(stream, open(f"{work}/notifier.json", "w"))
 PY
 for fn in $functions; do
   "$bin/lambda-cold-start" "$bin/$fn" "$work/$fn.json" 50

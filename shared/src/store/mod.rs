@@ -304,8 +304,16 @@ pub trait Outbox: Send + Sync + 'static {
     /// Returns once a commit has queued deliveries since the last call
     /// (at once if one has).
     async fn deliveries_queued(&self);
-    /// Deliveries due at `now`, the longest waiting first.
-    async fn due_deliveries(&self, now: Timestamp, limit: u32) -> Result<Vec<PendingDelivery>, StoreError>;
+    /// Deliveries due at `now`: for each endpoint with any, except those
+    /// in `skip`, up to `per_endpoint` of them, the longest waiting first.
+    /// Each endpoint's queue is read apart, so a long backlog of one never
+    /// hides another's deliveries.
+    async fn due_deliveries(
+        &self,
+        now: Timestamp,
+        skip: &[WebhookId],
+        per_endpoint: u32,
+    ) -> Result<Vec<PendingDelivery>, StoreError>;
     /// Records the attempt and its effect on the endpoint, then schedules
     /// the delivery's next attempt at `retry_at`, or drops it when `None`
     /// (delivered, or given up), all in one transaction.

@@ -16,11 +16,12 @@ use crate::domain::{Clock, WebhookId, WebhookStatus};
 use crate::error_chain;
 use crate::store::{Outbox, PendingDelivery, WebhookStore};
 
-/// Deliveries read from the outbox at a time.
-const BATCH: u32 = 256;
 /// How long the worker sleeps when nothing is due and no commit woke it:
 /// the latest a retry falls due is this much after its time.
 const IDLE_POLL: Duration = Duration::from_millis(500);
+/// After a commit's signal, how long to wait for more before reading: under
+/// a stream of commits, one read serves many.
+const COALESCE: Duration = Duration::from_millis(5);
 /// After a failed read of the outbox.
 const ERROR_PAUSE: Duration = Duration::from_secs(1);
 
@@ -42,7 +43,7 @@ impl OutboxWorker {
         OutboxWorker { outbox, webhooks, deliverer }
     }
 
-    /// Delivers until `stop` turns true; deliveries in flight then are
+    /// Delivers until `stop` is sent (or dropped); deliveries in flight then are
     /// dropped unrecorded (they are in the outbox still, and go out again).
     pub async fn run(self, clock: Arc<dyn Clock>, mut stop: watch::Receiver<bool>) {
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
@@ -52,7 +53,13 @@ impl OutboxWorker {
         let worker = Arc::new(self);
         loop {
             let mut started = 0;
-            match worker.outbox.due_deliveries(clock.now(), BATCH).await {
+            let saturated: Vec<WebhookId> = crate::lock(&in_flight)
+                .per_endpoint
+                .iter()
+                .filter(|(_, count)| **count >= per_endpoint)
+                .map(|(id, _)| *id)
+                .collect();
+            match worker.outbox.due_deliveries(clock.now(), &saturated, per_endpoint as u32).await {
                 Ok(due) => {
                     for delivery in due {
                         {
@@ -89,11 +96,14 @@ impl OutboxWorker {
             // Sleep until a commit queues deliveries, one in flight ends (its
             // endpoint may have more waiting), or the poll comes round.
             let pause = if started > 0 { Duration::ZERO } else { IDLE_POLL };
-            tokio::select! {
-                _ = stop.wait_for(|stop| *stop) => break,
-                _ = worker.outbox.deliveries_queued() => {}
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-                _ = tokio::time::sleep(pause), if started == 0 => {}
+            let committed = tokio::select! {
+                _ = stop.changed() => break,
+                _ = worker.outbox.deliveries_queued() => true,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => false,
+                _ = tokio::time::sleep(pause), if started == 0 => false,
+            };
+            if committed {
+                tokio::time::sleep(COALESCE).await;
             }
             while tasks.try_join_next().is_some() {}
         }

@@ -169,8 +169,7 @@ CREATE TABLE webhook_outbox (
     attempts        INTEGER NOT NULL DEFAULT 0,
     next_attempt_at INTEGER NOT NULL
 );
-CREATE INDEX webhook_outbox_by_due ON webhook_outbox (next_attempt_at, id);
-CREATE INDEX webhook_outbox_by_webhook ON webhook_outbox (webhook_id);
+CREATE INDEX webhook_outbox_by_webhook ON webhook_outbox (webhook_id, next_attempt_at, id);
 CREATE INDEX webhook_outbox_by_run ON webhook_outbox (run_id);
 CREATE TABLE webhook_attempts (
     webhook_id  TEXT    NOT NULL,

@@ -367,52 +367,72 @@ impl Outbox for SqliteStore {
         self.inner.deliveries_queued.notified().await;
     }
 
-    async fn due_deliveries(&self, now: Timestamp, limit: u32) -> Result<Vec<PendingDelivery>, StoreError> {
+    async fn due_deliveries(
+        &self,
+        now: Timestamp,
+        skip: &[WebhookId],
+        per_endpoint: u32,
+    ) -> Result<Vec<PendingDelivery>, StoreError> {
+        let skip: Vec<String> = skip.iter().map(WebhookId::to_string).collect();
         self.read(move |connection| {
-            let rows = connection
+            // The endpoints with something due: one probe of the outbox's
+            // index per enabled endpoint.
+            let endpoints: Vec<(String, String)> = connection
                 .prepare_cached(
-                    "SELECT webhook_outbox.id, webhooks.owner, webhook_outbox.webhook_id, webhook_outbox.run_id,
-                            webhook_outbox.attempts, run_events.seq, run_events.type, run_events.created_at,
-                            run_events.data
-                     FROM webhook_outbox
-                     JOIN webhooks ON webhooks.id = webhook_outbox.webhook_id
-                     JOIN run_events ON run_events.run_id = webhook_outbox.run_id
-                                    AND run_events.seq = webhook_outbox.seq
-                     WHERE webhook_outbox.next_attempt_at <= ?1
-                     ORDER BY webhook_outbox.next_attempt_at, webhook_outbox.id LIMIT ?2",
+                    "SELECT id, owner FROM webhooks
+                     WHERE status = 'enabled'
+                       AND EXISTS (SELECT 1 FROM webhook_outbox
+                                   WHERE webhook_id = webhooks.id AND next_attempt_at <= ?1)",
                 )
                 .and_then(|mut statement| {
                     statement
-                        .query_map(params![now.millis(), limit], |row| {
-                            Ok((
-                                row.get::<_, i64>(0)?,
-                                row.get::<_, String>(1)?,
-                                row.get::<_, String>(2)?,
-                                row.get::<_, String>(3)?,
-                                row.get::<_, u32>(4)?,
-                                StoredEvent {
-                                    seq: row.get::<_, i64>(5)? as u64,
-                                    kind: row.get(6)?,
-                                    at: Timestamp::from_millis(row.get(7)?),
-                                    data: row.get(8)?,
-                                },
-                            ))
-                        })?
+                        .query_map(params![now.millis()], |row| Ok((row.get(0)?, row.get(1)?)))?
                         .collect::<Result<Vec<_>, _>>()
                 })
                 .map_err(unavailable)?;
-            rows.into_iter()
-                .map(|(id, owner, webhook_id, run_id, attempts, event)| {
-                    Ok(PendingDelivery {
+            let mut due = Vec::new();
+            let mut statement = connection
+                .prepare_cached(
+                    "SELECT webhook_outbox.id, webhook_outbox.run_id, webhook_outbox.attempts, run_events.seq,
+                            run_events.type, run_events.created_at, run_events.data
+                     FROM webhook_outbox
+                     JOIN run_events ON run_events.run_id = webhook_outbox.run_id
+                                    AND run_events.seq = webhook_outbox.seq
+                     WHERE webhook_outbox.webhook_id = ?1 AND webhook_outbox.next_attempt_at <= ?2
+                     ORDER BY webhook_outbox.next_attempt_at, webhook_outbox.id LIMIT ?3",
+                )
+                .map_err(unavailable)?;
+            for (webhook_id, owner) in endpoints.into_iter().filter(|(id, _)| !skip.contains(id)) {
+                let rows = statement
+                    .query_map(params![webhook_id, now.millis(), per_endpoint], |row| {
+                        Ok((
+                            row.get::<_, i64>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, u32>(2)?,
+                            StoredEvent {
+                                seq: row.get::<_, i64>(3)? as u64,
+                                kind: row.get(4)?,
+                                at: Timestamp::from_millis(row.get(5)?),
+                                data: row.get(6)?,
+                            },
+                        ))
+                    })
+                    .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                    .map_err(unavailable)?;
+                let owner = Owner::parse(&owner).map_err(|_| defect("owner"))?;
+                let webhook_id: WebhookId = webhook_id.parse().map_err(|_| defect("id"))?;
+                for (id, run_id, attempts, event) in rows {
+                    due.push(PendingDelivery {
                         id,
-                        owner: Owner::parse(&owner).map_err(|_| defect("owner"))?,
-                        webhook_id: webhook_id.parse().map_err(|_| defect("outbox webhook id"))?,
+                        owner: owner.clone(),
+                        webhook_id,
                         run_id: run_id.parse().map_err(|_| defect("outbox run id"))?,
                         event,
                         attempts,
-                    })
-                })
-                .collect()
+                    });
+                }
+            }
+            Ok(due)
         })
         .await
     }
