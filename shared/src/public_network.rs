@@ -43,14 +43,16 @@ const NOT_PUBLIC_V4: [(Ipv4Addr, u8); 15] = [
 
 /// IPv6 networks a tool call may not reach, besides those that carry an
 /// IPv4 address (judged by that address).
-const NOT_PUBLIC_V6: [(Ipv6Addr, u8); 7] = [
+const NOT_PUBLIC_V6: [(Ipv6Addr, u8); 9] = [
     (Ipv6Addr::UNSPECIFIED, 128),
     (Ipv6Addr::LOCALHOST, 128),
-    (Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0), 64),      // discard-only
+    (Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0), 48), // local-use NAT64 (RFC 8215): any IPv4 behind it
+    (Ipv6Addr::new(0x2001, 0, 0, 0, 0, 0, 0, 0), 32),    // Teredo: tunnels to any IPv4
+    (Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0), 64),     // discard-only
     (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32), // documentation
-    (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7),      // unique local (AWS's IPv6 metadata is fd00:ec2::254)
-    (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 9),      // link-local fe80::/10 and site-local fec0::/10 (deprecated)
-    (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8),      // multicast
+    (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7),     // unique local (AWS's IPv6 metadata is fd00:ec2::254)
+    (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 9),     // link-local fe80::/10 and site-local fec0::/10 (deprecated)
+    (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8),     // multicast
 ];
 
 fn in_v4(address: Ipv4Addr, (network, prefix): (Ipv4Addr, u8)) -> bool {
@@ -192,6 +194,8 @@ mod tests {
             "64:ff9b::169.254.169.254",
             "2002:7f00:1::",
             "2002:a9fe:a9fe::1",
+            "64:ff9b:1::a00:1",
+            "2001:0:4136:e378::1",
         ] {
             assert!(!public(address), "{address} was taken as public");
         }

@@ -31,7 +31,7 @@ fn endpoint(url: &str, events: EventFilter, random: u128) -> WebhookEndpoint {
         status: WebhookStatus::Enabled,
         created_at: Timestamp::from_millis(T0),
         secret: WebhookSecret::generate(),
-        previous_secret: None,
+        previous_secrets: Vec::new(),
         failing_since: None,
     }
 }

@@ -758,6 +758,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
     let queue = aws.services.webhook_queue.clone().expect("aws-setup names the delivery queue");
     let deliveries_url = aws.webhook_queue_url.clone();
     let deliverer = aws.services.services.deliverer();
+    let clock = aws.services.services.clock.as_ref();
 
     let url = receiver.url("aws");
     let (status, endpoint) =
@@ -789,7 +790,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         let event = delivery_event(&aws, &deliveries_url).await;
         assert!(!event.records.is_empty(), "a message per event was queued");
         delivered += event.records.len();
-        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, event).await;
+        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
         assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     }
     let received = blocking(Box::new(|receiver| Value::from(receiver.received("aws")))).await;
@@ -812,17 +813,20 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
     let response = handle_stream(&aws.services.store, &queue, all_records).await;
     assert!(response.batch_item_failures.is_empty());
     // The stream is read again from its start: the first run's events are
-    // queued a second time (at least once) and delivered again.
-    let mut failed = Vec::new();
+    // queued a second time (at least once) and delivered again. Each failed
+    // attempt's message is done with, and its next attempt queued as a
+    // message of its own, due in about 5 s.
+    let mut attempted = 0;
     loop {
         let event = delivery_event(&aws, &deliveries_url).await;
         if event.records.is_empty() {
             break;
         }
-        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, event).await;
-        failed.extend(response.batch_item_failures.into_iter().map(|failure| failure.item_identifier));
+        attempted += event.records.len();
+        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
+        assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     }
-    assert_eq!(failed.len(), 4, "three repeats and the new run.created failed: {failed:?}");
+    assert_eq!(attempted, 4, "three repeats and the new run.created");
     let webhook_id = endpoint["id"].as_str().unwrap();
     let (_, attempts) = aws
         .invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None)
@@ -836,8 +840,8 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         Value::Null
     }))
     .await;
-    // Hidden for about 5 s (±20 %), then received again as attempt 2.
-    assert!(delivery_event(&aws, &deliveries_url).await.records.is_empty(), "hidden until the next attempt");
+    // Due in about 5 s (±20 %), then received as attempt 2.
+    assert!(delivery_event(&aws, &deliveries_url).await.records.is_empty(), "not before the next attempt is due");
     tokio::time::sleep(std::time::Duration::from_millis(6_500)).await;
     let mut retried = 0;
     loop {
@@ -846,10 +850,11 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
             break;
         }
         for record in &event.records {
-            assert_eq!(record.attributes.get("ApproximateReceiveCount").map(String::as_str), Some("2"));
+            let message: Value = serde_json::from_str(record.body.as_deref().unwrap()).unwrap();
+            assert_eq!(message["attempts"], 1, "{message}");
         }
         retried += event.records.len();
-        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, event).await;
+        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
         assert!(response.batch_item_failures.is_empty());
     }
     assert_eq!(retried, 4);
@@ -860,4 +865,74 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         (attempts["data"][0]["http_status"].as_u64(), attempts["data"][0]["attempt"].as_u64()),
         (Some(200), Some(2))
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_lists_page_through_every_endpoint_and_attempt_on_dynamodb() {
+    use agent_runs_shared::domain::{DeliveryAttempt, DeliveryId, EndpointHealth, Timestamp, WebhookId};
+    use agent_runs_shared::store::WebhookStore;
+
+    if support::without_emulator("webhook_lists_page_through_every_endpoint_and_attempt_on_dynamodb") {
+        return;
+    }
+    let aws = Aws::new().await;
+    let mut created = Vec::new();
+    for i in 0..7 {
+        let body = json!({"url": format!("https://example.com/hook/{i}"), "events": ["run.failed"]});
+        let (status, endpoint) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
+        assert_eq!(status, 201, "{endpoint}");
+        created.push(endpoint["id"].as_str().unwrap().to_owned());
+    }
+    let mut listed = Vec::new();
+    let mut path = "/v1/webhooks?limit=3".to_owned();
+    loop {
+        let (status, page) = aws.invoke(Operation::ListWebhooks, "GET", &path, None).await;
+        assert_eq!(status, 200, "{page}");
+        listed.extend(
+            page["data"].as_array().unwrap().iter().map(|endpoint| endpoint["id"].as_str().unwrap().to_owned()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(cursor) => path = format!("/v1/webhooks?limit=3&cursor={cursor}"),
+            None => break,
+        }
+    }
+    created.reverse();
+    assert_eq!(listed, created, "every endpoint once, newest first");
+
+    let webhook_id: WebhookId = created[0].parse().unwrap();
+    let owner = Owner::parse("dev").unwrap();
+    let ids = IdGenerator::default();
+    for attempt in 1..=45 {
+        let at = SystemClock.now();
+        let record = DeliveryAttempt {
+            id: DeliveryId::from_ulid(ids.ulid_at(at)),
+            webhook_id,
+            event_id: "evt_01JDQ3V7Q4K8Z2X9M5N6P7R8S9".into(),
+            event_type: "run.failed".into(),
+            attempt,
+            http_status: Some(500),
+            error: Some("the endpoint answered HTTP 500".into()),
+            duration_ms: 3,
+            at,
+        };
+        aws.services
+            .store
+            .record_attempt(&owner, &record, EndpointHealth::FailingSince(Timestamp::from_millis(0)))
+            .await
+            .unwrap();
+    }
+    let mut attempts = Vec::new();
+    let mut path = format!("/v1/webhooks/{webhook_id}/deliveries");
+    loop {
+        let (status, page) = aws.invoke(Operation::ListWebhookDeliveries, "GET", &path, None).await;
+        assert_eq!(status, 200, "{page}");
+        attempts.extend(page["data"].as_array().unwrap().iter().map(|attempt| attempt["attempt"].as_u64().unwrap()));
+        match page["next_cursor"].as_str() {
+            Some(cursor) => path = format!("/v1/webhooks/{webhook_id}/deliveries?cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(attempts, (1..=45).rev().collect::<Vec<u64>>(), "every attempt once, newest first");
+    let (_, endpoint) = aws.invoke(Operation::GetWebhook, "GET", &format!("/v1/webhooks/{webhook_id}"), None).await;
+    assert_eq!(endpoint["status"], "enabled");
 }

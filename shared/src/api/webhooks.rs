@@ -92,7 +92,7 @@ pub(super) async fn create(api: &Api, owner: &Owner, request: &Request<Bytes>) -
         status: WebhookStatus::Enabled,
         created_at: now,
         secret: WebhookSecret::generate(),
-        previous_secret: None,
+        previous_secrets: Vec::new(),
         failing_since: None,
     };
     if !api.webhooks.create_webhook(&endpoint, MAX_WEBHOOKS_PER_OWNER).await? {

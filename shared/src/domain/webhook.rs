@@ -17,6 +17,8 @@ pub const MAX_WEBHOOK_URL_BYTES: usize = 2_048;
 pub const MAX_WEBHOOK_DESCRIPTION_CHARS: usize = 500;
 /// After a rotation, the old secret keeps signing for this long.
 pub const PREVIOUS_SECRET_VALID_FOR: Duration = Duration::from_secs(24 * 60 * 60);
+/// Replaced secrets kept signing at once, at most (rotations within a day).
+pub const MAX_PREVIOUS_SECRETS: usize = 5;
 /// An endpoint whose every attempt failed for this long is disabled.
 pub const DISABLE_AFTER_FAILING_FOR: Duration = Duration::from_secs(5 * 24 * 60 * 60);
 /// A receiver has this long to answer a delivery.
@@ -94,6 +96,13 @@ impl EventFilter {
     }
 
     /// As the API shows it and the stores keep it.
+    /// A filter as a store kept it, not checked against today's event
+    /// types: a type that no longer exists matches nothing, and the
+    /// endpoint keeps working for the others.
+    pub fn stored(types: Vec<String>) -> Self {
+        if types.len() == 1 && types[0] == "*" { EventFilter::All } else { EventFilter::Types(types) }
+    }
+
     pub fn names(&self) -> Vec<String> {
         match self {
             EventFilter::All => vec!["*".to_owned()],
@@ -174,7 +183,9 @@ pub struct WebhookEndpoint {
     pub status: WebhookStatus,
     pub created_at: Timestamp,
     pub secret: WebhookSecret,
-    pub previous_secret: Option<PreviousSecret>,
+    /// Secrets replaced by rotations, newest first, each signing until its
+    /// `until`.
+    pub previous_secrets: Vec<PreviousSecret>,
     /// When the first of the failed attempts since the last success was
     /// made; `None` while deliveries succeed.
     pub failing_since: Option<Timestamp>,
@@ -182,21 +193,25 @@ pub struct WebhookEndpoint {
 
 impl WebhookEndpoint {
     /// The `webhook-signature` header: a signature with the secret, and
-    /// one with the previous secret while it is still valid (the
-    /// specification lets receivers accept any of several).
+    /// one with each replaced secret still valid (the specification lets
+    /// receivers accept any of several, space-separated).
     pub fn signature(&self, message_id: &str, timestamp_secs: i64, body: &[u8], now: Timestamp) -> String {
         let mut header = self.secret.sign(message_id, timestamp_secs, body);
-        if let Some(previous) = self.previous_secret.as_ref().filter(|previous| now < previous.until) {
+        for previous in self.previous_secrets.iter().filter(|previous| now < previous.until) {
             header.push(' ');
             header.push_str(&previous.secret.sign(message_id, timestamp_secs, body));
         }
         header
     }
 
-    /// A new secret, the current one kept valid for a day.
+    /// A new secret; the current one keeps signing for a day (as do those
+    /// replaced earlier, until their own day is over).
     pub fn rotate_secret(&mut self, now: Timestamp) {
-        let previous = std::mem::replace(&mut self.secret, WebhookSecret::generate());
-        self.previous_secret = Some(PreviousSecret { secret: previous, until: now.plus(PREVIOUS_SECRET_VALID_FOR) });
+        let replaced = std::mem::replace(&mut self.secret, WebhookSecret::generate());
+        self.previous_secrets.retain(|previous| now < previous.until);
+        self.previous_secrets
+            .insert(0, PreviousSecret { secret: replaced, until: now.plus(PREVIOUS_SECRET_VALID_FOR) });
+        self.previous_secrets.truncate(MAX_PREVIOUS_SECRETS);
     }
 
     /// What an attempt's outcome does to the endpoint.
@@ -331,7 +346,7 @@ mod tests {
             status: WebhookStatus::Enabled,
             created_at: now,
             secret: WebhookSecret::generate(),
-            previous_secret: None,
+            previous_secrets: Vec::new(),
             failing_since: None,
         }
     }
@@ -340,13 +355,27 @@ mod tests {
     fn a_rotated_secret_signs_beside_the_new_one_for_a_day() {
         let now = Timestamp::from_millis(1_700_000_000_000);
         let mut endpoint = endpoint(now);
-        let old = endpoint.secret.clone();
+        let first = endpoint.secret.clone();
         endpoint.rotate_secret(now);
+        let sign = |secret: &WebhookSecret| secret.sign("evt_1", 1, b"{}");
         let header = endpoint.signature("evt_1", 1, b"{}", now);
-        let signatures: Vec<&str> = header.split(' ').collect();
-        assert_eq!(signatures, [endpoint.secret.sign("evt_1", 1, b"{}"), old.sign("evt_1", 1, b"{}")]);
-        let later = now.plus(PREVIOUS_SECRET_VALID_FOR);
-        assert_eq!(endpoint.signature("evt_1", 1, b"{}", later), endpoint.secret.sign("evt_1", 1, b"{}"));
+        assert_eq!(header.split(' ').collect::<Vec<_>>(), [sign(&endpoint.secret), sign(&first)]);
+        // A second rotation within the day: all three sign, each old one
+        // for its own day.
+        let second = endpoint.secret.clone();
+        let hour_later = now.plus(Duration::from_secs(3_600));
+        endpoint.rotate_secret(hour_later);
+        let header = endpoint.signature("evt_1", 1, b"{}", hour_later);
+        assert_eq!(header.split(' ').collect::<Vec<_>>(), [sign(&endpoint.secret), sign(&second), sign(&first)]);
+        let day_later = now.plus(PREVIOUS_SECRET_VALID_FOR);
+        let header = endpoint.signature("evt_1", 1, b"{}", day_later);
+        assert_eq!(header.split(' ').collect::<Vec<_>>(), [sign(&endpoint.secret), sign(&second)]);
+        let much_later = hour_later.plus(PREVIOUS_SECRET_VALID_FOR);
+        assert_eq!(endpoint.signature("evt_1", 1, b"{}", much_later), sign(&endpoint.secret));
+        for _ in 0..10 {
+            endpoint.rotate_secret(much_later);
+        }
+        assert_eq!(endpoint.previous_secrets.len(), MAX_PREVIOUS_SECRETS);
     }
 
     #[test]

@@ -5,15 +5,16 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::time::Duration;
 
 use aws_lambda_events::event::dynamodb::Event as StreamEvent;
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 use futures_util::future::join_all;
 use lambda_runtime::{LambdaEvent, service_fn};
 
 use crate::aws::AwsServices;
-use crate::domain::{Owner, WebhookEndpoint, WebhookStatus};
+use crate::domain::{Clock, Owner, WebhookEndpoint, WebhookStatus};
 use crate::error_chain;
 use crate::queue::{DeliveryMessage, WebhookQueue};
 use crate::store::{DynamoStore, StoreError, WebhookStore, decode_stream_event};
@@ -53,6 +54,8 @@ pub async fn handle_stream(store: &DynamoStore, queue: &WebhookQueue, event: Str
                     webhook_id: endpoint.id,
                     run_id,
                     seq: event.seq,
+                    attempts: 0,
+                    not_before: None,
                 })
                 .collect();
             queue.send(&messages).await.map_err(|error| StoreError::Unavailable(Box::new(error)))
@@ -68,28 +71,49 @@ pub async fn handle_stream(store: &DynamoStore, queue: &WebhookQueue, event: Str
     response
 }
 
-/// The attempt a message is on: SQS counts its receives.
-fn attempt_number(record: &aws_lambda_events::event::sqs::SqsMessage) -> u32 {
-    record.attributes.get("ApproximateReceiveCount").and_then(|count| count.parse().ok()).unwrap_or(1).max(1)
+/// How long a message whose delivery could not be attempted (a failed
+/// read or record) is hidden: growing with its receives, so an outage of
+/// hours passes before SQS's 20 receives send it to the dead-letter queue.
+fn backoff(record: &SqsMessage) -> Duration {
+    let receives: u32 =
+        record.attributes.get("ApproximateReceiveCount").and_then(|count| count.parse().ok()).unwrap_or(1);
+    (Duration::from_secs(30) * 2u32.saturating_pow(receives.saturating_sub(1).min(10)))
+        .min(Duration::from_secs(15 * 60))
 }
 
 /// Makes the attempts of a batch of delivery messages, all at once. A
 /// message is acknowledged when its delivery is done (delivered, given up,
-/// or its endpoint or event is gone); a failed one is hidden until its next
-/// attempt and reported, so SQS keeps it.
+/// its endpoint or event gone) or its next attempt is queued as a message
+/// of its own; one that is not due yet, or could not be attempted or
+/// recorded, is hidden for a while and reported, so SQS keeps it.
 pub async fn handle_deliveries(
     store: &DynamoStore,
     queue: &WebhookQueue,
     deliverer: &Deliverer,
+    clock: &dyn Clock,
     event: SqsEvent,
 ) -> SqsBatchResponse {
     let results = join_all(event.records.into_iter().map(|record| async move {
         let id = record.message_id.clone().unwrap_or_default();
+        let receipt = record.receipt_handle.clone().unwrap_or_default();
+        let keep = |delay: Duration| {
+            let (receipt, id) = (receipt.clone(), id.clone());
+            async move {
+                if let Err(error) = queue.hide(&receipt, delay).await {
+                    tracing::warn!(error = %error_chain(&error), "cannot hide a delivery message; the queue's visibility timeout applies");
+                }
+                Err(id)
+            }
+        };
         let Some(message) = record.body.as_deref().and_then(|body| serde_json::from_str::<DeliveryMessage>(body).ok())
         else {
             tracing::error!(message_id = %id, "unreadable delivery message");
             return Err(id);
         };
+        let now = clock.now();
+        if let Some(not_before) = message.not_before.filter(|not_before| *not_before > now) {
+            return keep(not_before.since(now)).await;
+        }
         let read = async {
             let endpoint = store.get_webhook(&message.owner, message.webhook_id).await?;
             let event = store.event(message.run_id, message.seq).await?;
@@ -100,23 +124,30 @@ pub async fn handle_deliveries(
             // Deleted or disabled endpoint, or an event undone with its run.
             Ok(_) => return Ok(()),
             Err(error) => {
-                tracing::warn!(error = %error_chain(&error), "cannot read a delivery's endpoint or event; SQS will redeliver");
-                return Err(id);
+                tracing::warn!(error = %error_chain(&error), "cannot read a delivery's endpoint or event; trying later");
+                return keep(backoff(&record)).await;
             }
         };
-        let result = deliverer.attempt(&endpoint, message.run_id, &event, attempt_number(&record)).await;
+        let result = deliverer.attempt(&endpoint, message.run_id, &event, message.attempts + 1).await;
         if let Err(error) = store.record_attempt(&message.owner, &result.attempt, result.health).await {
+            // Made but not recorded (a 410 would not disable the endpoint):
+            // made again later rather than lost.
             tracing::error!(error = %error_chain(&error), webhook_id = %endpoint.id, "cannot record a webhook attempt");
+            return keep(backoff(&record)).await;
         }
         let Some(retry_at) = result.retry_at else {
             return Ok(());
         };
-        let delay = retry_at.since(result.attempt.at);
-        let receipt = record.receipt_handle.as_deref().unwrap_or_default();
-        if let Err(error) = queue.retry_later(receipt, delay).await {
-            tracing::warn!(error = %error_chain(&error), "cannot schedule a retry; the queue's visibility timeout applies");
+        let delay = retry_at.since(clock.now());
+        let next = DeliveryMessage { attempts: message.attempts + 1, not_before: Some(retry_at), ..message };
+        match queue.send_later(&next, delay).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                // This message stands in for the next attempt (its number repeats).
+                tracing::warn!(error = %error_chain(&error), "cannot queue a delivery's next attempt; keeping this one");
+                keep(delay).await
+            }
         }
-        Err(id)
     }))
     .await;
     let mut response = SqsBatchResponse::default();
@@ -148,9 +179,10 @@ pub async fn run_deliver() -> Result<(), super::Error> {
     aws.warm_up();
     let queue = webhook_queue(&aws)?;
     let deliverer = aws.services.deliverer();
-    let (store, queue, deliverer) = (&aws.store, &queue, &deliverer);
+    let clock = aws.services.clock.clone();
+    let (store, queue, deliverer, clock) = (&aws.store, &queue, &deliverer, clock.as_ref());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        Ok::<_, super::Error>(handle_deliveries(store, queue, deliverer, event.payload).await)
+        Ok::<_, super::Error>(handle_deliveries(store, queue, deliverer, clock, event.payload).await)
     }))
     .await
 }

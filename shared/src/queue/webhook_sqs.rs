@@ -1,7 +1,9 @@
 //! The AWS path's queue of webhook deliveries: one SQS message per
 //! endpoint and event, naming them (the deliver function reads both, so a
-//! message stays small whatever the event holds). A failed attempt's next
-//! one is scheduled by hiding its message until then.
+//! message stays small whatever the event holds), with the attempts made
+//! so far. A failed attempt's next one is a new message, due at its time.
+//! Messages are grouped by owner (`MessageGroupId` on a standard queue:
+//! SQS fair queues), so one owner's backlog does not delay the others'.
 
 use std::time::Duration;
 
@@ -10,10 +12,13 @@ use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use serde::{Deserialize, Serialize};
 
 use super::QueueError;
-use crate::domain::{Owner, RunId, WebhookId};
+use crate::domain::{Owner, RunId, Timestamp, WebhookId};
 
-/// SQS hides a message for at most 12 hours.
-const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
+/// SQS hides a message for at most 12 hours from when it was received;
+/// this leaves room for the time the function took before hiding it.
+const MAX_HIDE: Duration = Duration::from_secs(12 * 60 * 60 - 5 * 60);
+/// SQS delays a new message by at most 15 minutes.
+const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
 /// Entries of one SendMessageBatch.
 const BATCH: usize = 10;
 
@@ -23,6 +28,12 @@ pub struct DeliveryMessage {
     pub webhook_id: WebhookId,
     pub run_id: RunId,
     pub seq: u64,
+    /// Attempts made so far.
+    #[serde(default)]
+    pub attempts: u32,
+    /// Not to be attempted before then (a retry's time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Timestamp>,
 }
 
 #[derive(Clone)]
@@ -51,6 +62,7 @@ impl WebhookQueue {
                     SendMessageBatchRequestEntry::builder()
                         .id(index.to_string())
                         .message_body(body)
+                        .message_group_id(message.owner.as_str())
                         .build()
                         .map_err(unavailable)?,
                 );
@@ -70,14 +82,30 @@ impl WebhookQueue {
         Ok(())
     }
 
-    /// Hides a received message for `delay` (at most 12 hours), so it is
-    /// received again, for the next attempt, then.
-    pub async fn retry_later(&self, receipt_handle: &str, delay: Duration) -> Result<(), QueueError> {
+    /// Sends `message` to be received after `delay` (or 15 minutes, the
+    /// most SQS delays; its `not_before` covers the rest).
+    pub async fn send_later(&self, message: &DeliveryMessage, delay: Duration) -> Result<(), QueueError> {
+        let body = serde_json::to_string(message).map_err(unavailable)?;
+        self.client
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body)
+            .message_group_id(message.owner.as_str())
+            .delay_seconds(delay.min(MAX_DELAY).as_secs() as i32)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Hides a received message for `delay` (at most about 12 hours), so it
+    /// is received again then.
+    pub async fn hide(&self, receipt_handle: &str, delay: Duration) -> Result<(), QueueError> {
         self.client
             .change_message_visibility()
             .queue_url(&self.queue_url)
             .receipt_handle(receipt_handle)
-            .visibility_timeout(delay.min(MAX_VISIBILITY).as_secs().max(1) as i32)
+            .visibility_timeout(delay.min(MAX_HIDE).as_secs().max(1) as i32)
             .send()
             .await
             .map_err(unavailable)?;

@@ -9,8 +9,8 @@ mod sqlite;
 use async_trait::async_trait;
 
 use crate::domain::{
-    AgentDefinition, ApprovalStatus, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId, Owner, RunId,
-    RunStatus, Scopes, Timestamp, WebhookEndpoint, WebhookId, WebhookSecret,
+    AgentDefinition, ApprovalStatus, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId, Owner,
+    PreviousSecret, RunId, RunStatus, Scopes, Timestamp, WebhookEndpoint, WebhookId, WebhookSecret,
 };
 
 pub use crate::domain::{InboxEntry, Run};
@@ -234,6 +234,28 @@ pub trait AgentStore: Send + Sync + 'static {
     async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError>;
     /// `Ok(false)` when no such agent exists.
     async fn delete_agent(&self, name: &str) -> Result<bool, StoreError>;
+}
+
+/// A replaced webhook secret as both stores keep it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StoredSecret {
+    secret: String,
+    until: Timestamp,
+}
+
+fn encode_previous_secrets(previous: &[PreviousSecret]) -> Vec<StoredSecret> {
+    previous.iter().map(|previous| StoredSecret { secret: previous.secret.expose(), until: previous.until }).collect()
+}
+
+fn decode_previous_secrets(stored: Vec<StoredSecret>) -> Result<Vec<PreviousSecret>, StoreError> {
+    stored
+        .into_iter()
+        .map(|stored| {
+            let secret = WebhookSecret::parse(&stored.secret)
+                .ok_or_else(|| StoreError::Defect("malformed stored webhook secret".into()))?;
+            Ok(PreviousSecret { secret, until: stored.until })
+        })
+        .collect()
 }
 
 /// One page of a list newest first, and whether more exist beyond it.

@@ -33,6 +33,9 @@ pub struct DeliveryPolicy {
     /// Deliveries in flight to one endpoint at most, so that a slow
     /// receiver holds up only its own.
     pub per_endpoint_concurrency: usize,
+    /// Deliveries in flight to one owner's endpoints at most, so that one
+    /// owner's slow endpoints cannot take every slot.
+    pub per_owner_concurrency: usize,
     /// Deliveries in flight at most, all endpoints together.
     pub concurrency: usize,
 }
@@ -44,6 +47,7 @@ impl DeliveryPolicy {
             retry_delays: RETRY_DELAYS.to_vec(),
             timeout: DELIVERY_TIMEOUT,
             per_endpoint_concurrency: 4,
+            per_owner_concurrency: 16,
             concurrency: 64,
         }
     }

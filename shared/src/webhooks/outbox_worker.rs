@@ -12,7 +12,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use super::Deliverer;
-use crate::domain::{Clock, WebhookId, WebhookStatus};
+use crate::domain::{Clock, Owner, WebhookId, WebhookStatus};
 use crate::error_chain;
 use crate::store::{Outbox, PendingDelivery, WebhookStore};
 
@@ -24,6 +24,9 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 const COALESCE: Duration = Duration::from_millis(5);
 /// After a failed read of the outbox.
 const ERROR_PAUSE: Duration = Duration::from_secs(1);
+/// Recording an attempt is tried again this many times (with a growing
+/// pause) before the delivery is left to be sent again.
+const RECORD_ATTEMPTS: u32 = 8;
 
 pub struct OutboxWorker {
     outbox: Arc<dyn Outbox>,
@@ -31,11 +34,70 @@ pub struct OutboxWorker {
     deliverer: Deliverer,
 }
 
-/// What is in flight: deliveries by outbox id, and how many per endpoint.
+/// What is in flight: deliveries by outbox id, and how many per endpoint
+/// and per owner. Deliveries finished while a read of the outbox was under
+/// way are remembered until a read that began after them: that read's
+/// snapshot may still show them as they were.
 #[derive(Default)]
 struct InFlight {
     deliveries: HashSet<i64>,
     per_endpoint: HashMap<WebhookId, usize>,
+    per_owner: HashMap<Owner, usize>,
+    /// Reads of the outbox begun so far.
+    reads: u64,
+    /// Finished deliveries, with the number of reads begun when they finished.
+    finished: HashMap<i64, u64>,
+}
+
+impl InFlight {
+    /// A read begins: what finished before it, it sees as committed.
+    fn begin_read(&mut self) -> u64 {
+        self.reads += 1;
+        let read = self.reads;
+        self.finished.retain(|_, finished_during| *finished_during >= read);
+        read
+    }
+
+    fn take(&mut self, delivery: &PendingDelivery, read: u64, limits: &DeliveryLimits) -> bool {
+        let endpoint = self.per_endpoint.get(&delivery.webhook_id).copied().unwrap_or(0);
+        let owner = self.per_owner.get(&delivery.owner).copied().unwrap_or(0);
+        if endpoint >= limits.per_endpoint
+            || owner >= limits.per_owner
+            || self.deliveries.contains(&delivery.id)
+            || self.finished.get(&delivery.id).is_some_and(|finished_during| *finished_during >= read)
+        {
+            return false;
+        }
+        self.deliveries.insert(delivery.id);
+        *self.per_endpoint.entry(delivery.webhook_id).or_default() += 1;
+        *self.per_owner.entry(delivery.owner.clone()).or_default() += 1;
+        true
+    }
+
+    fn finish(&mut self, delivery: &PendingDelivery) {
+        self.deliveries.remove(&delivery.id);
+        self.finished.insert(delivery.id, self.reads);
+        release(&mut self.per_endpoint, &delivery.webhook_id);
+        release(&mut self.per_owner, &delivery.owner);
+    }
+
+    fn saturated(&self, per_endpoint: usize) -> Vec<WebhookId> {
+        self.per_endpoint.iter().filter(|(_, count)| **count >= per_endpoint).map(|(id, _)| *id).collect()
+    }
+}
+
+fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
+    if let Some(count) = counts.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
+struct DeliveryLimits {
+    per_endpoint: usize,
+    per_owner: usize,
 }
 
 impl OutboxWorker {
@@ -43,48 +105,35 @@ impl OutboxWorker {
         OutboxWorker { outbox, webhooks, deliverer }
     }
 
-    /// Delivers until `stop` is sent (or dropped); deliveries in flight then are
-    /// dropped unrecorded (they are in the outbox still, and go out again).
+    /// Delivers until `stop` is sent (or dropped); deliveries in flight then
+    /// are dropped unrecorded (they are in the outbox still, and go out again).
     pub async fn run(self, clock: Arc<dyn Clock>, mut stop: watch::Receiver<bool>) {
+        let policy = self.deliverer.policy();
+        let limits =
+            DeliveryLimits { per_endpoint: policy.per_endpoint_concurrency, per_owner: policy.per_owner_concurrency };
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
-        let slots = Arc::new(Semaphore::new(self.deliverer.policy().concurrency));
-        let per_endpoint = self.deliverer.policy().per_endpoint_concurrency;
+        let slots = Arc::new(Semaphore::new(policy.concurrency));
         let mut tasks = JoinSet::new();
         let worker = Arc::new(self);
         loop {
             let mut started = 0;
-            let saturated: Vec<WebhookId> = crate::lock(&in_flight)
-                .per_endpoint
-                .iter()
-                .filter(|(_, count)| **count >= per_endpoint)
-                .map(|(id, _)| *id)
-                .collect();
-            match worker.outbox.due_deliveries(clock.now(), &saturated, per_endpoint as u32).await {
+            let (read, saturated) = {
+                let mut in_flight = crate::lock(&in_flight);
+                (in_flight.begin_read(), in_flight.saturated(limits.per_endpoint))
+            };
+            match worker.outbox.due_deliveries(clock.now(), &saturated, limits.per_endpoint as u32).await {
                 Ok(due) => {
                     for delivery in due {
-                        {
-                            let mut taken = crate::lock(&in_flight);
-                            let count = taken.per_endpoint.get(&delivery.webhook_id).copied().unwrap_or(0);
-                            if count >= per_endpoint || taken.deliveries.contains(&delivery.id) {
-                                continue;
-                            }
-                            let Ok(slot) = slots.clone().try_acquire_owned() else { break };
-                            taken.deliveries.insert(delivery.id);
-                            *taken.per_endpoint.entry(delivery.webhook_id).or_default() += 1;
-                            let (worker, in_flight) = (worker.clone(), in_flight.clone());
-                            tasks.spawn(async move {
-                                worker.deliver(&delivery).await;
-                                let mut in_flight = crate::lock(&in_flight);
-                                in_flight.deliveries.remove(&delivery.id);
-                                if let Some(count) = in_flight.per_endpoint.get_mut(&delivery.webhook_id) {
-                                    *count -= 1;
-                                    if *count == 0 {
-                                        in_flight.per_endpoint.remove(&delivery.webhook_id);
-                                    }
-                                }
-                                drop(slot);
-                            });
+                        let Ok(slot) = slots.clone().try_acquire_owned() else { break };
+                        if !crate::lock(&in_flight).take(&delivery, read, &limits) {
+                            continue;
                         }
+                        let (worker, in_flight) = (worker.clone(), in_flight.clone());
+                        tasks.spawn(async move {
+                            worker.deliver(&delivery).await;
+                            crate::lock(&in_flight).finish(&delivery);
+                            drop(slot);
+                        });
                         started += 1;
                     }
                 }
@@ -123,11 +172,19 @@ impl OutboxWorker {
             }
         };
         let result = self.deliverer.attempt(&endpoint, delivery.run_id, &delivery.event, delivery.attempts + 1).await;
-        let finished = self.outbox.finish_delivery(delivery, &result.attempt, result.health, result.retry_at).await;
-        if let Err(error) = finished {
-            // The delivery stays in the outbox as it was, so it is sent again.
-            tracing::error!(error = %error_chain(&error), webhook_id = %endpoint.id, "cannot record a webhook attempt");
-            tokio::time::sleep(ERROR_PAUSE).await;
+        // The attempt was made: record it, trying again rather than send it
+        // again. Only if the store stays down is it left in the outbox as it
+        // was, to be sent again (at least once).
+        let mut pause = Duration::from_millis(100);
+        for _ in 0..RECORD_ATTEMPTS {
+            match self.outbox.finish_delivery(delivery, &result.attempt, result.health, result.retry_at).await {
+                Ok(()) => break,
+                Err(error) => {
+                    tracing::error!(error = %error_chain(&error), webhook_id = %endpoint.id, "cannot record a webhook attempt");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+            }
         }
         tracing::debug!(
             webhook_id = %endpoint.id,
@@ -136,5 +193,62 @@ impl OutboxWorker {
             status = ?result.attempt.http_status,
             "webhook attempt"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoredEvent;
+
+    fn delivery(id: i64, endpoint: u128, owner: &str) -> PendingDelivery {
+        PendingDelivery {
+            id,
+            owner: Owner::parse(owner).unwrap(),
+            webhook_id: WebhookId::from_ulid(ulid::Ulid::from_parts(1, endpoint)),
+            run_id: crate::domain::RunId::from_ulid(ulid::Ulid::from_parts(1, 1)),
+            event: StoredEvent {
+                seq: 1,
+                kind: "run.created".into(),
+                at: crate::domain::Timestamp::from_millis(0),
+                data: "{}".into(),
+            },
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn a_delivery_finished_during_a_read_is_not_taken_from_that_read() {
+        let limits = DeliveryLimits { per_endpoint: 4, per_owner: 16 };
+        let mut in_flight = InFlight::default();
+        let first = delivery(1, 1, "acme");
+        let read = in_flight.begin_read();
+        assert!(in_flight.take(&first, read, &limits));
+        assert!(!in_flight.take(&first, read, &limits), "in flight");
+        // A read begins, then the delivery finishes (its commit may be
+        // after the read's snapshot): that read's copy is stale.
+        let during = in_flight.begin_read();
+        in_flight.finish(&first);
+        assert!(!in_flight.take(&first, during, &limits));
+        // A read begun after the finish sees the committed outbox.
+        let after = in_flight.begin_read();
+        assert!(in_flight.take(&first, after, &limits));
+        assert!(in_flight.finished.is_empty(), "remembered only as long as needed");
+    }
+
+    #[test]
+    fn one_endpoint_and_one_owner_take_at_most_their_share() {
+        let limits = DeliveryLimits { per_endpoint: 2, per_owner: 3 };
+        let mut in_flight = InFlight::default();
+        let read = in_flight.begin_read();
+        let taken: Vec<bool> = [delivery(1, 1, "acme"), delivery(2, 1, "acme"), delivery(3, 1, "acme")]
+            .iter()
+            .map(|delivery| in_flight.take(delivery, read, &limits))
+            .collect();
+        assert_eq!(taken, [true, true, false], "two per endpoint");
+        assert_eq!(in_flight.saturated(2).len(), 1);
+        assert!(in_flight.take(&delivery(4, 2, "acme"), read, &limits));
+        assert!(!in_flight.take(&delivery(5, 3, "acme"), read, &limits), "three per owner");
+        assert!(in_flight.take(&delivery(6, 4, "other"), read, &limits), "another owner is not held up");
     }
 }

@@ -5,15 +5,17 @@
 //! expire after 30 days (the table's TTL).
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
 use serde::{Deserialize, Serialize};
 
 use super::{DynamoStore, Item, TransactFailure, defect, events_pk, n, s, text, unavailable};
 use crate::domain::{
-    DeliveryAttempt, DeliveryId, EndpointHealth, EventFilter, Owner, PreviousSecret, RunId, Timestamp, WebhookEndpoint,
-    WebhookId, WebhookSecret, WebhookStatus,
+    DeliveryAttempt, DeliveryId, EndpointHealth, EventFilter, Owner, RunId, Timestamp, WebhookEndpoint, WebhookId,
+    WebhookSecret, WebhookStatus,
 };
-use crate::store::{Page, StoreError, StoredEvent, WebhookStore};
+use crate::store::{
+    Page, StoreError, StoredEvent, StoredSecret, WebhookStore, decode_previous_secrets, encode_previous_secrets,
+};
 
 /// The sort key prefix of event items: what the notifier's stream filter
 /// lets through.
@@ -42,8 +44,8 @@ struct EndpointItem {
     status: String,
     created_at: Timestamp,
     secret: String,
-    previous_secret: Option<String>,
-    previous_until: Option<Timestamp>,
+    #[serde(default)]
+    previous_secrets: Vec<StoredSecret>,
     failing_since: Option<Timestamp>,
 }
 
@@ -57,8 +59,7 @@ fn encode_endpoint(endpoint: &WebhookEndpoint) -> Result<Item, StoreError> {
         status: endpoint.status.as_str().to_owned(),
         created_at: endpoint.created_at,
         secret: endpoint.secret.expose(),
-        previous_secret: endpoint.previous_secret.as_ref().map(|previous| previous.secret.expose()),
-        previous_until: endpoint.previous_secret.as_ref().map(|previous| previous.until),
+        previous_secrets: encode_previous_secrets(&endpoint.previous_secrets),
         failing_since: endpoint.failing_since,
     };
     let mut item: Item = serde_dynamo::to_item(item).map_err(defect)?;
@@ -70,23 +71,16 @@ fn encode_endpoint(endpoint: &WebhookEndpoint) -> Result<Item, StoreError> {
 fn decode_endpoint(item: Item) -> Result<WebhookEndpoint, StoreError> {
     let item: EndpointItem = serde_dynamo::from_item(item).map_err(defect)?;
     let malformed = |what: &str| defect(format!("malformed stored webhook: {what}"));
-    let previous_secret = match (item.previous_secret, item.previous_until) {
-        (Some(secret), Some(until)) => Some(PreviousSecret {
-            secret: WebhookSecret::parse(&secret).ok_or_else(|| malformed("previous secret"))?,
-            until,
-        }),
-        _ => None,
-    };
     Ok(WebhookEndpoint {
         id: item.webhook_id,
         owner: item.owner,
         url: item.url,
-        events: EventFilter::parse(item.events).map_err(|_| malformed("events"))?,
+        events: EventFilter::stored(item.events),
         description: item.description,
         status: WebhookStatus::parse(&item.status).ok_or_else(|| malformed("status"))?,
         created_at: item.created_at,
         secret: WebhookSecret::parse(&item.secret).ok_or_else(|| malformed("secret"))?,
-        previous_secret,
+        previous_secrets: decode_previous_secrets(item.previous_secrets)?,
         failing_since: item.failing_since,
     })
 }
@@ -131,9 +125,27 @@ impl DynamoStore {
         self.get_item(events_pk(run_id), super::event_sk(seq)).await?.as_ref().map(super::decode_event).transpose()
     }
 
-    /// Every endpoint of the owner (at most 20: one Query).
+    /// Every endpoint of the owner (at most 20: one Query). One that
+    /// cannot be read is logged and left out, never a reason to hold up
+    /// the others' deliveries.
     pub async fn owner_webhooks(&self, owner: &Owner) -> Result<Vec<WebhookEndpoint>, StoreError> {
-        Ok(self.list_webhooks(owner, None, crate::domain::MAX_WEBHOOKS_PER_OWNER as u32).await?.items)
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :endpoint)")
+            .expression_attribute_values(":pk", s(endpoints_pk(owner)))
+            .expression_attribute_values(":endpoint", s("WH#"))
+            .consistent_read(true);
+        let items = self.query_up_to(query, None, crate::domain::MAX_WEBHOOKS_PER_OWNER * 2, Ok).await?;
+        Ok(items
+            .into_iter()
+            .filter_map(|item| {
+                decode_endpoint(item)
+                    .inspect_err(|error| tracing::error!(%owner, %error, "a webhook endpoint cannot be read; skipped"))
+                    .ok()
+            })
+            .collect())
     }
 
     fn endpoint_count(&self, owner: &Owner, delta: i64, max: Option<usize>) -> Result<Update, StoreError> {
@@ -183,22 +195,18 @@ impl WebhookStore for DynamoStore {
         before: Option<WebhookId>,
         limit: u32,
     ) -> Result<Page<WebhookEndpoint>, StoreError> {
-        // Every endpoint id sorts below "WH#wh_~": no cursor needs no second shape.
-        let before = before.map_or_else(|| "WH#wh_~".to_owned(), endpoint_sk);
+        let pk = endpoints_pk(owner);
         let query = self
             .client
             .query()
             .table_name(&self.table)
-            .key_condition_expression("pk = :pk AND sk BETWEEN :first AND :before")
-            .expression_attribute_values(":pk", s(endpoints_pk(owner)))
-            .expression_attribute_values(":first", s("WH#"))
-            .expression_attribute_values(":before", s(before.clone()))
+            .key_condition_expression("pk = :pk AND begins_with(sk, :endpoint)")
+            .expression_attribute_values(":pk", s(&pk))
+            .expression_attribute_values(":endpoint", s("WH#"))
             .scan_index_forward(false)
             .consistent_read(true);
-        let mut items =
-            self.query_up_to(query, None, limit as usize + 1, |item| Ok(item)).await?.into_iter().collect::<Vec<_>>();
-        // BETWEEN includes its ends; the cursor's own endpoint is not in the page.
-        items.retain(|item| text(item, "sk").is_ok_and(|sk| sk != before));
+        let start_after = before.map(|id| Item::from([("pk".into(), s(&pk)), ("sk".into(), s(endpoint_sk(id)))]));
+        let items = self.query_up_to(query, start_after, limit as usize + 1, Ok).await?;
         let has_more = items.len() > limit as usize;
         let items = items.into_iter().take(limit as usize).map(decode_endpoint).collect::<Result<_, _>>()?;
         Ok(Page { items, has_more })
@@ -230,19 +238,18 @@ impl WebhookStore for DynamoStore {
         endpoint: &WebhookEndpoint,
         replaced: &WebhookSecret,
     ) -> Result<bool, StoreError> {
-        let previous =
-            endpoint.previous_secret.as_ref().ok_or_else(|| defect("a rotation without a previous secret"))?;
+        let previous: AttributeValue =
+            serde_dynamo::to_attribute_value(encode_previous_secrets(&endpoint.previous_secrets)).map_err(defect)?;
         let result = self
             .client
             .update_item()
             .table_name(&self.table)
             .key("pk", s(endpoints_pk(&endpoint.owner)))
             .key("sk", s(endpoint_sk(endpoint.id)))
-            .update_expression("SET secret = :secret, previous_secret = :previous, previous_until = :until")
+            .update_expression("SET secret = :secret, previous_secrets = :previous")
             .condition_expression("secret = :replaced")
             .expression_attribute_values(":secret", s(endpoint.secret.expose()))
-            .expression_attribute_values(":previous", s(previous.secret.expose()))
-            .expression_attribute_values(":until", n(previous.until.millis()))
+            .expression_attribute_values(":previous", previous)
             .expression_attribute_values(":replaced", s(replaced.expose()))
             .send()
             .await;
@@ -267,18 +274,17 @@ impl WebhookStore for DynamoStore {
         // The endpoint's partition holds only its attempts; whose it is,
         // the caller checked by reading the endpoint.
         let _ = owner;
-        let before = before.map_or_else(|| "DLV#dlv_~".to_owned(), |id| format!("DLV#{id}"));
+        let pk = attempts_pk(id);
         let query = self
             .client
             .query()
             .table_name(&self.table)
-            .key_condition_expression("pk = :pk AND sk BETWEEN :first AND :before")
-            .expression_attribute_values(":pk", s(attempts_pk(id)))
-            .expression_attribute_values(":first", s("DLV#"))
-            .expression_attribute_values(":before", s(before.clone()))
+            .key_condition_expression("pk = :pk AND begins_with(sk, :attempt)")
+            .expression_attribute_values(":pk", s(&pk))
+            .expression_attribute_values(":attempt", s("DLV#"))
             .scan_index_forward(false);
-        let mut items = self.query_up_to(query, None, limit as usize + 1, |item| Ok(item)).await?;
-        items.retain(|item| text(item, "sk").is_ok_and(|sk| sk != before));
+        let start_after = before.map(|id| Item::from([("pk".into(), s(&pk)), ("sk".into(), s(format!("DLV#{id}")))]));
+        let items = self.query_up_to(query, start_after, limit as usize + 1, Ok).await?;
         let has_more = items.len() > limit as usize;
         let items = items
             .into_iter()
@@ -333,7 +339,9 @@ impl WebhookStore for DynamoStore {
         let update = match health {
             EndpointHealth::Healthy => update.update_expression("REMOVE failing_since"),
             EndpointHealth::FailingSince(since) => update
-                .update_expression("SET failing_since = :since")
+                // Kept when set: an attempt made on an older read of the
+                // endpoint never moves the start of its failures.
+                .update_expression("SET failing_since = if_not_exists(failing_since, :since)")
                 .expression_attribute_values(":since", n(since.millis())),
             EndpointHealth::Disable => update
                 .update_expression("SET #status = :disabled")

@@ -156,11 +156,11 @@ CREATE TABLE webhooks (
     status          TEXT    NOT NULL,
     created_at      INTEGER NOT NULL,
     secret          TEXT    NOT NULL,
-    previous_secret TEXT,
-    previous_until  INTEGER,
+    previous_secrets TEXT   NOT NULL,
     failing_since   INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX webhooks_by_owner ON webhooks (owner, status, id);
+CREATE INDEX webhooks_by_status ON webhooks (status, id);
 CREATE TABLE webhook_outbox (
     id              INTEGER PRIMARY KEY,
     webhook_id      TEXT    NOT NULL,

@@ -9,13 +9,16 @@ use crate::domain::{
     DeliveryAttempt, DeliveryId, EndpointHealth, Event, EventFilter, Owner, PreviousSecret, Timestamp, WebhookEndpoint,
     WebhookId, WebhookSecret, WebhookStatus,
 };
-use crate::store::{Outbox, Page, PendingDelivery, StoreError, StoredEvent, WebhookStore};
+use crate::store::{
+    Outbox, Page, PendingDelivery, StoreError, StoredEvent, WebhookStore, decode_previous_secrets,
+    encode_previous_secrets,
+};
 
 /// Attempts older than this are removed as new ones are recorded.
 const ATTEMPTS_KEPT_FOR_MILLIS: i64 = 30 * 24 * 60 * 60 * 1000;
 
 const ENDPOINT_COLUMNS: &str =
-    "id, owner, url, events, description, status, created_at, secret, previous_secret, previous_until, failing_since";
+    "id, owner, url, events, description, status, created_at, secret, previous_secrets, failing_since";
 
 /// Queues a delivery of each event to each of the owner's enabled endpoints
 /// that wants it, in the transaction that writes the events.
@@ -57,9 +60,8 @@ fn endpoint_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<EndpointRow> {
         status: row.get(5)?,
         created_at: row.get(6)?,
         secret: row.get(7)?,
-        previous_secret: row.get(8)?,
-        previous_until: row.get(9)?,
-        failing_since: row.get(10)?,
+        previous_secrets: row.get(8)?,
+        failing_since: row.get(9)?,
     })
 }
 
@@ -72,34 +74,31 @@ struct EndpointRow {
     status: String,
     created_at: i64,
     secret: String,
-    previous_secret: Option<String>,
-    previous_until: Option<i64>,
+    previous_secrets: String,
     failing_since: Option<i64>,
 }
 
 impl EndpointRow {
     fn decode(self) -> Result<WebhookEndpoint, StoreError> {
         let events: Vec<String> = serde_json::from_str(&self.events).map_err(|_| defect("events"))?;
-        let previous_secret = match (self.previous_secret, self.previous_until) {
-            (Some(secret), Some(until)) => Some(PreviousSecret {
-                secret: WebhookSecret::parse(&secret).ok_or_else(|| defect("previous secret"))?,
-                until: Timestamp::from_millis(until),
-            }),
-            _ => None,
-        };
+        let previous = serde_json::from_str(&self.previous_secrets).map_err(|_| defect("previous secrets"))?;
         Ok(WebhookEndpoint {
             id: self.id.parse().map_err(|_| defect("id"))?,
             owner: Owner::parse(&self.owner).map_err(|_| defect("owner"))?,
             url: self.url,
-            events: EventFilter::parse(events).map_err(|_| defect("events"))?,
+            events: EventFilter::stored(events),
             description: self.description,
             status: WebhookStatus::parse(&self.status).ok_or_else(|| defect("status"))?,
             created_at: Timestamp::from_millis(self.created_at),
             secret: WebhookSecret::parse(&self.secret).ok_or_else(|| defect("secret"))?,
-            previous_secret,
+            previous_secrets: decode_previous_secrets(previous)?,
             failing_since: self.failing_since.map(Timestamp::from_millis),
         })
     }
+}
+
+fn previous_secrets_json(previous: &[PreviousSecret]) -> Result<String, StoreError> {
+    serde_json::to_string(&encode_previous_secrets(previous)).map_err(|error| StoreError::Defect(error.to_string()))
 }
 
 fn find_endpoint(connection: &Connection, id: &str) -> Result<Option<WebhookEndpoint>, StoreError> {
@@ -147,8 +146,10 @@ fn record(connection: &Connection, attempt: &DeliveryAttempt, health: EndpointHe
         EndpointHealth::Healthy => connection
             .prepare_cached("UPDATE webhooks SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL")
             .and_then(|mut statement| statement.execute(params![webhook_id])),
+        // Kept when set: an attempt made on an older read of the endpoint
+        // never moves the start of its failures.
         EndpointHealth::FailingSince(since) => connection
-            .prepare_cached("UPDATE webhooks SET failing_since = ?2 WHERE id = ?1")
+            .prepare_cached("UPDATE webhooks SET failing_since = COALESCE(failing_since, ?2) WHERE id = ?1")
             .and_then(|mut statement| statement.execute(params![webhook_id, since.millis()])),
         EndpointHealth::Disable => connection
             .prepare_cached("UPDATE webhooks SET status = 'disabled' WHERE id = ?1")
@@ -165,6 +166,7 @@ impl WebhookStore for SqliteStore {
         let endpoint = endpoint.clone();
         let events =
             serde_json::to_string(&endpoint.events.names()).map_err(|error| StoreError::Defect(error.to_string()))?;
+        let previous = previous_secrets_json(&endpoint.previous_secrets)?;
         self.write(move |connection| {
             let transaction = connection.transaction().map_err(unavailable)?;
             let count: i64 = transaction
@@ -177,7 +179,9 @@ impl WebhookStore for SqliteStore {
             }
             transaction
                 .execute(
-                    &format!("INSERT INTO webhooks ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
+                    &format!(
+                        "INSERT INTO webhooks ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                    ),
                     params![
                         endpoint.id.to_string(),
                         endpoint.owner.as_str(),
@@ -187,8 +191,7 @@ impl WebhookStore for SqliteStore {
                         endpoint.status.as_str(),
                         endpoint.created_at.millis(),
                         endpoint.secret.expose(),
-                        endpoint.previous_secret.as_ref().map(|previous| previous.secret.expose()),
-                        endpoint.previous_secret.as_ref().map(|previous| previous.until.millis()),
+                        previous,
                         endpoint.failing_since.map(Timestamp::millis)
                     ],
                 )
@@ -259,22 +262,15 @@ impl WebhookStore for SqliteStore {
         endpoint: &WebhookEndpoint,
         replaced: &WebhookSecret,
     ) -> Result<bool, StoreError> {
-        let previous = endpoint.previous_secret.clone();
+        let previous = previous_secrets_json(&endpoint.previous_secrets)?;
         let (id, owner, secret, replaced) =
             (endpoint.id.to_string(), endpoint.owner.to_string(), endpoint.secret.expose(), replaced.expose());
         self.write(move |connection| {
             let changed = connection
                 .execute(
-                    "UPDATE webhooks SET secret = ?1, previous_secret = ?2, previous_until = ?3
-                     WHERE id = ?4 AND owner = ?5 AND secret = ?6",
-                    params![
-                        secret,
-                        previous.as_ref().map(|previous| previous.secret.expose()),
-                        previous.as_ref().map(|previous| previous.until.millis()),
-                        id,
-                        owner,
-                        replaced
-                    ],
+                    "UPDATE webhooks SET secret = ?1, previous_secrets = ?2
+                     WHERE id = ?3 AND owner = ?4 AND secret = ?5",
+                    params![secret, previous, id, owner, replaced],
                 )
                 .map_err(unavailable)?;
             Ok(changed == 1)
@@ -375,14 +371,16 @@ impl Outbox for SqliteStore {
     ) -> Result<Vec<PendingDelivery>, StoreError> {
         let skip: Vec<String> = skip.iter().map(WebhookId::to_string).collect();
         self.read(move |connection| {
-            // The endpoints with something due: one probe of the outbox's
-            // index per enabled endpoint.
+            // The endpoints with something due, the one waiting longest
+            // first: one probe of the outbox's index per enabled endpoint.
             let endpoints: Vec<(String, String)> = connection
                 .prepare_cached(
-                    "SELECT id, owner FROM webhooks
-                     WHERE status = 'enabled'
-                       AND EXISTS (SELECT 1 FROM webhook_outbox
-                                   WHERE webhook_id = webhooks.id AND next_attempt_at <= ?1)",
+                    "SELECT id, owner FROM (
+                         SELECT id, owner,
+                                (SELECT MIN(next_attempt_at) FROM webhook_outbox
+                                 WHERE webhook_id = webhooks.id) AS oldest
+                         FROM webhooks WHERE status = 'enabled')
+                     WHERE oldest <= ?1 ORDER BY oldest",
                 )
                 .and_then(|mut statement| {
                     statement
@@ -419,17 +417,18 @@ impl Outbox for SqliteStore {
                     })
                     .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
                     .map_err(unavailable)?;
-                let owner = Owner::parse(&owner).map_err(|_| defect("owner"))?;
-                let webhook_id: WebhookId = webhook_id.parse().map_err(|_| defect("id"))?;
+                // A row that cannot be read is left out, never a reason to
+                // hold up the others.
+                let (Ok(owner), Ok(webhook_id)) = (Owner::parse(&owner), webhook_id.parse::<WebhookId>()) else {
+                    tracing::error!(webhook_id, "a webhook endpoint's row is malformed; its deliveries wait");
+                    continue;
+                };
                 for (id, run_id, attempts, event) in rows {
-                    due.push(PendingDelivery {
-                        id,
-                        owner: owner.clone(),
-                        webhook_id,
-                        run_id: run_id.parse().map_err(|_| defect("outbox run id"))?,
-                        event,
-                        attempts,
-                    });
+                    let Ok(run_id) = run_id.parse() else {
+                        tracing::error!(outbox_id = id, "an outbox row names a malformed run id; left out");
+                        continue;
+                    };
+                    due.push(PendingDelivery { id, owner: owner.clone(), webhook_id, run_id, event, attempts });
                 }
             }
             Ok(due)
