@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::domain::{Clock, EventData, Owner, Run, RunId, RunStatus, Timestamp};
+use crate::domain::{AttemptOutcome, Clock, EventData, Owner, Run, RunId, RunStatus, Timestamp};
 use crate::store::{
     BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
     ListRequest, RunStore, StoreError,
@@ -37,7 +37,22 @@ pub enum Observation {
     ApprovalDecided {
         wait: Duration,
     },
+    /// One attempt to deliver a webhook.
+    WebhookAttempt {
+        outcome: AttemptOutcome,
+    },
 }
+
+/// The label of an attempt's outcome in metrics.
+fn attempt_label(outcome: AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::Delivered => "delivered",
+        AttemptOutcome::Gone => "gone",
+        AttemptOutcome::Failed => "failed",
+    }
+}
+
+const ATTEMPT_OUTCOMES: [AttemptOutcome; 3] = [AttemptOutcome::Delivered, AttemptOutcome::Failed, AttemptOutcome::Gone];
 
 /// What the pending events of `run` (the run as it is about to be written)
 /// say happened.
@@ -120,6 +135,7 @@ pub struct Registry {
     queue_wait: Histogram,
     execution: Histogram,
     approval_wait: Histogram,
+    webhook_attempts: [AtomicU64; 3],
 }
 
 impl MetricsSink for Registry {
@@ -140,6 +156,11 @@ impl MetricsSink for Registry {
                     self.tool_calls.fetch_add(tool_calls, Ordering::Relaxed);
                 }
                 Observation::ApprovalDecided { wait } => self.approval_wait.observe(wait),
+                Observation::WebhookAttempt { outcome } => {
+                    if let Some(index) = ATTEMPT_OUTCOMES.iter().position(|known| *known == outcome) {
+                        self.webhook_attempts[index].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
     }
@@ -180,6 +201,15 @@ impl Registry {
         self.queue_wait.render(&mut out, "agent_runs_queue_wait_seconds", "From create to the first claim.");
         self.execution.render(&mut out, "agent_runs_execution_seconds", "Execution time of runs that ended.");
         self.approval_wait.render(&mut out, "agent_runs_approval_wait_seconds", "From request to decision.");
+        let attempts: Vec<(String, u64)> = ATTEMPT_OUTCOMES
+            .iter()
+            .zip(&self.webhook_attempts)
+            .map(|(outcome, count)| {
+                (format!("{{result=\"{}\"}}", attempt_label(*outcome)), count.load(Ordering::Relaxed))
+            })
+            .collect();
+        let attempts: Vec<(&str, u64)> = attempts.iter().map(|(labels, value)| (labels.as_str(), *value)).collect();
+        counter(&mut out, "agent_runs_webhook_deliveries_total", "Webhook delivery attempts, by result.", &attempts);
         out
     }
 }
@@ -212,6 +242,9 @@ pub fn emf_line(observation: &Observation, millis: i64) -> String {
         ),
         Observation::ApprovalDecided { wait } => {
             (vec![], vec![("ApprovalWait", "Milliseconds", wait.as_millis() as f64)])
+        }
+        Observation::WebhookAttempt { outcome } => {
+            (vec![("Result", attempt_label(outcome))], vec![("WebhookDeliveries", "Count", 1.0)])
         }
     };
     let metrics: Vec<serde_json::Value> =
@@ -391,6 +424,8 @@ mod tests {
         for observed in lifecycle() {
             registry.record(&observed);
         }
+        let delivered = Observation::WebhookAttempt { outcome: AttemptOutcome::Delivered };
+        registry.record(&[delivered, delivered, Observation::WebhookAttempt { outcome: AttemptOutcome::Gone }]);
         let text = registry.render();
         for line in [
             "agent_runs_created_total 1",
@@ -402,6 +437,9 @@ mod tests {
             "agent_runs_approval_wait_seconds_bucket{le=\"60\"} 1",
             "agent_runs_approval_wait_seconds_sum 60",
             "agent_runs_queue_wait_seconds_count 1",
+            "agent_runs_webhook_deliveries_total{result=\"delivered\"} 2",
+            "agent_runs_webhook_deliveries_total{result=\"gone\"} 1",
+            "agent_runs_webhook_deliveries_total{result=\"failed\"} 0",
         ] {
             assert!(text.lines().any(|candidate| candidate == line), "{line} in\n{text}");
         }
@@ -430,5 +468,9 @@ mod tests {
         for name in &names {
             assert!(line.get(*name).is_some(), "{name} has a value");
         }
+        let attempt = Observation::WebhookAttempt { outcome: AttemptOutcome::Failed };
+        let line: serde_json::Value = serde_json::from_str(&emf_line(&attempt, T0)).unwrap();
+        assert_eq!(line["_aws"]["CloudWatchMetrics"][0]["Dimensions"], serde_json::json!([["Result"]]));
+        assert_eq!((&line["Result"], &line["WebhookDeliveries"]), (&"failed".into(), &1.0.into()));
     }
 }

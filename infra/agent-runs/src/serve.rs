@@ -99,13 +99,13 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let (queue, receiver) = InProcessQueue::new();
     let queue: Arc<dyn RunQueue> = Arc::new(queue);
     let mut runs: Arc<dyn RunStore> = Arc::new(store.clone());
-    if let Some(addr) = args.metrics_addr {
-        let registry = Arc::new(Registry::default());
+    let registry = args.metrics_addr.map(|_| Arc::new(Registry::default()));
+    if let (Some(addr), Some(registry)) = (args.metrics_addr, &registry) {
         runs = Arc::new(MeasuredStore::new(runs, registry.clone()));
         let listener =
             TcpListener::bind(addr).await.map_err(|error| format!("cannot listen on {addr} for metrics: {error}"))?;
         println!("Metrics on http://{}/metrics", listener.local_addr()?);
-        tokio::spawn(http_server::serve_metrics(listener, registry));
+        tokio::spawn(http_server::serve_metrics(listener, registry.clone()));
     }
     let adapters = Adapters {
         runs,
@@ -123,7 +123,11 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     };
     let pool = WorkerPool::start(settings, || services.worker(), receiver, queue, services.sweeper());
     let (stop_deliveries, stopped) = tokio::sync::watch::channel(false);
-    let deliveries = OutboxWorker::new(Arc::new(store.clone()), Arc::new(store.clone()), services.deliverer());
+    let mut deliverer = services.deliverer();
+    if let Some(registry) = registry {
+        deliverer = deliverer.with_metrics(registry);
+    }
+    let deliveries = OutboxWorker::new(Arc::new(store.clone()), Arc::new(store.clone()), deliverer);
     let deliveries = tokio::spawn(deliveries.run(services.clock.clone(), stopped));
 
     let listener =

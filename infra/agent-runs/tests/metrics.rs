@@ -14,8 +14,14 @@ fn value(text: &str, series: &str) -> f64 {
 fn serve_counts_runs_outcomes_and_waits_on_its_metrics_address() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
-    let server = Server::start_on(Target::Embedded, &[("AGENT_RUNS_METRICS_ADDR", &addr)]);
+    let server = Server::start_on(
+        Target::Embedded,
+        &[("AGENT_RUNS_METRICS_ADDR", &addr), ("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")],
+    );
     let key = server.dev_key.clone().unwrap();
+    // An endpoint nothing listens on, for failed runs: one failed attempt.
+    let hook = serde_json::json!({"url": "http://127.0.0.1:1/hook", "events": ["run.failed"]});
+    server.post(&key, "/v1/webhooks", hook).expect_status(201);
     let echo = server.create(&key, serde_json::json!({"input": "hello"}));
     server.wait_for_status(&key, echo["id"].as_str().unwrap(), "succeeded");
     let asking = server.create_script(&key, "approve Ship it");
@@ -27,6 +33,14 @@ fn serve_counts_runs_outcomes_and_waits_on_its_metrics_address() {
     let failing = server.create_script(&key, "fail boom");
     server.wait_for_status(&key, failing["id"].as_str().unwrap(), "failed");
 
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let webhook_failed = r#"agent_runs_webhook_deliveries_total{result="failed"}"#;
+    while value(&reqwest::blocking::get(format!("http://{addr}/metrics")).unwrap().text().unwrap(), webhook_failed)
+        < 1.0
+    {
+        assert!(std::time::Instant::now() < deadline, "the failed webhook attempt is counted");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let response = reqwest::blocking::get(format!("http://{addr}/metrics")).unwrap();
     assert_eq!(response.status(), 200);
     assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain; version=0.0.4"));
@@ -38,6 +52,7 @@ fn serve_counts_runs_outcomes_and_waits_on_its_metrics_address() {
     assert_eq!(value(&text, "agent_runs_execution_seconds_count"), 3.0);
     assert_eq!(value(&text, "agent_runs_approval_wait_seconds_count"), 1.0);
     assert_eq!(value(&text, r#"agent_runs_approval_wait_seconds_bucket{le="+Inf"}"#), 1.0);
+    assert_eq!(value(&text, r#"agent_runs_webhook_deliveries_total{result="delivered"}"#), 0.0);
     // The API's own address does not serve them (401 without a key, as any
     // unknown path), and other paths of the metrics address are 404.
     let api = reqwest::blocking::get(format!("{}/metrics", server.base)).unwrap();

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lambda_events::event::dynamodb::Event as StreamEvent;
@@ -16,6 +17,7 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use crate::aws::AwsServices;
 use crate::domain::{Clock, Owner, WebhookEndpoint, WebhookStatus};
 use crate::error_chain;
+use crate::metrics::EmfSink;
 use crate::queue::{DeliveryMessage, WebhookQueue};
 use crate::store::{DynamoStore, StoreError, WebhookStore, decode_stream_event};
 use crate::webhooks::Deliverer;
@@ -178,7 +180,10 @@ pub async fn run_deliver() -> Result<(), super::Error> {
     let aws = AwsServices::from_env().await?;
     aws.warm_up();
     let queue = webhook_queue(&aws)?;
-    let deliverer = aws.services.deliverer();
+    let mut deliverer = aws.services.deliverer();
+    if aws.services.config.emf_metrics {
+        deliverer = deliverer.with_metrics(Arc::new(EmfSink));
+    }
     let clock = aws.services.clock.clone();
     let (store, queue, deliverer, clock) = (&aws.store, &queue, &deliverer, clock.as_ref());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {

@@ -12,6 +12,7 @@ use crate::domain::{
     AttemptOutcome, Clock, DELIVERY_TIMEOUT, DeliveryAttempt, DeliveryId, EndpointHealth, EventId, IdGenerator,
     RETRY_DELAYS, RunId, Timestamp, WebhookEndpoint, delivery_body, retry_delay,
 };
+use crate::metrics::{MetricsSink, Observation};
 use crate::public_network;
 use crate::store::StoredEvent;
 use crate::views::EventView;
@@ -69,6 +70,7 @@ pub struct Deliverer {
     policy: DeliveryPolicy,
     clock: Arc<dyn Clock>,
     ids: Arc<IdGenerator>,
+    metrics: Option<Arc<dyn MetricsSink>>,
 }
 
 impl Deliverer {
@@ -86,7 +88,12 @@ impl Deliverer {
                 builder.no_proxy().dns_resolver(Arc::new(public_network::PublicAddressResolver))
             }
         });
-        Deliverer { client, policy, clock, ids: Arc::new(IdGenerator::default()) }
+        Deliverer { client, policy, clock, ids: Arc::new(IdGenerator::default()), metrics: None }
+    }
+
+    /// Counts each attempt's outcome there.
+    pub fn with_metrics(self, sink: Arc<dyn MetricsSink>) -> Self {
+        Deliverer { metrics: Some(sink), ..self }
     }
 
     pub fn policy(&self) -> &DeliveryPolicy {
@@ -111,6 +118,9 @@ impl Deliverer {
         };
         let at = self.clock.now();
         let outcome = AttemptOutcome::of_status(http_status);
+        if let Some(metrics) = &self.metrics {
+            metrics.record(&[Observation::WebhookAttempt { outcome }]);
+        }
         let health = endpoint.after_attempt(outcome, at);
         let retry_at = match (outcome, health) {
             (AttemptOutcome::Failed, EndpointHealth::FailingSince(_)) => {
