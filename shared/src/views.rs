@@ -9,7 +9,6 @@ use crate::domain::{
     Approval, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, Run, RunId, Timestamp, Usage,
     WebhookEndpoint,
 };
-use crate::store::StoredEvent;
 
 #[derive(Serialize)]
 pub struct RunView<'a> {
@@ -296,15 +295,16 @@ pub struct EventView<'a> {
 }
 
 impl<'a> EventView<'a> {
-    /// The event as clients see it; fails only when its stored data is not JSON.
-    pub fn of(run_id: RunId, event: &'a StoredEvent) -> Result<Self, serde_json::Error> {
+    /// The event `seq` of the run as clients see it, from its type, time
+    /// and data as stored; fails only when the data is not JSON.
+    pub fn of(run_id: RunId, seq: u64, kind: &'a str, at: Timestamp, data: &'a str) -> Result<Self, serde_json::Error> {
         Ok(EventView {
-            id: EventId::of_event(run_id, event.seq, event.at).to_string(),
-            seq: event.seq,
+            id: EventId::of_event(run_id, seq, at).to_string(),
+            seq,
             run_id: run_id.to_string(),
-            kind: &event.kind,
-            created_at: event.at.to_rfc3339(),
-            data: serde_json::from_str(&event.data)?,
+            kind,
+            created_at: at.to_rfc3339(),
+            data: serde_json::from_str(data)?,
         })
     }
 }

@@ -150,7 +150,7 @@ pub(super) async fn handle(
 }
 
 fn event_view(run_id: RunId, event: &StoredEvent) -> Result<EventView<'_>, ApiError> {
-    EventView::of(run_id, event)
+    EventView::of(run_id, event.seq, &event.kind, event.at, &event.data)
         .map_err(|_| ApiError::Internal(format!("event {} of {run_id} has malformed data", event.seq).into()))
 }
 

@@ -2,8 +2,9 @@
 //! endpoint and event, naming them (the deliver function reads both, so a
 //! message stays small whatever the event holds), with the attempts made
 //! so far. A failed attempt's next one is a new message, due at its time.
-//! Messages are grouped by owner (`MessageGroupId` on a standard queue:
-//! SQS fair queues), so one owner's backlog does not delay the others'.
+//! Messages are grouped by endpoint (`MessageGroupId` on a standard queue:
+//! SQS fair queues), so a slow endpoint's backlog of messages in flight
+//! does not delay the others'.
 
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ impl WebhookQueue {
                     SendMessageBatchRequestEntry::builder()
                         .id(index.to_string())
                         .message_body(body)
-                        .message_group_id(message.owner.as_str())
+                        .message_group_id(message.webhook_id.to_string())
                         .build()
                         .map_err(unavailable)?,
                 );
@@ -90,7 +91,7 @@ impl WebhookQueue {
             .send_message()
             .queue_url(&self.queue_url)
             .message_body(body)
-            .message_group_id(message.owner.as_str())
+            .message_group_id(message.webhook_id.to_string())
             .delay_seconds(delay.min(MAX_DELAY).as_secs() as i32)
             .send()
             .await
