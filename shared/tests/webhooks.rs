@@ -11,7 +11,7 @@ use agent_runs_shared::domain::{
     Clock, DISABLE_AFTER_FAILING_FOR, EndpointHealth, EventFilter, ExecutionPolicy, ManualClock, Owner, Run, RunId,
     Timestamp, WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
 };
-use agent_runs_shared::store::{Durability, Outbox, RunStore, SqliteStore, WebhookStore};
+use agent_runs_shared::store::{DueSkip, Durability, Outbox, RunStore, SqliteStore, WebhookStore};
 use agent_runs_shared::webhooks::{Deliverer, DeliveryPolicy};
 use ulid::Ulid;
 
@@ -63,18 +63,18 @@ async fn deliveries_are_queued_with_the_event_for_the_endpoints_that_want_it() {
         assert!(store.create_webhook(endpoint, 20).await.unwrap());
     }
     let run = insert_run(&store, 10).await;
-    let due = store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &[], 100).await.unwrap();
+    let due = store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 100).await.unwrap();
     assert_eq!(due.len(), 1, "{due:#?}");
     assert_eq!((due[0].webhook_id, due[0].run_id, due[0].event.seq), (everything.id, run.id, 1));
     assert_eq!((due[0].event.kind.as_str(), due[0].attempts), ("run.created", 0));
     // An endpoint at its limit of deliveries in flight is skipped.
     assert!(
-        store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &[everything.id], 100).await.unwrap().is_empty()
+        store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip { endpoints: vec![everything.id], owners: vec![] }, 100).await.unwrap().is_empty()
     );
 
     // An undone create takes its deliveries with it.
     assert!(store.undo_create(&run, None).await.unwrap());
-    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &[], 100).await.unwrap().is_empty());
+    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 100).await.unwrap().is_empty());
     // The owner's limit holds.
     for random in 20..38 {
         assert!(store.create_webhook(&endpoint("https://example.com/n", EventFilter::All, random), 20).await.unwrap());
@@ -92,7 +92,7 @@ async fn an_endpoint_that_fails_every_attempt_for_five_days_is_disabled_and_its_
     insert_run(&store, 10).await;
     let deliverer = Deliverer::new(DeliveryPolicy::new(true), clock.clone());
 
-    let mut pending = store.due_deliveries(clock.now(), &[], 10).await.unwrap().remove(0);
+    let mut pending = store.due_deliveries(clock.now(), &DueSkip::default(), 10).await.unwrap().remove(0);
     let first = deliverer.attempt(&hook, pending.run_id, &pending.event, 1).await;
     assert_eq!(first.health, EndpointHealth::FailingSince(clock.now()));
     assert_eq!(first.attempt.http_status, None);
@@ -101,11 +101,11 @@ async fn an_endpoint_that_fails_every_attempt_for_five_days_is_disabled_and_its_
     let wait = retry_at.since(clock.now());
     assert!((Duration::from_secs(4)..=Duration::from_secs(6)).contains(&wait), "{wait:?}");
     store.finish_delivery(&pending, &first.attempt, first.health, first.retry_at).await.unwrap();
-    assert!(store.due_deliveries(clock.now(), &[], 10).await.unwrap().is_empty(), "not due before its retry");
+    assert!(store.due_deliveries(clock.now(), &DueSkip::default(), 10).await.unwrap().is_empty(), "not due before its retry");
 
     // Just under five days later the endpoint still gets its attempts...
     clock.advance(DISABLE_AFTER_FAILING_FOR - Duration::from_secs(1));
-    pending = store.due_deliveries(clock.now(), &[], 10).await.unwrap().remove(0);
+    pending = store.due_deliveries(clock.now(), &DueSkip::default(), 10).await.unwrap().remove(0);
     assert_eq!(pending.attempts, 1);
     let hook = store.get_webhook(&owner(), hook.id).await.unwrap().unwrap();
     assert_eq!(hook.failing_since, Some(Timestamp::from_millis(T0)));
@@ -116,15 +116,15 @@ async fn an_endpoint_that_fails_every_attempt_for_five_days_is_disabled_and_its_
     // ...and at five days it is disabled, its waiting deliveries dropped.
     insert_run(&store, 11).await;
     clock.advance(Duration::from_secs(1));
-    pending = store.due_deliveries(clock.now(), &[], 10).await.unwrap().remove(0);
+    pending = store.due_deliveries(clock.now(), &DueSkip::default(), 10).await.unwrap().remove(0);
     let third = deliverer.attempt(&hook, pending.run_id, &pending.event, pending.attempts + 1).await;
     assert_eq!((third.health, third.retry_at), (EndpointHealth::Disable, None));
     store.finish_delivery(&pending, &third.attempt, third.health, third.retry_at).await.unwrap();
     let hook = store.get_webhook(&owner(), hook.id).await.unwrap().unwrap();
     assert_eq!(hook.status, WebhookStatus::Disabled);
-    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &[], 10).await.unwrap().is_empty());
+    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 10).await.unwrap().is_empty());
     insert_run(&store, 12).await;
-    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &[], 10).await.unwrap().is_empty(), "disabled");
+    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 10).await.unwrap().is_empty(), "disabled");
     let attempts = store.deliveries(&owner(), hook.id, None, 10).await.unwrap().items;
     assert_eq!(attempts.iter().map(|attempt| attempt.attempt).collect::<Vec<_>>(), [1, 2, 1]);
 }

@@ -267,8 +267,13 @@ fn the_queue_outlasts_the_worker_and_failures_go_to_the_dead_letter_queue() {
 /// The DynamoDB actions a function may take on the table itself (not its
 /// indexes).
 fn table_actions(function: &Value) -> BTreeSet<String> {
-    let on_table = |resource: &Value| match resource {
-        Value::Tagged(tagged) => tagged.tag == "GetAtt" && tagged.value == "RunsTable.Arn",
+    actions_on(function, "RunsTable.Arn")
+}
+
+/// The actions a function may take on `!GetAtt <resource>`.
+fn actions_on(function: &Value, resource: &str) -> BTreeSet<String> {
+    let on_table = |allowed: &Value| match allowed {
+        Value::Tagged(tagged) => tagged.tag == "GetAtt" && tagged.value == resource,
         _ => false,
     };
     let mut actions = BTreeSet::new();
@@ -309,4 +314,40 @@ fn functions_that_write_runs_may_make_every_call_a_run_write_makes() {
             assert!(allowed.is_superset(&needed), "{name} may only {allowed:?}");
         }
     }
+}
+
+/// The calls the webhook functions make (the emulator does not enforce IAM,
+/// so only this test sees a missing permission): the API function keeps
+/// endpoints and their count in transactions; the notifier reads endpoints
+/// and queues deliveries (and its event source describes failed records in
+/// the dead-letter queue); deliver reads the endpoint and event, records
+/// attempts, claims retries, queues a retry as a new message and hides one
+/// it could not attempt.
+#[test]
+fn the_webhook_functions_may_make_the_calls_they_make() {
+    let template = template();
+    let resources = &template["Resources"];
+    let set = |actions: &[&str]| actions.iter().map(|action| action.to_string()).collect::<BTreeSet<_>>();
+    let webhooks = &resources["WebhooksFunction"];
+    assert_eq!(
+        actions_on(webhooks, "RunsTable.Arn"),
+        set(&["dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"])
+    );
+    let notifier = &resources["NotifierFunction"];
+    assert_eq!(actions_on(notifier, "RunsTable.Arn"), set(&["dynamodb:Query"]));
+    assert_eq!(actions_on(notifier, "WebhookDeliveryQueue.Arn"), set(&["sqs:SendMessage"]));
+    assert_eq!(actions_on(notifier, "WebhookDeadLetterQueue.Arn"), set(&["sqs:SendMessage"]));
+    let deliver = &resources["DeliverFunction"];
+    assert_eq!(actions_on(deliver, "RunsTable.Arn"), set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]));
+    assert_eq!(
+        actions_on(deliver, "WebhookDeliveryQueue.Arn"),
+        set(&["sqs:SendMessage", "sqs:ChangeMessageVisibility"])
+    );
+    let stream = &notifier["Properties"]["Events"]["EventItems"]["Properties"];
+    assert_eq!(stream["FunctionResponseTypes"][0], "ReportBatchItemFailures");
+    assert_eq!(stream["MaximumRetryAttempts"].as_i64(), Some(-1));
+    assert_eq!(resources["RunsTable"]["Properties"]["StreamSpecification"]["StreamViewType"], "NEW_IMAGE");
+    let queue = &resources["WebhookDeliveryQueue"]["Properties"];
+    let deliver_timeout = deliver["Properties"]["Timeout"].as_u64().unwrap();
+    assert!(queue["VisibilityTimeout"].as_u64().unwrap() >= 6 * deliver_timeout);
 }

@@ -95,7 +95,6 @@ impl EventFilter {
         }
     }
 
-    /// As the API shows it and the stores keep it.
     /// A filter as a store kept it, not checked against today's event
     /// types: a type that no longer exists matches nothing, and the
     /// endpoint keeps working for the others.
@@ -103,6 +102,7 @@ impl EventFilter {
         if types.len() == 1 && types[0] == "*" { EventFilter::All } else { EventFilter::Types(types) }
     }
 
+    /// As the API shows it and the stores keep it.
     pub fn names(&self) -> Vec<String> {
         match self {
             EventFilter::All => vec!["*".to_owned()],

@@ -73,6 +73,10 @@ pub async fn handle_stream(store: &DynamoStore, queue: &WebhookQueue, event: Str
     response
 }
 
+/// A message received this close to its time is taken as due: SQS's
+/// delays are whole seconds.
+const EARLY_ENOUGH: Duration = Duration::from_secs(1);
+
 /// How long a message whose delivery could not be attempted (a failed
 /// read or record) is hidden: growing with its receives, so an outage of
 /// hours passes before SQS's 20 receives send it to the dead-letter queue.
@@ -113,8 +117,15 @@ pub async fn handle_deliveries(
             return Err(id);
         };
         let now = clock.now();
-        if let Some(not_before) = message.not_before.filter(|not_before| *not_before > now) {
-            return keep(not_before.since(now)).await;
+        if let Some(not_before) = message.not_before.filter(|not_before| *not_before > now.plus(EARLY_ENOUGH)) {
+            // Not due yet: a new message, delayed, stands in for this one.
+            return match queue.send_later(&message, not_before.since(now)).await {
+                Ok(()) => Ok(()),
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), "cannot send a waiting delivery on; trying later");
+                    keep(backoff(&record)).await
+                }
+            };
         }
         let read = async {
             let endpoint = store.get_webhook(&message.owner, message.webhook_id).await?;
@@ -130,7 +141,8 @@ pub async fn handle_deliveries(
                 return keep(backoff(&record)).await;
             }
         };
-        let result = deliverer.attempt(&endpoint, message.run_id, &event, message.attempts + 1).await;
+        let number = message.attempts.saturating_add(1);
+        let result = deliverer.attempt(&endpoint, message.run_id, &event, number).await;
         if let Err(error) = store.record_attempt(&message.owner, &result.attempt, result.health).await {
             // Made but not recorded (a 410 would not disable the endpoint):
             // made again later rather than lost.
@@ -140,14 +152,24 @@ pub async fn handle_deliveries(
         let Some(retry_at) = result.retry_at else {
             return Ok(());
         };
-        let delay = retry_at.since(clock.now());
-        let next = DeliveryMessage { attempts: message.attempts + 1, not_before: Some(retry_at), ..message };
-        match queue.send_later(&next, delay).await {
+        let next = DeliveryMessage { attempts: number, not_before: Some(retry_at), ..message };
+        // Claimed first, so that two copies of this message (SQS delivers
+        // at least once) do not go on as two series of attempts.
+        match store.claim_retry(next.webhook_id, next.run_id, next.seq, next.attempts, &id).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), "cannot claim a delivery's next attempt; trying later");
+                return keep(backoff(&record)).await;
+            }
+        }
+        match queue.send_later(&next, retry_at.since(clock.now())).await {
             Ok(()) => Ok(()),
             Err(error) => {
-                // This message stands in for the next attempt (its number repeats).
-                tracing::warn!(error = %error_chain(&error), "cannot queue a delivery's next attempt; keeping this one");
-                keep(delay).await
+                // Received again, this message makes its attempt again and,
+                // holding the claim, queues the next one.
+                tracing::warn!(error = %error_chain(&error), "cannot queue a delivery's next attempt; trying later");
+                keep(backoff(&record)).await
             }
         }
     }))

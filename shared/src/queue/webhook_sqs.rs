@@ -1,7 +1,10 @@
 //! The AWS path's queue of webhook deliveries: one SQS message per
 //! endpoint and event, naming them (the deliver function reads both, so a
 //! message stays small whatever the event holds), with the attempts made
-//! so far. A failed attempt's next one is a new message, due at its time.
+//! so far. A failed attempt's next one is a new message, due at its time:
+//! delayed by SQS up to 15 minutes, and sent on again, delayed, while not
+//! yet due, so a waiting delivery is never held in flight (SQS allows a
+//! queue about 120,000 messages in flight).
 //! Messages are grouped by endpoint (`MessageGroupId` on a standard queue:
 //! SQS fair queues), so a slow endpoint's backlog of messages in flight
 //! does not delay the others'.
@@ -15,8 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::QueueError;
 use crate::domain::{Owner, RunId, Timestamp, WebhookId};
 
-/// SQS hides a message for at most 12 hours from when it was received;
-/// this leaves room for the time the function took before hiding it.
+/// Hides are short (a failed read's backoff); SQS allows 12 hours.
 const MAX_HIDE: Duration = Duration::from_secs(12 * 60 * 60 - 5 * 60);
 /// SQS delays a new message by at most 15 minutes.
 const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
@@ -84,7 +86,7 @@ impl WebhookQueue {
     }
 
     /// Sends `message` to be received after `delay` (or 15 minutes, the
-    /// most SQS delays; its `not_before` covers the rest).
+    /// most SQS delays; its `not_before` says how much longer it waits).
     pub async fn send_later(&self, message: &DeliveryMessage, delay: Duration) -> Result<(), QueueError> {
         let body = serde_json::to_string(message).map_err(unavailable)?;
         self.client
@@ -92,7 +94,8 @@ impl WebhookQueue {
             .queue_url(&self.queue_url)
             .message_body(body)
             .message_group_id(message.webhook_id.to_string())
-            .delay_seconds(delay.min(MAX_DELAY).as_secs() as i32)
+            // Rounded up: never received before its time.
+            .delay_seconds(delay.min(MAX_DELAY).as_millis().div_ceil(1_000) as i32)
             .send()
             .await
             .map_err(unavailable)?;

@@ -320,6 +320,14 @@ pub struct PendingDelivery {
     pub attempts: u32,
 }
 
+/// Endpoints and owners whose deliveries a read of the outbox leaves out
+/// (they have as many in flight as they may).
+#[derive(Debug, Clone, Default)]
+pub struct DueSkip {
+    pub endpoints: Vec<WebhookId>,
+    pub owners: Vec<Owner>,
+}
+
 /// The embedded server's outbox of deliveries.
 #[async_trait]
 pub trait Outbox: Send + Sync + 'static {
@@ -327,13 +335,13 @@ pub trait Outbox: Send + Sync + 'static {
     /// (at once if one has).
     async fn deliveries_queued(&self);
     /// Deliveries due at `now`: for each endpoint with any, except those
-    /// in `skip`, up to `per_endpoint` of them, the longest waiting first.
-    /// Each endpoint's queue is read apart, so a long backlog of one never
-    /// hides another's deliveries.
+    /// `skip` names, up to `per_endpoint` of them, the longest waiting
+    /// first. Each endpoint's queue is read apart, so a long backlog of one
+    /// never hides another's deliveries.
     async fn due_deliveries(
         &self,
         now: Timestamp,
-        skip: &[WebhookId],
+        skip: &DueSkip,
         per_endpoint: u32,
     ) -> Result<Vec<PendingDelivery>, StoreError>;
     /// Records the attempt and its effect on the endpoint, then schedules

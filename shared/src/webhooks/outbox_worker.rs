@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use super::Deliverer;
 use crate::domain::{Clock, Owner, WebhookId, WebhookStatus};
 use crate::error_chain;
-use crate::store::{Outbox, PendingDelivery, WebhookStore};
+use crate::store::{DueSkip, Outbox, PendingDelivery, WebhookStore};
 
 /// How long the worker sleeps when nothing is due and no commit woke it:
 /// the latest a retry falls due is this much after its time.
@@ -81,8 +81,22 @@ impl InFlight {
         release(&mut self.per_owner, &delivery.owner);
     }
 
-    fn saturated(&self, per_endpoint: usize) -> Vec<WebhookId> {
-        self.per_endpoint.iter().filter(|(_, count)| **count >= per_endpoint).map(|(id, _)| *id).collect()
+    /// The endpoints and owners with as many in flight as they may.
+    fn saturated(&self, limits: &DeliveryLimits) -> DueSkip {
+        DueSkip {
+            endpoints: self
+                .per_endpoint
+                .iter()
+                .filter(|(_, count)| **count >= limits.per_endpoint)
+                .map(|(id, _)| *id)
+                .collect(),
+            owners: self
+                .per_owner
+                .iter()
+                .filter(|(_, count)| **count >= limits.per_owner)
+                .map(|(owner, _)| owner.clone())
+                .collect(),
+        }
     }
 }
 
@@ -92,6 +106,19 @@ fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
         if *count == 0 {
             counts.remove(key);
         }
+    }
+}
+
+/// A delivery taken from the outbox, and its place among those in flight.
+struct Taken {
+    in_flight: Arc<Mutex<InFlight>>,
+    delivery: PendingDelivery,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        crate::lock(&self.in_flight).finish(&self.delivery);
     }
 }
 
@@ -119,7 +146,7 @@ impl OutboxWorker {
             let mut started = 0;
             let (read, saturated) = {
                 let mut in_flight = crate::lock(&in_flight);
-                (in_flight.begin_read(), in_flight.saturated(limits.per_endpoint))
+                (in_flight.begin_read(), in_flight.saturated(&limits))
             };
             match worker.outbox.due_deliveries(clock.now(), &saturated, limits.per_endpoint as u32).await {
                 Ok(due) => {
@@ -128,12 +155,10 @@ impl OutboxWorker {
                         if !crate::lock(&in_flight).take(&delivery, read, &limits) {
                             continue;
                         }
-                        let (worker, in_flight) = (worker.clone(), in_flight.clone());
-                        tasks.spawn(async move {
-                            worker.deliver(&delivery).await;
-                            crate::lock(&in_flight).finish(&delivery);
-                            drop(slot);
-                        });
+                        let worker = worker.clone();
+                        // Released when the task ends, even by a panic.
+                        let taken = Taken { in_flight: in_flight.clone(), delivery, _slot: slot };
+                        tasks.spawn(async move { worker.deliver(&taken.delivery).await });
                         started += 1;
                     }
                 }
@@ -171,18 +196,21 @@ impl OutboxWorker {
                 return;
             }
         };
-        let result = self.deliverer.attempt(&endpoint, delivery.run_id, &delivery.event, delivery.attempts + 1).await;
+        let number = delivery.attempts.saturating_add(1);
+        let result = self.deliverer.attempt(&endpoint, delivery.run_id, &delivery.event, number).await;
         // The attempt was made: record it, trying again rather than send it
         // again. Only if the store stays down is it left in the outbox as it
         // was, to be sent again (at least once).
         let mut pause = Duration::from_millis(100);
-        for _ in 0..RECORD_ATTEMPTS {
+        for tries_left in (0..RECORD_ATTEMPTS).rev() {
             match self.outbox.finish_delivery(delivery, &result.attempt, result.health, result.retry_at).await {
                 Ok(()) => break,
                 Err(error) => {
                     tracing::error!(error = %error_chain(&error), webhook_id = %endpoint.id, "cannot record a webhook attempt");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(30));
+                    if tries_left > 0 {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(30));
+                    }
                 }
             }
         }
@@ -246,9 +274,10 @@ mod tests {
             .map(|delivery| in_flight.take(delivery, read, &limits))
             .collect();
         assert_eq!(taken, [true, true, false], "two per endpoint");
-        assert_eq!(in_flight.saturated(2).len(), 1);
+        assert_eq!(in_flight.saturated(&limits).endpoints.len(), 1);
         assert!(in_flight.take(&delivery(4, 2, "acme"), read, &limits));
         assert!(!in_flight.take(&delivery(5, 3, "acme"), read, &limits), "three per owner");
+        assert_eq!(in_flight.saturated(&limits).owners, [Owner::parse("acme").unwrap()]);
         assert!(in_flight.take(&delivery(6, 4, "other"), read, &limits), "another owner is not held up");
     }
 }

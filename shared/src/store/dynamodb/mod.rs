@@ -12,6 +12,7 @@
 //! | webhook endpoint | `WEBHOOKS#<owner>` | `WH#<webhook_id>` |
 //! | an owner's count of endpoints | `WEBHOOKS#<owner>` | `COUNT` |
 //! | a delivery attempt (kept 30 days) | `WH#<webhook_id>` | `DLV#<delivery_id>` |
+//! | the claim of a delivery's next attempt (kept 3 days) | `WH#<webhook_id>` | `NEXT#<run_id>#<seq>#<attempt>` |
 //!
 //! Runs also carry `gsi1pk = OWNER#<owner>#STATUS#<status>`, `gsi1sk =
 //! RUN#<run_id>` (the status filter) and, while not terminal, `gsi2pk =

@@ -21,6 +21,8 @@ use crate::store::{
 /// lets through.
 pub const NOTIFIED_EVENT_PREFIX: &str = "EV#";
 const ATTEMPTS_KEPT_FOR_SECS: i64 = 30 * 24 * 60 * 60;
+/// A claim of a retry is needed while copies of its message may come: days.
+const RETRY_CLAIM_KEPT_FOR_SECS: i64 = 3 * 24 * 60 * 60;
 
 fn endpoints_pk(owner: &Owner) -> String {
     format!("WEBHOOKS#{owner}")
@@ -85,6 +87,14 @@ fn decode_endpoint(item: Item) -> Result<WebhookEndpoint, StoreError> {
     })
 }
 
+/// The endpoint of an item, or `None` (logged) for one that cannot be
+/// read: never a reason to fail the others.
+fn readable(owner: &Owner, item: Item) -> Option<WebhookEndpoint> {
+    decode_endpoint(item)
+        .inspect_err(|error| tracing::error!(%owner, %error, "a webhook endpoint cannot be read; left out"))
+        .ok()
+}
+
 #[derive(Serialize, Deserialize)]
 struct AttemptItem {
     delivery_id: DeliveryId,
@@ -138,14 +148,40 @@ impl DynamoStore {
             .expression_attribute_values(":endpoint", s("WH#"))
             .consistent_read(true);
         let items = self.query_up_to(query, None, crate::domain::MAX_WEBHOOKS_PER_OWNER * 2, Ok).await?;
-        Ok(items
-            .into_iter()
-            .filter_map(|item| {
-                decode_endpoint(item)
-                    .inspect_err(|error| tracing::error!(%owner, %error, "a webhook endpoint cannot be read; skipped"))
-                    .ok()
-            })
-            .collect())
+        Ok(items.into_iter().filter_map(|item| readable(owner, item)).collect())
+    }
+
+    /// Claims the queueing of a delivery's next message (after `attempts`) for
+    /// the SQS message `claimer`: `Ok(false)` when another message claimed
+    /// it first. The same message may claim again (its send failed).
+    pub async fn claim_retry(
+        &self,
+        webhook_id: WebhookId,
+        run_id: RunId,
+        seq: u64,
+        attempts: u32,
+        claimer: &str,
+    ) -> Result<bool, StoreError> {
+        let expires_at = crate::domain::SystemClock.now().millis() / 1_000 + RETRY_CLAIM_KEPT_FOR_SECS;
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(attempts_pk(webhook_id)))
+            .item("sk", s(format!("NEXT#{run_id}#{seq}#{attempts}")))
+            .item("claimer", s(claimer))
+            .item("expires_at", n(expires_at))
+            .condition_expression("attribute_not_exists(pk) OR claimer = :claimer")
+            .expression_attribute_values(":claimer", s(claimer))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(error) if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) => {
+                Ok(false)
+            }
+            Err(error) => Err(unavailable(error)),
+        }
     }
 
     fn endpoint_count(&self, owner: &Owner, delta: i64, max: Option<usize>) -> Result<Update, StoreError> {
@@ -208,7 +244,7 @@ impl WebhookStore for DynamoStore {
         let start_after = before.map(|id| Item::from([("pk".into(), s(&pk)), ("sk".into(), s(endpoint_sk(id)))]));
         let items = self.query_up_to(query, start_after, limit as usize + 1, Ok).await?;
         let has_more = items.len() > limit as usize;
-        let items = items.into_iter().take(limit as usize).map(decode_endpoint).collect::<Result<_, _>>()?;
+        let items = items.into_iter().take(limit as usize).filter_map(|item| readable(owner, item)).collect();
         Ok(Page { items, has_more })
     }
 

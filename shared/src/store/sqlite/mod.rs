@@ -162,7 +162,7 @@ CREATE TABLE webhooks (
 CREATE INDEX webhooks_by_owner ON webhooks (owner, status, id);
 CREATE INDEX webhooks_by_status ON webhooks (status, id);
 CREATE TABLE webhook_outbox (
-    id              INTEGER PRIMARY KEY,
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
     webhook_id      TEXT    NOT NULL,
     run_id          TEXT    NOT NULL,
     seq             INTEGER NOT NULL,

@@ -10,7 +10,7 @@ use crate::domain::{
     WebhookId, WebhookSecret, WebhookStatus,
 };
 use crate::store::{
-    Outbox, Page, PendingDelivery, StoreError, StoredEvent, WebhookStore, decode_previous_secrets,
+    DueSkip, Outbox, Page, PendingDelivery, StoreError, StoredEvent, WebhookStore, decode_previous_secrets,
     encode_previous_secrets,
 };
 
@@ -366,26 +366,23 @@ impl Outbox for SqliteStore {
     async fn due_deliveries(
         &self,
         now: Timestamp,
-        skip: &[WebhookId],
+        skip: &DueSkip,
         per_endpoint: u32,
     ) -> Result<Vec<PendingDelivery>, StoreError> {
-        let skip: Vec<String> = skip.iter().map(WebhookId::to_string).collect();
+        let skip = skip.clone();
         self.read(move |connection| {
             // The endpoints with something due, the one waiting longest
             // first: one probe of the outbox's index per enabled endpoint.
-            let endpoints: Vec<(String, String)> = connection
-                .prepare_cached(
-                    "SELECT id, owner FROM (
-                         SELECT id, owner,
-                                (SELECT MIN(next_attempt_at) FROM webhook_outbox
-                                 WHERE webhook_id = webhooks.id) AS oldest
+            let endpoints = connection
+                .prepare_cached(&format!(
+                    "SELECT {ENDPOINT_COLUMNS} FROM (
+                         SELECT *, (SELECT MIN(next_attempt_at) FROM webhook_outbox
+                                    WHERE webhook_id = webhooks.id) AS oldest
                          FROM webhooks WHERE status = 'enabled')
-                     WHERE oldest <= ?1 ORDER BY oldest",
-                )
+                     WHERE oldest <= ?1 ORDER BY oldest"
+                ))
                 .and_then(|mut statement| {
-                    statement
-                        .query_map(params![now.millis()], |row| Ok((row.get(0)?, row.get(1)?)))?
-                        .collect::<Result<Vec<_>, _>>()
+                    statement.query_map(params![now.millis()], endpoint_from_row)?.collect::<Result<Vec<_>, _>>()
                 })
                 .map_err(unavailable)?;
             let mut due = Vec::new();
@@ -400,13 +397,26 @@ impl Outbox for SqliteStore {
                      ORDER BY webhook_outbox.next_attempt_at, webhook_outbox.id LIMIT ?3",
                 )
                 .map_err(unavailable)?;
-            for (webhook_id, owner) in endpoints.into_iter().filter(|(id, _)| !skip.contains(id)) {
+            for row in endpoints {
+                // An endpoint that cannot be read is left out, never a
+                // reason to hold up the others.
+                let id = row.id.clone();
+                let endpoint = match row.decode() {
+                    Ok(endpoint) => endpoint,
+                    Err(error) => {
+                        tracing::error!(webhook_id = id, %error, "a webhook endpoint cannot be read; its deliveries wait");
+                        continue;
+                    }
+                };
+                if skip.endpoints.contains(&endpoint.id) || skip.owners.contains(&endpoint.owner) {
+                    continue;
+                }
                 let rows = statement
-                    .query_map(params![webhook_id, now.millis(), per_endpoint], |row| {
+                    .query_map(params![id, now.millis(), per_endpoint], |row| {
                         Ok((
                             row.get::<_, i64>(0)?,
                             row.get::<_, String>(1)?,
-                            row.get::<_, u32>(2)?,
+                            row.get::<_, i64>(2)?,
                             StoredEvent {
                                 seq: row.get::<_, i64>(3)? as u64,
                                 kind: row.get(4)?,
@@ -417,18 +427,19 @@ impl Outbox for SqliteStore {
                     })
                     .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
                     .map_err(unavailable)?;
-                // A row that cannot be read is left out, never a reason to
-                // hold up the others.
-                let (Ok(owner), Ok(webhook_id)) = (Owner::parse(&owner), webhook_id.parse::<WebhookId>()) else {
-                    tracing::error!(webhook_id, "a webhook endpoint's row is malformed; its deliveries wait");
-                    continue;
-                };
-                for (id, run_id, attempts, event) in rows {
+                for (outbox_id, run_id, attempts, event) in rows {
                     let Ok(run_id) = run_id.parse() else {
-                        tracing::error!(outbox_id = id, "an outbox row names a malformed run id; left out");
+                        tracing::error!(outbox_id, "an outbox row names a malformed run id; left out");
                         continue;
                     };
-                    due.push(PendingDelivery { id, owner: owner.clone(), webhook_id, run_id, event, attempts });
+                    due.push(PendingDelivery {
+                        id: outbox_id,
+                        owner: endpoint.owner.clone(),
+                        webhook_id: endpoint.id,
+                        run_id,
+                        event,
+                        attempts: attempts.clamp(0, i64::from(u32::MAX)) as u32,
+                    });
                 }
             }
             Ok(due)
@@ -443,19 +454,27 @@ impl Outbox for SqliteStore {
         health: EndpointHealth,
         retry_at: Option<Timestamp>,
     ) -> Result<(), StoreError> {
-        let (id, attempt) = (delivery.id, attempt.clone());
+        let (id, attempts, attempt) = (delivery.id, delivery.attempts, attempt.clone());
         self.write(move |connection| {
             let transaction = connection.transaction().map_err(unavailable)?;
             // The endpoint may have been deleted while the attempt was made.
             if find_endpoint(&transaction, &attempt.webhook_id.to_string())?.is_some() {
                 record(&transaction, &attempt, health)?;
             }
+            // Only the row as it was read (ids are never reused, and its
+            // attempts have not moved on): a row removed meanwhile (its
+            // endpoint disabled or deleted) stays removed.
+            let webhook_id = attempt.webhook_id.to_string();
             match retry_at {
                 Some(at) => transaction.execute(
-                    "UPDATE webhook_outbox SET attempts = ?2, next_attempt_at = ?3 WHERE id = ?1",
-                    params![id, attempt.attempt, at.millis()],
+                    "UPDATE webhook_outbox SET attempts = ?4, next_attempt_at = ?5
+                     WHERE id = ?1 AND webhook_id = ?2 AND attempts = ?3",
+                    params![id, webhook_id, attempts, attempt.attempt, at.millis()],
                 ),
-                None => transaction.execute("DELETE FROM webhook_outbox WHERE id = ?1", params![id]),
+                None => transaction.execute(
+                    "DELETE FROM webhook_outbox WHERE id = ?1 AND webhook_id = ?2 AND attempts = ?3",
+                    params![id, webhook_id, attempts],
+                ),
             }
             .map_err(unavailable)?;
             transaction.commit().map_err(unavailable)
