@@ -129,8 +129,9 @@ awk -v with="$(cat "$work/create-1k-sse.rps")" -v alone="$(cat "$work/create-alo
   'BEGIN { printf "create with 1,000 streams open: %.1f%% of create alone\n", 100 * with / alone }'
 
 echo "== 2c. webhooks: deliveries per second; create beside an endpoint that takes 2 s to answer"
-# webhook_server NAME SINK_DELAY_MS: a server of its own with one endpoint for
-# every event on a local sink; sets $hook_serve, $hook_auth and $hook_sink.
+# webhook_server NAME SINK_DELAY_MS [none]: a server of its own with one
+# endpoint for every event on a local sink (none: no endpoint); sets
+# $hook_serve, $hook_auth and $hook_sink.
 webhook_server() {
   "$bin/webhook-sink" 127.0.0.1:0 "$2" > "$work/$1-sink.out" & pids+=($!)
   AGENT_RUNS_RATE_LIMIT_PER_SECOND=0 AGENT_RUNS_MAX_ACTIVE_RUNS=100000000 AGENT_RUNS_LOG=warn AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE=true \
@@ -138,9 +139,13 @@ webhook_server() {
   wait_for_line "$work/$1-sink.out"; wait_for_line "$work/$1-serve.out"
   hook_sink=$(addr_of "$work/$1-sink.out"); hook_serve=$(addr_of "$work/$1-serve.out")
   hook_auth="Authorization: Bearer $(sed -n 's/^ *export AGENT_RUNS_KEY=//p' "$work/$1-serve.out")"
+  [ "${3:-}" = none ] && return
   curl -s -X POST "http://$hook_serve/v1/webhooks" -H "$hook_auth" -H 'Content-Type: application/json' \
     -d "{\"url\": \"http://$hook_sink/hook\", \"events\": [\"*\"]}" > /dev/null
 }
+# The same server without an endpoint, for comparison (a fresh database each).
+webhook_server plain 0 none
+wrk_run create-no-hook "http://$hook_serve/v1/agent/runs" -H "$hook_auth" -s "$work/create.lua"
 webhook_server fast 0
 wrk_run create-webhook "http://$hook_serve/v1/agent/runs" -H "$hook_auth" -s "$work/create.lua"
 created=$(awk '/requests in/ {print $1}' "$work/create-webhook.wrk")
@@ -153,7 +158,7 @@ awk -v n="$delivered" -v e="$expected" -v secs="$secs" -v started="$started" -v 
   'BEGIN { printf "delivered %d of %d events of the runs created under load; all within %.1f s after the load: %.0f deliveries/s over load and drain\n", n, e, now - started, n / (secs + now - started) }'
 webhook_server slow 2000
 wrk_run create-slow-hook "http://$hook_serve/v1/agent/runs" -H "$hook_auth" -s "$work/create.lua"
-awk -v slow="$(cat "$work/create-slow-hook.rps")" -v fast="$(cat "$work/create-webhook.rps")" -v alone="$(cat "$work/create.rps")" \
+awk -v slow="$(cat "$work/create-slow-hook.rps")" -v fast="$(cat "$work/create-webhook.rps")" -v alone="$(cat "$work/create-no-hook.rps")" \
   'BEGIN { printf "create with an endpoint for every event: %.1f%% of create without; with that endpoint taking 2 s: %.1f%%\n", 100 * fast / alone, 100 * slow / alone }'
 
 echo "== 3. Lambda functions: init and invocations (Runtime API stand-in, AWS API emulator)"

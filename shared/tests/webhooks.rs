@@ -69,12 +69,22 @@ async fn deliveries_are_queued_with_the_event_for_the_endpoints_that_want_it() {
     assert_eq!((due[0].event.kind.as_str(), due[0].attempts), ("run.created", 0));
     // An endpoint at its limit of deliveries in flight is skipped.
     assert!(
-        store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip { endpoints: vec![everything.id], owners: vec![] }, 100).await.unwrap().is_empty()
+        store
+            .due_deliveries(
+                Timestamp::from_millis(i64::MAX / 2),
+                &DueSkip { endpoints: vec![everything.id], owners: vec![] },
+                100
+            )
+            .await
+            .unwrap()
+            .is_empty()
     );
 
     // An undone create takes its deliveries with it.
     assert!(store.undo_create(&run, None).await.unwrap());
-    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 100).await.unwrap().is_empty());
+    assert!(
+        store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 100).await.unwrap().is_empty()
+    );
     // The owner's limit holds.
     for random in 20..38 {
         assert!(store.create_webhook(&endpoint("https://example.com/n", EventFilter::All, random), 20).await.unwrap());
@@ -101,7 +111,10 @@ async fn an_endpoint_that_fails_every_attempt_for_five_days_is_disabled_and_its_
     let wait = retry_at.since(clock.now());
     assert!((Duration::from_secs(4)..=Duration::from_secs(6)).contains(&wait), "{wait:?}");
     store.finish_delivery(&pending, &first.attempt, first.health, first.retry_at).await.unwrap();
-    assert!(store.due_deliveries(clock.now(), &DueSkip::default(), 10).await.unwrap().is_empty(), "not due before its retry");
+    assert!(
+        store.due_deliveries(clock.now(), &DueSkip::default(), 10).await.unwrap().is_empty(),
+        "not due before its retry"
+    );
 
     // Just under five days later the endpoint still gets its attempts...
     clock.advance(DISABLE_AFTER_FAILING_FOR - Duration::from_secs(1));
@@ -122,9 +135,14 @@ async fn an_endpoint_that_fails_every_attempt_for_five_days_is_disabled_and_its_
     store.finish_delivery(&pending, &third.attempt, third.health, third.retry_at).await.unwrap();
     let hook = store.get_webhook(&owner(), hook.id).await.unwrap().unwrap();
     assert_eq!(hook.status, WebhookStatus::Disabled);
-    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 10).await.unwrap().is_empty());
+    assert!(
+        store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 10).await.unwrap().is_empty()
+    );
     insert_run(&store, 12).await;
-    assert!(store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 10).await.unwrap().is_empty(), "disabled");
+    assert!(
+        store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 10).await.unwrap().is_empty(),
+        "disabled"
+    );
     let attempts = store.deliveries(&owner(), hook.id, None, 10).await.unwrap().items;
     assert_eq!(attempts.iter().map(|attempt| attempt.attempt).collect::<Vec<_>>(), [1, 2, 1]);
 }

@@ -338,7 +338,10 @@ fn the_webhook_functions_may_make_the_calls_they_make() {
     assert_eq!(actions_on(notifier, "WebhookDeliveryQueue.Arn"), set(&["sqs:SendMessage"]));
     assert_eq!(actions_on(notifier, "WebhookDeadLetterQueue.Arn"), set(&["sqs:SendMessage"]));
     let deliver = &resources["DeliverFunction"];
-    assert_eq!(actions_on(deliver, "RunsTable.Arn"), set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]));
+    assert_eq!(
+        actions_on(deliver, "RunsTable.Arn"),
+        set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])
+    );
     assert_eq!(
         actions_on(deliver, "WebhookDeliveryQueue.Arn"),
         set(&["sqs:SendMessage", "sqs:ChangeMessageVisibility"])

@@ -162,7 +162,8 @@ impl DynamoStore {
         attempts: u32,
         claimer: &str,
     ) -> Result<bool, StoreError> {
-        let expires_at = crate::domain::SystemClock.now().millis() / 1_000 + RETRY_CLAIM_KEPT_FOR_SECS;
+        let expires_at =
+            crate::domain::Clock::now(&crate::domain::SystemClock).millis() / 1_000 + RETRY_CLAIM_KEPT_FOR_SECS;
         let result = self
             .client
             .put_item()
@@ -177,7 +178,9 @@ impl DynamoStore {
             .await;
         match result {
             Ok(_) => Ok(true),
-            Err(error) if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) => {
+            Err(error)
+                if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) =>
+            {
                 Ok(false)
             }
             Err(error) => Err(unavailable(error)),
