@@ -615,7 +615,9 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     drop(store);
     // A database from before the inbox (schema 6) has it filled from its runs.
     let connection = rusqlite::Connection::open(&path).unwrap();
-    connection.execute_batch("DROP TABLE approvals; PRAGMA user_version = 6;").unwrap();
+    // (Webhooks came after: schema 8.)
+    let without_webhooks = "DROP TABLE webhooks; DROP TABLE webhook_outbox; DROP TABLE webhook_attempts;";
+    connection.execute_batch(&format!("{without_webhooks} DROP TABLE approvals; PRAGMA user_version = 6;")).unwrap();
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     assert_eq!(inbox(&store, "acme-inbox", ApprovalStatus::Pending, None).await, ["script:step 2", "script:step 1"]);
@@ -626,7 +628,7 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     let connection = rusqlite::Connection::open(&path).unwrap();
     // A database from before the active-run counts (schema 2) has them counted
     // (and gains the later steps).
-    connection.execute_batch(&format!("{without_active_counts} PRAGMA user_version = 2;")).unwrap();
+    connection.execute_batch(&format!("{without_webhooks} {without_active_counts} PRAGMA user_version = 2;")).unwrap();
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     let mut second = new_run("acme", 1, 2);
@@ -635,7 +637,11 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     drop(store);
     let connection = rusqlite::Connection::open(&path).unwrap();
     // A database from before agent definitions (schema 1) gains them.
-    connection.execute_batch(&format!("{without_active_counts} DROP TABLE agents; PRAGMA user_version = 1;")).unwrap();
+    connection
+        .execute_batch(&format!(
+            "{without_webhooks} {without_active_counts} DROP TABLE agents; PRAGMA user_version = 1;"
+        ))
+        .unwrap();
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
     agents_are_put_replaced_listed_and_deleted(&store).await;
