@@ -454,15 +454,30 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     "404": not_found
                 }),
             ),
-            Operation::CreateWebhook => operation(
-                route.operation_id,
-                "Create a webhook endpoint",
-                json!([]),
-                Some(
-                    json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateWebhook"}}}}),
-                ),
-                json!({"201": webhook_response("The endpoint, with its signing secret (shown only here and by rotate-secret).", true)}),
-            ),
+            Operation::CreateWebhook => {
+                let mut created = webhook_response(
+                    "The endpoint, with its signing secret (shown only here and by rotate-secret).",
+                    true,
+                );
+                let by_id = |operation_id: &str| {
+                    json!({"operationId": operation_id, "parameters": {"webhook_id": "$response.body#/id"}})
+                };
+                created["links"] = json!({
+                    "GetWebhook": by_id("getWebhook"),
+                    "ListWebhookDeliveries": by_id("listWebhookDeliveries"),
+                    "RotateWebhookSecret": by_id("rotateWebhookSecret"),
+                    "DeleteWebhook": by_id("deleteWebhook")
+                });
+                operation(
+                    route.operation_id,
+                    "Create a webhook endpoint",
+                    json!([]),
+                    Some(
+                        json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateWebhook"}}}}),
+                    ),
+                    json!({"201": created}),
+                )
+            }
             Operation::ListWebhooks => operation(
                 route.operation_id,
                 "List webhook endpoints, newest first",
