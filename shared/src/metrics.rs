@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crate::domain::{AttemptOutcome, Clock, EventData, Owner, Run, RunId, RunStatus, Timestamp};
 use crate::store::{
     BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
-    ListRequest, RunStore, StoreError,
+    ListRequest, RunStore, StoreError, ViewPage,
 };
 
 /// One thing that happened to a run, as metrics count it.
@@ -333,6 +333,10 @@ impl RunStore for MeasuredStore {
 
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
         self.inner.list(owner, request).await
+    }
+
+    async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
+        self.inner.list_views(owner, request).await
     }
 
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {

@@ -808,3 +808,50 @@ async fn sqlite_due_pages_go_past_a_malformed_row_without_coming_up_short() {
     let rest = store.due(Timestamp::MAX, page.last(), 10).await.unwrap();
     assert_eq!(rest.iter().map(|due| due.key.run_id).collect::<Vec<_>>(), [runs[3].id, runs[4].id]);
 }
+
+/// The serving store answers a list with the JSON it made once per write:
+/// the same as encoding what the list reads, after every write, for runs
+/// in its cache and out of it, with any filter and cursor.
+#[tokio::test]
+async fn sqlite_list_views_are_the_runs_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open_for_serving(&path, Durability::Process).unwrap();
+    let mut runs = Vec::new();
+    for i in 0..7 {
+        let mut run = new_run("views", i, u128::from(i));
+        insert(&store, &mut run).await;
+        runs.push(run);
+    }
+    // One run changed after its first view was made; one written by a
+    // store without the cache (as if from before this process).
+    let expected = |store: SqliteStore, request: ListRequest| async move {
+        let page = store.list(&owner("views"), request).await.unwrap();
+        let views: Vec<String> = page
+            .runs
+            .iter()
+            .map(|run| serde_json::to_string(&agent_runs_shared::views::RunView::from(run)).unwrap())
+            .collect();
+        (views, page.runs.last().map(|run| run.id), page.has_more)
+    };
+    let check = |store: SqliteStore, request: ListRequest| async move {
+        let got = store.list_views(&owner("views"), request).await.unwrap();
+        let got = (got.views.iter().map(|view| view.to_string()).collect::<Vec<_>>(), got.last, got.has_more);
+        assert_eq!(got, expected(store, request).await, "{request:?}");
+    };
+    let all = ListRequest { status: None, before: None, limit: 100 };
+    check(store.clone(), all).await;
+    let mut changed = runs[3].clone();
+    changed.status = RunStatus::Running;
+    changed.started_at = Some(changed.created_at);
+    store.update(&mut changed).await.unwrap();
+    check(store.clone(), all).await;
+    check(store.clone(), ListRequest { status: Some(RunStatus::Running), before: None, limit: 5 }).await;
+    check(store.clone(), ListRequest { status: Some(RunStatus::Queued), before: Some(runs[5].id), limit: 2 }).await;
+    drop(store);
+    let reopened = SqliteStore::open_for_serving(&path, Durability::Process).unwrap();
+    check(reopened.clone(), all).await;
+    let page =
+        reopened.list_views(&owner("views"), ListRequest { status: None, before: None, limit: 3 }).await.unwrap();
+    assert_eq!((page.views.len(), page.last, page.has_more), (3, Some(runs[4].id), true));
+}

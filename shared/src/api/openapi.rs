@@ -459,9 +459,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     "The endpoint, with its signing secret (shown only here and by rotate-secret).",
                     true,
                 );
-                let by_id = |operation_id: &str| {
-                    json!({"operationId": operation_id, "parameters": {"webhook_id": "$response.body#/id"}})
-                };
+                let by_id = |operation_id: &str| json!({"operationId": operation_id, "parameters": {"webhook_id": "$response.body#/id"}});
                 created["links"] = json!({
                     "GetWebhook": by_id("getWebhook"),
                     "ListWebhookDeliveries": by_id("listWebhookDeliveries"),

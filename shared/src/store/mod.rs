@@ -76,6 +76,15 @@ pub struct ListPage {
     pub has_more: bool,
 }
 
+/// A page of a list as clients see it: each run's JSON, and the id of the
+/// last (where the next page starts).
+#[derive(Debug)]
+pub struct ViewPage {
+    pub views: Vec<std::sync::Arc<str>>,
+    pub last: Option<RunId>,
+    pub has_more: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListRequest {
     pub status: Option<RunStatus>,
@@ -178,6 +187,19 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Newest first. Reads at most `limit + 1` runs to know whether more exist.
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError>;
+
+    /// [`RunStore::list`] as clients see each run (its JSON), for a store
+    /// that can answer without decoding and encoding every run.
+    async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
+        let page = self.list(owner, request).await?;
+        let views = page
+            .runs
+            .iter()
+            .map(|run| serde_json::to_string(&crate::views::RunView::from(run)).map(Into::into))
+            .collect::<Result<_, _>>()
+            .map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))?;
+        Ok(ViewPage { views, last: page.runs.last().map(|run| run.id), has_more: page.has_more })
+    }
 
     /// The owner's approvals with the request's status (and agent), newest
     /// `requested_at` first, each as its run holds it now.

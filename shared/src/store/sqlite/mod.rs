@@ -23,7 +23,7 @@ use super::record::StoredRun;
 use super::{
     AgentStore, BatchWriteError, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage,
     InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent,
-    StoredKey,
+    StoredKey, ViewPage,
 };
 use crate::domain::{AgentDefinition, ApprovalId, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp};
 
@@ -235,7 +235,25 @@ const EVENT_SIGNALS_KEPT: usize = 1024;
 /// commands write keys and agents, never runs).
 #[derive(Default)]
 struct RecentRuns {
-    runs: Mutex<HashMap<(Owner, RunId), Arc<Run>>>,
+    runs: Mutex<HashMap<(Owner, RunId), Arc<CachedRun>>>,
+}
+
+/// A run as last written, and its JSON as clients see it, made when first
+/// asked for (a list splices it in as it is).
+struct CachedRun {
+    run: Run,
+    view: std::sync::OnceLock<Arc<str>>,
+}
+
+impl CachedRun {
+    fn view(&self) -> Arc<str> {
+        self.view.get_or_init(|| view_json(&self.run)).clone()
+    }
+}
+
+/// The run's JSON as clients see it.
+fn view_json(run: &Run) -> Arc<str> {
+    serde_json::to_string(&crate::views::RunView::from(run)).unwrap_or_else(|_| "{}".to_owned()).into()
 }
 
 /// Entries, and the largest run (encoded) worth keeping: about 100 MB at most.
@@ -243,7 +261,7 @@ const RECENT_RUNS: usize = 16_384;
 const RECENT_RUN_MAX_BYTES: usize = 6 * 1024;
 
 impl RecentRuns {
-    fn get(&self, owner: &Owner, run_id: RunId) -> Option<Arc<Run>> {
+    fn get(&self, owner: &Owner, run_id: RunId) -> Option<Arc<CachedRun>> {
         crate::lock(&self.runs).get(&(owner.clone(), run_id)).cloned()
     }
 
@@ -266,7 +284,7 @@ impl RecentRuns {
                 false
             });
         }
-        runs.insert(key, Arc::new(run.clone()));
+        runs.insert(key, Arc::new(CachedRun { run: run.clone(), view: std::sync::OnceLock::new() }));
     }
 
     fn removed(&self, owner: &Owner, run_id: RunId) {
@@ -430,6 +448,33 @@ impl SqliteStore {
         .await
         .map_err(|error| StoreError::Defect(format!("store task failed: {error}")))?
     }
+}
+
+/// The rows (`id, version, body`) of a page of the owner's runs, newest
+/// first, one more than the page holds (to tell whether more exist).
+fn list_rows<T>(
+    connection: &Connection,
+    owner: &str,
+    request: ListRequest,
+    map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<Vec<T>, StoreError> {
+    // Every run id sorts below this, so "no cursor" needs no second query shape.
+    let before = request.before.map_or_else(|| "run_~".to_owned(), |id| id.to_string());
+    let fetch = i64::from(request.limit) + 1;
+    match request.status {
+        None => connection
+            .prepare_cached("SELECT id, version, body FROM runs WHERE owner = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3")
+            .and_then(|mut statement| statement.query_map(params![owner, before, fetch], map)?.collect()),
+        Some(status) => connection
+            .prepare_cached(
+                "SELECT id, version, body FROM runs
+                 WHERE owner = ?1 AND status = ?2 AND id < ?3 ORDER BY id DESC LIMIT ?4",
+            )
+            .and_then(|mut statement| {
+                statement.query_map(params![owner, status.as_str(), before, fetch], map)?.collect()
+            }),
+    }
+    .map_err(unavailable)
 }
 
 /// Returns the length of the stored body.
@@ -687,8 +732,8 @@ impl RunStore for SqliteStore {
     }
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        if let Some(run) = self.inner.recent.as_ref().and_then(|recent| recent.get(owner, run_id)) {
-            return Ok(Some(Run::clone(&run)));
+        if let Some(cached) = self.inner.recent.as_ref().and_then(|recent| recent.get(owner, run_id)) {
+            return Ok(Some(cached.run.clone()));
         }
         let owner = owner.to_string();
         self.read(move |connection| {
@@ -785,31 +830,48 @@ impl RunStore for SqliteStore {
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
         let owner = owner.to_string();
         self.read(move |connection| {
-            // Every run id sorts below this, so "no cursor" needs no second query shape.
-            let before = request.before.map_or_else(|| "run_~".to_owned(), |id| id.to_string());
-            let fetch = i64::from(request.limit) + 1;
-            let bodies = match request.status {
-                None => connection
-                    .prepare_cached("SELECT body FROM runs WHERE owner = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3")
-                    .and_then(|mut statement| {
-                        statement.query_map(params![owner, before, fetch], |row| row.get::<_, String>(0))?.collect()
-                    }),
-                Some(status) => connection
-                    .prepare_cached(
-                        "SELECT body FROM runs WHERE owner = ?1 AND status = ?2 AND id < ?3 ORDER BY id DESC LIMIT ?4",
-                    )
-                    .and_then(|mut statement| {
-                        statement
-                            .query_map(params![owner, status.as_str(), before, fetch], |row| row.get::<_, String>(0))?
-                            .collect()
-                    }),
-            }
-            .map_err(unavailable)?;
-            let bodies: Vec<String> = bodies;
+            let bodies = list_rows(connection, &owner, request, |row| row.get::<_, String>(2))?;
             let has_more = bodies.len() > request.limit as usize;
             let runs =
                 bodies.iter().take(request.limit as usize).map(|body| decode_run(body)).collect::<Result<_, _>>()?;
             Ok(ListPage { runs, has_more })
+        })
+        .await
+    }
+
+    /// Runs written lately are in the cache with their JSON made once;
+    /// only the others are decoded and encoded.
+    async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
+        let inner = self.inner.clone();
+        let owner = owner.clone();
+        self.read(move |connection| {
+            let owner_name = owner.to_string();
+            let views = list_rows(connection, &owner_name, request, |row| {
+                let id: String = row.get(0)?;
+                let version: i64 = row.get(1)?;
+                let cached = id.parse::<RunId>().ok().and_then(|run_id| {
+                    let recent = inner.recent.as_ref()?.get(&owner, run_id)?;
+                    (recent.run.version as i64 == version).then_some((run_id, recent))
+                });
+                Ok(match cached {
+                    Some((run_id, recent)) => Ok((run_id, recent.view())),
+                    None => row.get::<_, String>(2).map(Err)?,
+                })
+            })?;
+            let has_more = views.len() > request.limit as usize;
+            let views = views
+                .into_iter()
+                .take(request.limit as usize)
+                .map(|view| match view {
+                    Ok(cached) => Ok(cached),
+                    Err(body) => decode_run(&body).map(|run| (run.id, view_json(&run))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ViewPage {
+                last: views.last().map(|(id, _)| *id),
+                views: views.into_iter().map(|(_, view)| view).collect(),
+                has_more,
+            })
         })
         .await
     }
