@@ -239,24 +239,35 @@ struct RecentRuns {
 }
 
 /// A run as last written, and its JSON as clients see it, made when first
-/// asked for (a list splices it in as it is).
+/// asked for (a list splices it in as it is) and kept if it is no larger
+/// than the largest run kept.
 struct CachedRun {
     run: Run,
     view: std::sync::OnceLock<Arc<str>>,
 }
 
 impl CachedRun {
-    fn view(&self) -> Arc<str> {
-        self.view.get_or_init(|| view_json(&self.run)).clone()
+    fn view(&self) -> Result<Arc<str>, StoreError> {
+        if let Some(view) = self.view.get() {
+            return Ok(view.clone());
+        }
+        let view = view_json(&self.run)?;
+        if view.len() <= RECENT_RUN_MAX_BYTES {
+            let _ = self.view.set(view.clone());
+        }
+        Ok(view)
     }
 }
 
 /// The run's JSON as clients see it.
-fn view_json(run: &Run) -> Arc<str> {
-    serde_json::to_string(&crate::views::RunView::from(run)).unwrap_or_else(|_| "{}".to_owned()).into()
+fn view_json(run: &Run) -> Result<Arc<str>, StoreError> {
+    serde_json::to_string(&crate::views::RunView::from(run))
+        .map(Into::into)
+        .map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))
 }
 
-/// Entries, and the largest run (encoded) worth keeping: about 100 MB at most.
+/// Entries, and the largest run (encoded, and its JSON for clients) worth
+/// keeping: about 200 MB at most.
 const RECENT_RUNS: usize = 16_384;
 const RECENT_RUN_MAX_BYTES: usize = 6 * 1024;
 
@@ -840,40 +851,42 @@ impl RunStore for SqliteStore {
     }
 
     /// Runs written lately are in the cache with their JSON made once;
-    /// only the others are decoded and encoded.
+    /// only the others are decoded and encoded (after the reader is free).
     async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
         let inner = self.inner.clone();
         let owner = owner.clone();
-        self.read(move |connection| {
-            let owner_name = owner.to_string();
-            let views = list_rows(connection, &owner_name, request, |row| {
-                let id: String = row.get(0)?;
-                let version: i64 = row.get(1)?;
-                let cached = id.parse::<RunId>().ok().and_then(|run_id| {
-                    let recent = inner.recent.as_ref()?.get(&owner, run_id)?;
-                    (recent.run.version as i64 == version).then_some((run_id, recent))
-                });
-                Ok(match cached {
-                    Some((run_id, recent)) => Ok((run_id, recent.view())),
-                    None => row.get::<_, String>(2).map(Err)?,
+        let rows = self
+            .read(move |connection| {
+                list_rows(connection, &owner.to_string(), request, |row| {
+                    let id: String = row.get(0)?;
+                    let version: i64 = row.get(1)?;
+                    let cached = id
+                        .parse::<RunId>()
+                        .ok()
+                        .and_then(|run_id| inner.recent.as_ref()?.get(&owner, run_id))
+                        .filter(|recent| recent.run.version as i64 == version);
+                    Ok(match cached {
+                        Some(recent) => Ok(recent),
+                        None => Err(row.get::<_, String>(2)?),
+                    })
                 })
-            })?;
-            let has_more = views.len() > request.limit as usize;
-            let views = views
-                .into_iter()
-                .take(request.limit as usize)
-                .map(|view| match view {
-                    Ok(cached) => Ok(cached),
-                    Err(body) => decode_run(&body).map(|run| (run.id, view_json(&run))),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(ViewPage {
-                last: views.last().map(|(id, _)| *id),
-                views: views.into_iter().map(|(_, view)| view).collect(),
-                has_more,
             })
-        })
-        .await
+            .await?;
+        let has_more = rows.len() > request.limit as usize;
+        let mut views = Vec::with_capacity(request.limit as usize);
+        let mut last = None;
+        for row in rows.into_iter().take(request.limit as usize) {
+            let (id, view) = match row {
+                Ok(recent) => (recent.run.id, recent.view()?),
+                Err(body) => {
+                    let run = decode_run(&body)?;
+                    (run.id, view_json(&run)?)
+                }
+            };
+            views.push(view);
+            last = Some(id);
+        }
+        Ok(ViewPage { views, last, has_more })
     }
 
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
