@@ -935,4 +935,28 @@ async fn webhook_lists_page_through_every_endpoint_and_attempt_on_dynamodb() {
     assert_eq!(attempts, (1..=45).rev().collect::<Vec<u64>>(), "every attempt once, newest first");
     let (_, endpoint) = aws.invoke(Operation::GetWebhook, "GET", &format!("/v1/webhooks/{webhook_id}"), None).await;
     assert_eq!(endpoint["status"], "enabled");
+
+    // Rotation, deletion and the limit of 20, on the table.
+    let rotate = format!("/v1/webhooks/{}/rotate-secret", created[1]);
+    let (status, rotated) = aws.invoke(Operation::RotateWebhookSecret, "POST", &rotate, None).await;
+    assert_eq!(status, 200, "{rotated}");
+    let (status, again) = aws.invoke(Operation::RotateWebhookSecret, "POST", &rotate, None).await;
+    assert_eq!(status, 200);
+    assert!(rotated["secret"].as_str().unwrap().starts_with("whsec_") && rotated["secret"] != again["secret"]);
+    let stored = aws.services.store.get_webhook(&owner, created[1].parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(stored.secret.expose(), again["secret"].as_str().unwrap());
+    assert_eq!(stored.previous_secrets.len(), 2, "both replaced secrets still sign");
+    let gone = format!("/v1/webhooks/{}", created[2]);
+    let (status, deleted) = aws.invoke(Operation::DeleteWebhook, "DELETE", &gone, None).await;
+    assert_eq!((status, deleted), (200, json!({"id": created[2], "deleted": true})));
+    assert_eq!(aws.invoke(Operation::GetWebhook, "GET", &gone, None).await.0, 404);
+    assert_eq!(aws.invoke(Operation::DeleteWebhook, "DELETE", &gone, None).await.0, 404);
+    for i in 0..14 {
+        let body = json!({"url": format!("https://example.com/more/{i}"), "events": ["*"]});
+        assert_eq!(aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await.0, 201);
+    }
+    let body = json!({"url": "https://example.com/21st", "events": ["*"]});
+    let (status, refused) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("20"), "{refused}");
 }

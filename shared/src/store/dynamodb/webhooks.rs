@@ -5,7 +5,9 @@
 //! expire after 30 days (the table's TTL).
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
+use aws_smithy_runtime_api::http::Response as HttpResponse;
 use serde::{Deserialize, Serialize};
 
 use super::{DynamoStore, Item, TransactFailure, defect, events_pk, n, s, text, unavailable};
@@ -85,6 +87,23 @@ fn decode_endpoint(item: Item) -> Result<WebhookEndpoint, StoreError> {
         previous_secrets: decode_previous_secrets(item.previous_secrets)?,
         failing_since: item.failing_since,
     })
+}
+
+/// Whether a conditional write was made (`Ok(false)`: its condition was
+/// false, nothing written).
+fn condition_held<O, E>(result: Result<O, SdkError<E, HttpResponse>>) -> Result<bool, StoreError>
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match result {
+        Ok(_) => Ok(true),
+        Err(error)
+            if error.as_service_error().and_then(|error| error.code()) == Some("ConditionalCheckFailedException") =>
+        {
+            Ok(false)
+        }
+        Err(error) => Err(unavailable(error)),
+    }
 }
 
 /// The endpoint of an item, or `None` (logged) for one that cannot be
@@ -176,15 +195,7 @@ impl DynamoStore {
             .expression_attribute_values(":claimer", s(claimer))
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(error)
-                if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(error) => Err(unavailable(error)),
-        }
+        condition_held(result)
     }
 
     fn endpoint_count(&self, owner: &Owner, delta: i64, max: Option<usize>) -> Result<Update, StoreError> {
@@ -292,15 +303,7 @@ impl WebhookStore for DynamoStore {
             .expression_attribute_values(":replaced", s(replaced.expose()))
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(error)
-                if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(error) => Err(unavailable(error)),
-        }
+        condition_held(result)
     }
 
     async fn deliveries(
@@ -387,15 +390,7 @@ impl WebhookStore for DynamoStore {
                 .expression_attribute_names("#status", "status")
                 .expression_attribute_values(":disabled", s(WebhookStatus::Disabled.as_str())),
         };
-        match update.send().await {
-            Ok(_) => Ok(()),
-            // Deleted meanwhile: nothing to mark.
-            Err(error)
-                if error.as_service_error().is_some_and(|error| error.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(error) => Err(unavailable(error)),
-        }
+        // Deleted meanwhile: nothing to mark.
+        condition_held(update.send().await).map(|_| ())
     }
 }
