@@ -1,7 +1,7 @@
 //! Webhooks on AWS: the notifier turns each new event item of the table's
 //! stream into one delivery message per endpoint that wants it; the
-//! deliver function sends them, records every attempt, and schedules the
-//! next attempt of a failed one by hiding its message until then.
+//! deliver function sends them, records every attempt, and queues a failed
+//! one's next attempt as a new message due at its time.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
