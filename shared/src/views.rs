@@ -167,6 +167,11 @@ impl<'a> From<&'a DeliveryAttempt> for DeliveryAttemptView<'a> {
     }
 }
 
+/// The run's JSON as clients see it, ready to be spliced into a page.
+pub fn run_json(run: &Run) -> Result<std::sync::Arc<str>, serde_json::Error> {
+    serde_json::to_string(&RunView::from(run)).map(Into::into)
+}
+
 /// A page of a list: `{"data", "next_cursor"}`.
 #[derive(Serialize)]
 pub struct PageView<T> {

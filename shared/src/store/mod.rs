@@ -192,12 +192,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// that can answer without decoding and encoding every run.
     async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
         let page = self.list(owner, request).await?;
-        let views = page
-            .runs
-            .iter()
-            .map(|run| serde_json::to_string(&crate::views::RunView::from(run)).map(Into::into))
-            .collect::<Result<_, _>>()
-            .map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))?;
+        let views = page.runs.iter().map(run_view_json).collect::<Result<_, _>>()?;
         Ok(ViewPage { views, last: page.runs.last().map(|run| run.id), has_more: page.has_more })
     }
 
@@ -256,6 +251,11 @@ pub trait AgentStore: Send + Sync + 'static {
     async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError>;
     /// `Ok(false)` when no such agent exists.
     async fn delete_agent(&self, name: &str) -> Result<bool, StoreError>;
+}
+
+/// A run's JSON as clients see it, for a list page.
+fn run_view_json(run: &Run) -> Result<std::sync::Arc<str>, StoreError> {
+    crate::views::run_json(run).map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))
 }
 
 /// A replaced webhook secret as both stores keep it.

@@ -23,7 +23,7 @@ use super::record::StoredRun;
 use super::{
     AgentStore, BatchWriteError, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage,
     InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent,
-    StoredKey, ViewPage,
+    StoredKey, ViewPage, run_view_json,
 };
 use crate::domain::{AgentDefinition, ApprovalId, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp};
 
@@ -251,19 +251,12 @@ impl CachedRun {
         if let Some(view) = self.view.get() {
             return Ok(view.clone());
         }
-        let view = view_json(&self.run)?;
+        let view = run_view_json(&self.run)?;
         if view.len() <= RECENT_RUN_MAX_BYTES {
             let _ = self.view.set(view.clone());
         }
         Ok(view)
     }
-}
-
-/// The run's JSON as clients see it.
-fn view_json(run: &Run) -> Result<Arc<str>, StoreError> {
-    serde_json::to_string(&crate::views::RunView::from(run))
-        .map(Into::into)
-        .map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))
 }
 
 /// Entries, and the largest run (encoded, and its JSON for clients) worth
@@ -880,7 +873,7 @@ impl RunStore for SqliteStore {
                 Ok(recent) => (recent.run.id, recent.view()?),
                 Err(body) => {
                     let run = decode_run(&body)?;
-                    (run.id, view_json(&run)?)
+                    (run.id, run_view_json(&run)?)
                 }
             };
             views.push(view);
