@@ -575,15 +575,27 @@ impl DynamoStore {
     }
 
     fn active_counter(&self, owner: &Owner, delta: i64, max_active: Option<u32>) -> Result<Update, StoreError> {
+        self.counter((owner_pk(owner), "ACTIVE"), "active", delta, max_active.map(u64::from))
+    }
+
+    /// Adds `delta` to the number `attribute` of the item `key`, on the
+    /// condition, with a `max`, that it is below it (a missing one is 0).
+    fn counter(
+        &self,
+        (pk, sk): (String, &str),
+        attribute: &str,
+        delta: i64,
+        max: Option<u64>,
+    ) -> Result<Update, StoreError> {
         let mut update = Update::builder()
             .table_name(&self.table)
-            .key("pk", s(owner_pk(owner)))
-            .key("sk", s("ACTIVE"))
-            .update_expression("ADD active :delta")
+            .key("pk", s(pk))
+            .key("sk", s(sk))
+            .update_expression(format!("ADD {attribute} :delta"))
             .expression_attribute_values(":delta", n(delta));
-        if let Some(max) = max_active {
+        if let Some(max) = max {
             update = update
-                .condition_expression("attribute_not_exists(active) OR active < :max")
+                .condition_expression(format!("attribute_not_exists({attribute}) OR {attribute} < :max"))
                 .expression_attribute_values(":max", n(max));
         }
         update.build().map_err(defect)

@@ -6,6 +6,7 @@
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
 use aws_smithy_runtime_api::http::Response as HttpResponse;
 use serde::{Deserialize, Serialize};
@@ -149,6 +150,16 @@ pub fn decode_stream_event(item: &Item) -> Option<Result<(Owner, RunId, StoredEv
 }
 
 impl DynamoStore {
+    /// The items of partition `pk` whose sort key starts with `prefix`.
+    fn prefix_query(&self, pk: &str, prefix: &str) -> QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(":prefix", s(prefix))
+    }
+
     /// The event `seq` of a run, as stored (strongly consistent).
     pub async fn event(&self, run_id: RunId, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
         self.get_item(events_pk(run_id), super::event_sk(seq)).await?.as_ref().map(super::decode_event).transpose()
@@ -158,16 +169,7 @@ impl DynamoStore {
     /// cannot be read is logged and left out, never a reason to hold up
     /// the others' deliveries.
     pub async fn owner_webhooks(&self, owner: &Owner) -> Result<Vec<WebhookEndpoint>, StoreError> {
-        let query = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :endpoint)")
-            .expression_attribute_values(":pk", s(endpoints_pk(owner)))
-            .expression_attribute_values(":endpoint", s("WH#"))
-            .consistent_read(true);
-        let items = self.query_up_to(query, None, crate::domain::MAX_WEBHOOKS_PER_OWNER * 2, Ok).await?;
-        Ok(items.into_iter().filter_map(|item| readable(owner, item)).collect())
+        Ok(self.list_webhooks(owner, None, crate::domain::MAX_WEBHOOKS_PER_OWNER as u32).await?.items)
     }
 
     /// Claims the queueing of a delivery's next message (after `attempts`) for
@@ -199,18 +201,7 @@ impl DynamoStore {
     }
 
     fn endpoint_count(&self, owner: &Owner, delta: i64, max: Option<usize>) -> Result<Update, StoreError> {
-        let mut update = Update::builder()
-            .table_name(&self.table)
-            .key("pk", s(endpoints_pk(owner)))
-            .key("sk", s("COUNT"))
-            .update_expression("ADD endpoints :delta")
-            .expression_attribute_values(":delta", n(delta));
-        if let Some(max) = max {
-            update = update
-                .condition_expression("attribute_not_exists(endpoints) OR endpoints < :max")
-                .expression_attribute_values(":max", n(max));
-        }
-        update.build().map_err(defect)
+        self.counter((endpoints_pk(owner), "COUNT"), "endpoints", delta, max.map(|max| max as u64))
     }
 }
 
@@ -246,15 +237,7 @@ impl WebhookStore for DynamoStore {
         limit: u32,
     ) -> Result<Page<WebhookEndpoint>, StoreError> {
         let pk = endpoints_pk(owner);
-        let query = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :endpoint)")
-            .expression_attribute_values(":pk", s(&pk))
-            .expression_attribute_values(":endpoint", s("WH#"))
-            .scan_index_forward(false)
-            .consistent_read(true);
+        let query = self.prefix_query(&pk, "WH#").scan_index_forward(false).consistent_read(true);
         let start_after = before.map(|id| Item::from([("pk".into(), s(&pk)), ("sk".into(), s(endpoint_sk(id)))]));
         let items = self.query_up_to(query, start_after, limit as usize + 1, Ok).await?;
         let has_more = items.len() > limit as usize;
@@ -317,14 +300,7 @@ impl WebhookStore for DynamoStore {
         // the caller checked by reading the endpoint.
         let _ = owner;
         let pk = attempts_pk(id);
-        let query = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :attempt)")
-            .expression_attribute_values(":pk", s(&pk))
-            .expression_attribute_values(":attempt", s("DLV#"))
-            .scan_index_forward(false);
+        let query = self.prefix_query(&pk, "DLV#").scan_index_forward(false);
         let start_after = before.map(|id| Item::from([("pk".into(), s(&pk)), ("sk".into(), s(format!("DLV#{id}")))]));
         let items = self.query_up_to(query, start_after, limit as usize + 1, Ok).await?;
         let has_more = items.len() > limit as usize;
