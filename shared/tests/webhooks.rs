@@ -65,7 +65,7 @@ async fn deliveries_are_queued_with_the_event_for_the_endpoints_that_want_it() {
     let run = insert_run(&store, 10).await;
     let due = store.due_deliveries(Timestamp::from_millis(i64::MAX / 2), &DueSkip::default(), 100).await.unwrap();
     assert_eq!(due.len(), 1, "{due:#?}");
-    assert_eq!((due[0].webhook_id, due[0].run_id, due[0].event.seq), (everything.id, run.id, 1));
+    assert_eq!((due[0].endpoint.id, due[0].run_id, due[0].event.seq), (everything.id, run.id, 1));
     assert_eq!((due[0].event.kind.as_str(), due[0].attempts), ("run.created", 0));
     // An endpoint at its limit of deliveries in flight is skipped.
     assert!(

@@ -127,7 +127,7 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     if let Some(registry) = registry {
         deliverer = deliverer.with_metrics(registry);
     }
-    let deliveries = OutboxWorker::new(Arc::new(store.clone()), Arc::new(store.clone()), deliverer);
+    let deliveries = OutboxWorker::new(Arc::new(store.clone()), deliverer);
     let deliveries = tokio::spawn(deliveries.run(services.clock.clone(), stopped));
 
     let listener =

@@ -334,8 +334,8 @@ pub trait WebhookStore: Send + Sync + 'static {
 pub struct PendingDelivery {
     /// Its place in the outbox.
     pub id: i64,
-    pub owner: Owner,
-    pub webhook_id: WebhookId,
+    /// The endpoint as the read found it (enabled).
+    pub endpoint: WebhookEndpoint,
     pub run_id: RunId,
     pub event: StoredEvent,
     /// Attempts made so far.

@@ -12,9 +12,9 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use super::Deliverer;
-use crate::domain::{Clock, Owner, WebhookId, WebhookStatus};
+use crate::domain::{Clock, Owner, WebhookId};
 use crate::error_chain;
-use crate::store::{DueSkip, Outbox, PendingDelivery, WebhookStore};
+use crate::store::{DueSkip, Outbox, PendingDelivery};
 
 /// How long the worker sleeps when nothing is due and no commit woke it:
 /// the latest a retry falls due is this much after its time.
@@ -30,7 +30,6 @@ const RECORD_ATTEMPTS: u32 = 8;
 
 pub struct OutboxWorker {
     outbox: Arc<dyn Outbox>,
-    webhooks: Arc<dyn WebhookStore>,
     deliverer: Deliverer,
 }
 
@@ -59,8 +58,8 @@ impl InFlight {
     }
 
     fn take(&mut self, delivery: &PendingDelivery, read: u64, limits: &DeliveryLimits) -> bool {
-        let endpoint = self.per_endpoint.get(&delivery.webhook_id).copied().unwrap_or(0);
-        let owner = self.per_owner.get(&delivery.owner).copied().unwrap_or(0);
+        let endpoint = self.per_endpoint.get(&delivery.endpoint.id).copied().unwrap_or(0);
+        let owner = self.per_owner.get(&delivery.endpoint.owner).copied().unwrap_or(0);
         if endpoint >= limits.per_endpoint
             || owner >= limits.per_owner
             || self.deliveries.contains(&delivery.id)
@@ -69,16 +68,16 @@ impl InFlight {
             return false;
         }
         self.deliveries.insert(delivery.id);
-        *self.per_endpoint.entry(delivery.webhook_id).or_default() += 1;
-        *self.per_owner.entry(delivery.owner.clone()).or_default() += 1;
+        *self.per_endpoint.entry(delivery.endpoint.id).or_default() += 1;
+        *self.per_owner.entry(delivery.endpoint.owner.clone()).or_default() += 1;
         true
     }
 
     fn finish(&mut self, delivery: &PendingDelivery) {
         self.deliveries.remove(&delivery.id);
         self.finished.insert(delivery.id, self.reads);
-        release(&mut self.per_endpoint, &delivery.webhook_id);
-        release(&mut self.per_owner, &delivery.owner);
+        release(&mut self.per_endpoint, &delivery.endpoint.id);
+        release(&mut self.per_owner, &delivery.endpoint.owner);
     }
 
     /// The endpoints and owners with as many in flight as they may.
@@ -128,8 +127,8 @@ struct DeliveryLimits {
 }
 
 impl OutboxWorker {
-    pub fn new(outbox: Arc<dyn Outbox>, webhooks: Arc<dyn WebhookStore>, deliverer: Deliverer) -> Self {
-        OutboxWorker { outbox, webhooks, deliverer }
+    pub fn new(outbox: Arc<dyn Outbox>, deliverer: Deliverer) -> Self {
+        OutboxWorker { outbox, deliverer }
     }
 
     /// Delivers until `stop` is sent (or dropped); deliveries in flight then
@@ -184,20 +183,13 @@ impl OutboxWorker {
         tasks.abort_all();
     }
 
+    /// Makes the delivery's attempt with the endpoint as the outbox read
+    /// found it (deleting or disabling it removes its outbox rows; a
+    /// delivery read just before goes out, and its record is dropped).
     async fn deliver(&self, delivery: &PendingDelivery) {
-        let endpoint = match self.webhooks.get_webhook(&delivery.owner, delivery.webhook_id).await {
-            Ok(Some(endpoint)) if endpoint.status == WebhookStatus::Enabled => endpoint,
-            // Deleting or disabling an endpoint removes its outbox rows;
-            // one read just before is left to the next pass.
-            Ok(_) => return,
-            Err(error) => {
-                tracing::warn!(error = %error_chain(&error), "cannot read a webhook endpoint; retrying");
-                tokio::time::sleep(ERROR_PAUSE).await;
-                return;
-            }
-        };
+        let endpoint = &delivery.endpoint;
         let number = delivery.attempts.saturating_add(1);
-        let result = self.deliverer.attempt(&endpoint, delivery.run_id, &delivery.event, number).await;
+        let result = self.deliverer.attempt(endpoint, delivery.run_id, &delivery.event, number).await;
         // The attempt was made: record it, trying again rather than send it
         // again. Only if the store stays down is it left in the outbox as it
         // was, to be sent again (at least once).
@@ -230,17 +222,23 @@ mod tests {
     use crate::store::StoredEvent;
 
     fn delivery(id: i64, endpoint: u128, owner: &str) -> PendingDelivery {
+        let at = crate::domain::Timestamp::from_millis(0);
         PendingDelivery {
             id,
-            owner: Owner::parse(owner).unwrap(),
-            webhook_id: WebhookId::from_ulid(ulid::Ulid::from_parts(1, endpoint)),
-            run_id: crate::domain::RunId::from_ulid(ulid::Ulid::from_parts(1, 1)),
-            event: StoredEvent {
-                seq: 1,
-                kind: "run.created".into(),
-                at: crate::domain::Timestamp::from_millis(0),
-                data: "{}".into(),
+            endpoint: crate::domain::WebhookEndpoint {
+                id: WebhookId::from_ulid(ulid::Ulid::from_parts(1, endpoint)),
+                owner: Owner::parse(owner).unwrap(),
+                url: "https://example.com/hook".into(),
+                events: crate::domain::EventFilter::All,
+                description: None,
+                status: crate::domain::WebhookStatus::Enabled,
+                created_at: at,
+                secret: crate::domain::WebhookSecret::generate(),
+                previous_secrets: Vec::new(),
+                failing_since: None,
             },
+            run_id: crate::domain::RunId::from_ulid(ulid::Ulid::from_parts(1, 1)),
+            event: StoredEvent { seq: 1, kind: "run.created".into(), at, data: "{}".into() },
             attempts: 0,
         }
     }

@@ -434,8 +434,7 @@ impl Outbox for SqliteStore {
                     };
                     due.push(PendingDelivery {
                         id: outbox_id,
-                        owner: endpoint.owner.clone(),
-                        webhook_id: endpoint.id,
+                        endpoint: endpoint.clone(),
                         run_id,
                         event,
                         attempts: attempts.clamp(0, i64::from(u32::MAX)) as u32,
