@@ -153,8 +153,11 @@ pub async fn handle_deliveries(
             return Ok(());
         };
         let next = DeliveryMessage { attempts: number, not_before: Some(retry_at), ..message };
-        // Claimed first, so that two copies of this message (SQS delivers
-        // at least once) do not go on as two series of attempts.
+        // Claimed first (by this message's id), so that two messages for
+        // the same attempt (the notifier re-queueing a record, a send whose
+        // answer was lost) go on as one series. Two receipts of the very
+        // same message share its id: each may queue the next attempt once,
+        // and the claim of that next attempt makes them one series again.
         match store.claim_retry(next.webhook_id, next.run_id, next.seq, next.attempts, &id).await {
             Ok(true) => {}
             Ok(false) => return Ok(()),
