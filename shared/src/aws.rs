@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::metrics::{EmfSink, MeasuredStore};
+use crate::metrics::{EmfSink, MeasuredStore, MetricsSink};
 use crate::queue::{NoQueue, RunQueue, SqsQueue, WebhookQueue};
 use crate::sdk::{sdk_config, store_call_timeouts};
 use crate::services::{Adapters, CacheDefaults, Services};
-use crate::store::{DynamoStore, RunStore};
+use crate::store::DynamoStore;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -17,6 +17,8 @@ pub enum SetupError {
     Missing(&'static str),
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
 }
 
 pub struct AwsServices {
@@ -56,11 +58,9 @@ impl AwsServices {
             Some(queue) => Arc::new(queue.clone()),
             None => Arc::new(NoQueue),
         };
-        let runs: Arc<dyn RunStore> = if config.emf_metrics {
-            Arc::new(MeasuredStore::new(Arc::new(store.clone()), Arc::new(EmfSink)))
-        } else {
-            Arc::new(store.clone())
-        };
+        crate::telemetry::init(&config.traces)?;
+        let sink = config.emf_metrics.then(|| Arc::new(EmfSink) as Arc<dyn MetricsSink>);
+        let runs = MeasuredStore::wrap(Arc::new(store.clone()), sink);
         let adapters = Adapters {
             runs,
             keys: Arc::new(store.clone()),

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::api::{ApiLimits, RateLimit};
 use crate::domain::{ExecutionPolicy, MAX_TOOL_TIMEOUT_MS};
 use crate::store::MAX_CHECKPOINT_BYTES;
+use crate::telemetry::TracesConfig;
 
 /// A worker stops taking steps this long before its Lambda deadline: enough
 /// for a tool call in flight to end (at most [`MAX_TOOL_TIMEOUT_MS`]) and
@@ -50,6 +51,8 @@ pub struct Config {
     /// `AGENT_RUNS_WEBHOOK_QUEUE_URL`: the SQS queue of webhook deliveries
     /// (the notifier and delivery functions on AWS).
     pub webhook_queue_url: Option<String>,
+    /// Traces, from the standard OpenTelemetry variables (docs/operations.md).
+    pub traces: TracesConfig,
 }
 
 fn read<T: std::str::FromStr>(
@@ -72,6 +75,32 @@ fn optional_secs(
     max: u64,
 ) -> Result<Option<Duration>, ConfigError> {
     env(name).map(|_| read(env, name, 0u64)).transpose().map(|secs| secs.map(|secs| Duration::from_secs(secs.min(max))))
+}
+
+/// Spans are exported when an OTLP endpoint is set, unless the SDK or the
+/// traces exporter is switched off; the exporter reads the endpoint, headers
+/// and timeout variables itself.
+fn traces(env: &impl Fn(&str) -> Option<String>) -> Result<TracesConfig, ConfigError> {
+    let set = |name| env(name).filter(|value: &String| !value.trim().is_empty());
+    let endpoint = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    let disabled = read(env, "OTEL_SDK_DISABLED", false)?
+        || set("OTEL_TRACES_EXPORTER").is_some_and(|exporter| exporter.trim() == "none");
+    let export = endpoint.is_some() && !disabled;
+    for name in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
+        if let Some(protocol) = set(name).filter(|protocol| protocol.trim() != "http/protobuf")
+            && export
+        {
+            return Err(ConfigError {
+                name,
+                problem: format!("{protocol:?} is not supported: spans are sent as http/protobuf"),
+            });
+        }
+    }
+    Ok(TracesConfig {
+        export,
+        service_name: set("OTEL_SERVICE_NAME").unwrap_or_else(|| "agent-runs".into()),
+        function_name: set("AWS_LAMBDA_FUNCTION_NAME"),
+    })
 }
 
 impl Config {
@@ -130,6 +159,7 @@ impl Config {
             emf_metrics: read(&env, "AGENT_RUNS_EMF_METRICS", false)?,
             webhook_allow_private: read(&env, "AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", false)?,
             webhook_queue_url: env("AGENT_RUNS_WEBHOOK_QUEUE_URL").filter(|url| !url.trim().is_empty()),
+            traces: traces(&env)?,
         };
         if !(1_024..=MAX_CHECKPOINT_BYTES).contains(&config.max_checkpoint_bytes) {
             return Err(ConfigError {
@@ -182,5 +212,28 @@ mod tests {
         };
         assert!(margin("10000").is_err(), "shorter than a tool call may take");
         assert_eq!(margin("200000").unwrap().worker_deadline_margin, Duration::from_secs(200));
+    }
+
+    #[test]
+    fn traces_are_exported_when_an_otlp_endpoint_is_set_and_not_switched_off() {
+        let traces = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            Config::from_lookup(move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+                .map(|config| config.traces)
+        };
+        let off = traces(&[]).unwrap();
+        assert_eq!((off.export, off.service_name.as_str()), (false, "agent-runs"));
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318");
+        assert!(traces(&[endpoint]).unwrap().export);
+        assert!(traces(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/v1/traces")]).unwrap().export);
+        assert!(!traces(&[endpoint, ("OTEL_SDK_DISABLED", "true")]).unwrap().export);
+        assert!(!traces(&[endpoint, ("OTEL_TRACES_EXPORTER", "none")]).unwrap().export);
+        let named = traces(&[endpoint, ("OTEL_SERVICE_NAME", "runs-eu"), ("AWS_LAMBDA_FUNCTION_NAME", "create")]);
+        let named = named.unwrap();
+        assert_eq!((named.service_name.as_str(), named.function_name.as_deref()), ("runs-eu", Some("create")));
+        let grpc = traces(&[endpoint, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap_err();
+        assert!(grpc.to_string().contains("http/protobuf"), "{grpc}");
+        assert!(traces(&[endpoint, ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]).unwrap().export);
+        assert!(!traces(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap().export, "no endpoint, nothing to refuse");
     }
 }

@@ -20,6 +20,7 @@ pub mod queue;
 pub mod sdk;
 pub mod services;
 pub mod store;
+pub mod telemetry;
 pub mod views;
 pub mod webhooks;
 pub mod worker;

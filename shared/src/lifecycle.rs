@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::domain::{
     ApprovalId, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner,
-    Run, RunId, TransitionError,
+    Run, RunId, RunTrace, TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -46,6 +46,8 @@ pub struct NewRun {
     /// What the client limits the run to spend.
     pub budget: Budget,
     pub idempotency: Option<IdempotencyRequest>,
+    /// The trace the run's spans belong to.
+    pub trace: RunTrace,
 }
 
 /// The hashes of an `Idempotency-Key` and of the request that carried it.
@@ -147,7 +149,7 @@ impl Lifecycle {
     }
 
     pub async fn start(&self, new_run: NewRun) -> Result<Started, StartError> {
-        let NewRun { owner, created_by, agent, input, metadata, budget, idempotency } = new_run;
+        let NewRun { owner, created_by, agent, input, metadata, budget, idempotency, trace } = new_run;
         for _ in 0..CREATE_ATTEMPTS {
             let now = self.clock.now();
             let run_id = RunId::from_ulid(self.ids.ulid_at(now));
@@ -159,7 +161,8 @@ impl Lifecycle {
             });
             let mut run = Run::new(run_id, owner.clone(), agent.clone(), input.clone(), metadata.clone(), &self.policy)
                 .created_by(created_by)
-                .with_budget(budget);
+                .with_budget(budget)
+                .with_trace(trace);
             match self.runs.insert(&mut run, claim.as_ref(), self.max_active_runs).await? {
                 InsertOutcome::Inserted => {
                     let key_hash = claim.as_ref().map(|claim| claim.key_hash.as_str());

@@ -4,7 +4,9 @@
 //! waited). [`MeasuredStore`] wraps any run store and reports what its
 //! successful writes committed, so every process and path counts the same
 //! way: `agent-runs serve` keeps them for `GET /metrics` (Prometheus text),
-//! a Lambda function prints CloudWatch Embedded Metric Format lines.
+//! a Lambda function prints CloudWatch Embedded Metric Format lines. The
+//! spans those writes end (a run's, an approval wait's) are sent from here
+//! too, for the same reason.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use crate::store::{
     BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
     ListRequest, RunStore, StoreError, ViewPage,
 };
+use crate::telemetry;
 
 /// One thing that happened to a run, as metrics count it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -275,14 +278,30 @@ impl MetricsSink for EmfSink {
 }
 
 /// A run store that reports what its successful writes committed.
+/// Reports what `inner`'s writes committed: observations to `sink` (when
+/// metrics are on) and the spans they end (when traces are).
 pub struct MeasuredStore {
     inner: Arc<dyn RunStore>,
-    sink: Arc<dyn MetricsSink>,
+    sink: Option<Arc<dyn MetricsSink>>,
 }
 
 impl MeasuredStore {
-    pub fn new(inner: Arc<dyn RunStore>, sink: Arc<dyn MetricsSink>) -> Self {
+    pub fn new(inner: Arc<dyn RunStore>, sink: Option<Arc<dyn MetricsSink>>) -> Self {
         MeasuredStore { inner, sink }
+    }
+
+    /// `inner`, measured when metrics or traces are on.
+    pub fn wrap(inner: Arc<dyn RunStore>, sink: Option<Arc<dyn MetricsSink>>) -> Arc<dyn RunStore> {
+        if sink.is_none() && !telemetry::enabled() {
+            return inner;
+        }
+        Arc::new(MeasuredStore::new(inner, sink))
+    }
+
+    fn record(&self, observations: &[Observation]) {
+        if let Some(sink) = &self.sink {
+            sink.record(observations);
+        }
     }
 }
 
@@ -297,7 +316,7 @@ impl RunStore for MeasuredStore {
         let seen = observations(run);
         let outcome = self.inner.insert(run, idempotency, max_active).await?;
         if matches!(outcome, InsertOutcome::Inserted) {
-            self.sink.record(&seen);
+            self.record(&seen);
         }
         Ok(outcome)
     }
@@ -316,17 +335,21 @@ impl RunStore for MeasuredStore {
 
     async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
         let seen = observations(run);
+        let ended = telemetry::ended_by(run);
         self.inner.update(run).await?;
-        self.sink.record(&seen);
+        self.record(&seen);
+        telemetry::send(ended);
         Ok(())
     }
 
     async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError> {
-        let seen: Vec<Vec<Observation>> = runs.iter().map(observations).collect();
+        let seen: Vec<(Vec<Observation>, Vec<telemetry::Ended>)> =
+            runs.iter().map(|run| (observations(run), telemetry::ended_by(run))).collect();
         let result = self.inner.update_batch(runs).await;
         let written = result.as_ref().map_or_else(|failed| failed.written, |()| runs.len());
-        for observed in seen.iter().take(written) {
-            self.sink.record(observed);
+        for (observed, ended) in seen.into_iter().take(written) {
+            self.record(&observed);
+            telemetry::send(ended);
         }
         result
     }

@@ -33,6 +33,9 @@ pub struct RunView<'a> {
     /// Also an addition: present only on runs created with a `budget`.
     #[serde(skip_serializing_if = "Option::is_none")]
     budget: Option<Budget>,
+    /// The run's OpenTelemetry trace (32 hex digits): its spans, and the
+    /// log lines of every process that worked on it, carry this id.
+    trace_id: String,
 }
 
 #[derive(Serialize)]
@@ -94,6 +97,7 @@ impl<'a> From<&'a Run> for RunView<'a> {
             completed_at: rfc3339(run.completed_at),
             usage: run.usage,
             budget: (run.budget != Budget::default()).then_some(run.budget),
+            trace_id: run.trace().trace_id_hex(),
         }
     }
 }

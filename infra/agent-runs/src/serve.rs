@@ -10,10 +10,10 @@ use std::time::Duration;
 use agent_runs_shared::config::{Config, MIN_WORKER_DEADLINE_MARGIN_MS};
 use agent_runs_shared::domain::Owner;
 use agent_runs_shared::error_chain;
-use agent_runs_shared::metrics::{MeasuredStore, Registry};
+use agent_runs_shared::metrics::{MeasuredStore, MetricsSink, Registry};
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
-use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
+use agent_runs_shared::store::{Durability, KeyStore, SqliteStore};
 use agent_runs_shared::webhooks::OutboxWorker;
 use agent_runs_shared::worker::{PoolSettings, WorkerPool};
 use clap::Args;
@@ -98,10 +98,11 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
 
     let (queue, receiver) = InProcessQueue::new();
     let queue: Arc<dyn RunQueue> = Arc::new(queue);
-    let mut runs: Arc<dyn RunStore> = Arc::new(store.clone());
+    agent_runs_shared::telemetry::init(&config.traces)?;
     let registry = args.metrics_addr.map(|_| Arc::new(Registry::default()));
+    let sink = registry.clone().map(|registry| registry as Arc<dyn MetricsSink>);
+    let runs = MeasuredStore::wrap(Arc::new(store.clone()), sink);
     if let (Some(addr), Some(registry)) = (args.metrics_addr, &registry) {
-        runs = Arc::new(MeasuredStore::new(runs, registry.clone()));
         let listener =
             TcpListener::bind(addr).await.map_err(|error| format!("cannot listen on {addr} for metrics: {error}"))?;
         println!("Metrics on http://{}/metrics", listener.local_addr()?);
@@ -151,5 +152,6 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     // sent again after the restart.
     let _ = stop_deliveries.send(true);
     let _ = deliveries.await;
+    agent_runs_shared::telemetry::shutdown().await;
     Ok(())
 }

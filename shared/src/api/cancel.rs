@@ -1,10 +1,10 @@
 //! `POST /v1/agent/runs/{run_id}/cancel`.
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::Request;
 
 use super::body::{json_object, reject_unknown_fields};
-use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
+use super::{Api, ApiError, ApiResponse, changed_run_response, parse_run_id};
 use crate::domain::{Owner, TransitionError};
 use crate::store::ChangeError;
 
@@ -18,7 +18,7 @@ pub(super) async fn handle(
     let body = json_object(request.headers(), request.body(), true)?;
     reject_unknown_fields(&body, &[])?;
     match api.lifecycle.cancel(owner, run_id).await {
-        Ok(run) => Ok(run_response(StatusCode::OK, &run)),
+        Ok(run) => Ok(changed_run_response(&run)),
         Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
         Err(ChangeError::Refused(TransitionError::InvalidState(status))) => Err(ApiError::Conflict(format!(
             "The run has already {}; only queued, running or awaiting_approval runs can be canceled.",

@@ -6,10 +6,11 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::body::{json_object, optional_string, reject_unknown_fields, whole_number};
-use super::{Api, ApiError, ApiResponse, run_response};
+use super::{Api, ApiError, ApiResponse, RequestTrace, run_response};
 use crate::auth::Principal;
-use crate::domain::{Budget, IdempotencyKey, Metadata, Run, RunInput};
+use crate::domain::{Budget, IdempotencyKey, Metadata, Run, RunInput, RunTrace};
 use crate::lifecycle::{self, IdempotencyRequest, StartError, Started};
+use crate::telemetry;
 
 const FIELDS: &[&str] = &["input", "agent", "metadata", "budget"];
 const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
@@ -165,6 +166,12 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
             metadata: metadata.into_map(),
             budget,
             idempotency,
+            trace: RunTrace::under(
+                request
+                    .extensions()
+                    .get::<RequestTrace>()
+                    .map_or_else(|| telemetry::request_span_ids(None).0, |trace| trace.0),
+            ),
         })
         .await;
     if let Ok(Started::Created(run) | Started::Replayed(run)) = &started {

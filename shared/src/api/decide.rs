@@ -2,11 +2,11 @@
 //! or edit. The parsing and checks here serve the batch too.
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::Request;
 use serde_json::{Map, Value};
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
-use super::{Api, ApiError, ApiResponse, parse_run_id, run_response};
+use super::{Api, ApiError, ApiResponse, changed_run_response, parse_run_id};
 use crate::auth::Principal;
 use crate::domain::{
     ApprovalId, ApprovalStatus, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES,
@@ -188,7 +188,7 @@ pub(super) async fn handle(
     let request = decision.check(api, by, &run, approval_id).await?;
     let name = request.decision.name();
     match api.lifecycle.decide(run, approval_id, request).await {
-        Ok(run) => Ok(run_response(StatusCode::OK, &run)),
+        Ok(run) => Ok(changed_run_response(&run)),
         Err(error) => Err(refused(error, |status| already_decided(status, name))),
     }
 }

@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::Request;
 use serde_json::Value;
 
 use super::body::{json_object, reject_unknown_fields, whole_number};
 use super::decide::{check_separate_approver, parse_approval_path, refused};
-use super::{Api, ApiError, ApiResponse, run_response};
+use super::{Api, ApiError, ApiResponse, changed_run_response};
 use crate::auth::Principal;
 
 const SECONDS: std::ops::RangeInclusive<u64> = 60..=604_800;
@@ -37,7 +37,7 @@ pub(super) async fn handle(
     let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
     check_separate_approver(api, by, &run).await?;
     match api.lifecycle.extend(run, approval_id, extension).await {
-        Ok(run) => Ok(run_response(StatusCode::OK, &run)),
+        Ok(run) => Ok(changed_run_response(&run)),
         Err(error) => Err(refused(error, |status| {
             format!("The approval is already {}; only a pending approval can be extended.", status.as_str())
         })),

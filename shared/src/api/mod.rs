@@ -38,11 +38,12 @@ pub use routes::{Operation, ROUTES};
 
 use crate::agents::AgentRegistry;
 use crate::auth::{AuthError, Authenticator, Principal, bearer_token};
-use crate::domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId};
+use crate::domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId, RunTrace, SpanParent};
 use crate::error_chain;
 use crate::lifecycle::Lifecycle;
 use crate::queue::RunQueue;
 use crate::store::{RunStore, WebhookStore};
+use crate::telemetry::{self, SpanKind};
 use rate_limit::RateLimiter;
 use routes::Resolved;
 
@@ -137,12 +138,28 @@ impl Api {
         self.answer(operation.map_or(Serving::Nothing, Serving::One), request).await
     }
 
-    async fn answer(&self, serving: Serving, request: Request<Bytes>) -> ApiResponse {
+    async fn answer(&self, serving: Serving, mut request: Request<Bytes>) -> ApiResponse {
         let request_id = request
             .extensions()
             .get::<RequestId>()
             .map(|id| id.0.clone())
             .unwrap_or_else(|| self.ids.ulid_at(self.clock.now()).to_string());
+        let caller = telemetry::traceparent(request.headers());
+        let (trace, caller_span) = telemetry::request_span_ids(caller);
+        request.extensions_mut().insert(RequestTrace(trace));
+        let mut request_span = telemetry::Span::with_id(
+            trace.trace_id,
+            trace.span_id,
+            caller_span,
+            trace.sampled,
+            request_span_name(request.method(), request.uri().path()),
+            SpanKind::Server,
+        );
+        if let Some(span) = &mut request_span {
+            span.set("http.request.method", request.method().to_string());
+            span.set("url.path", request.uri().path().to_owned());
+            span.set("agent_runs.request_id", request_id.clone());
+        }
         // Every line logged while answering carries these; the owner and
         // run are filled in once known.
         let span = tracing::info_span!(
@@ -152,6 +169,7 @@ impl Api {
             path = %request.uri().path(),
             owner = tracing::field::Empty,
             run_id = tracing::field::Empty,
+            trace_id = %format_args!("{:032x}", trace.trace_id),
         );
         let mut response = match self.dispatch(serving, request).instrument(span.clone()).await {
             Ok(response) => response,
@@ -167,6 +185,19 @@ impl Api {
         };
         if let Ok(value) = HeaderValue::from_str(&request_id) {
             response.headers_mut().insert("x-request-id", value);
+        }
+        if let Some(mut span) = request_span {
+            // A change to a run is a span of the run's trace, unless the
+            // caller traces it in a trace of its own.
+            if let (None, Some(run)) = (caller_span, response.extensions().get::<RunTrace>()) {
+                span = span.in_trace(run.as_parent());
+            }
+            let status = response.status();
+            span.set("http.response.status_code", i64::from(status.as_u16()));
+            if status.is_server_error() {
+                span.fail("server_error", status.as_str().to_owned());
+            }
+            span.end();
         }
         response
     }
@@ -279,4 +310,24 @@ fn parse_run_id(text: &str) -> Result<RunId, ApiError> {
 
 fn run_response(status: http::StatusCode, run: &Run) -> ApiResponse {
     response::json_response(status, &crate::views::RunView::from(run))
+}
+
+/// The run a request changed: its span joins the run's trace.
+fn changed_run_response(run: &Run) -> ApiResponse {
+    let mut response = run_response(http::StatusCode::OK, run);
+    response.extensions_mut().insert(run.trace());
+    response
+}
+
+/// The trace of the request being answered (a run it creates is its child).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestTrace(pub SpanParent);
+
+/// `GET /v1/agent/runs/{run_id}`: the method and the matched route's
+/// template, so that all requests of an operation share one name.
+fn request_span_name(method: &Method, path: &str) -> String {
+    match routes::resolve(method, path) {
+        Resolved::Found(route, _) => format!("{method} {}", route.path),
+        _ => method.to_string(),
+    }
 }

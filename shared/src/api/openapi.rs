@@ -297,6 +297,12 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                     "required": false,
                     "description": "The same owner sending the same key within 24 hours gets the original run back; with a different body, 409.",
                     "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS, "pattern": "^[\\x20-\\x7E]+$"}
+                }, {
+                    "name": "traceparent",
+                    "in": "header",
+                    "required": false,
+                    "description": "W3C Trace Context: the run joins the caller's trace (its `trace_id` is the caller's) and the create request's span is a child of the caller's span; a caller's unsampled trace is not recorded. Ignored when malformed.",
+                    "schema": {"type": "string", "examples": ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]}
                 }]),
                 Some(
                     json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateRun"}}}}),
@@ -577,7 +583,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "Run": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_by", "created_at", "started_at", "completed_at"],
+                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_by", "created_at", "started_at", "completed_at", "trace_id"],
                     "properties": {
                         "id": {"type": "string", "pattern": format!("^run_{ULID}$")},
                         "status": {"type": "string", "enum": statuses},
@@ -592,7 +598,8 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                         "started_at": timestamp(true),
                         "completed_at": timestamp(true),
                         "usage": usage,
-                        "budget": budget("The run's own budget, as created: present only when it was given one.")
+                        "budget": budget("The run's own budget, as created: present only when it was given one."),
+                        "trace_id": {"type": "string", "pattern": "^[0-9a-f]{32}$", "description": "The run's OpenTelemetry trace: the spans of the request that created it, of each attempt, model and tool call, approval wait and change, and the log lines of every process that worked on it, carry this id. The caller's own trace when the create request had a `traceparent` header."}
                     }
                 },
                 "Approval": approval,

@@ -10,6 +10,7 @@ mod ids;
 mod run;
 mod scope;
 mod time;
+mod trace;
 mod webhook;
 
 #[cfg(test)]
@@ -26,4 +27,5 @@ pub use ids::{
 pub use run::*;
 pub use scope::{Scope, Scopes};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use trace::{RunTrace, SpanParent, new_span_id, new_trace_id};
 pub use webhook::*;

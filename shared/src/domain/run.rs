@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use super::{
     Approval, ApprovalId, ApprovalRequest, ApprovalStatus, Budget, DecisionRequest, Event, EventData, KeyId,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, RunId, Timestamp, approval_arguments_bytes, canonical_json,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, RunId, RunTrace, Timestamp, approval_arguments_bytes,
+    canonical_json,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,6 +139,9 @@ pub struct Run {
     /// What the client limited the run to spend (the agent's own limits
     /// apply besides).
     pub budget: Budget,
+    /// The run's trace; `None` for runs stored before runs had one (see
+    /// [`Run::trace`]).
+    pub trace: Option<RunTrace>,
     /// How often the sweeper sent the run again in its current stretch of
     /// `queued`: each wait before the next send is twice the last.
     pub resends: u32,
@@ -297,6 +301,7 @@ impl Run {
             running_since: None,
             usage: None,
             budget: Budget::default(),
+            trace: None,
             resends: 0,
             event_seq: 0,
             pending_events: Vec::new(),
@@ -314,6 +319,22 @@ impl Run {
             }
         }
         self
+    }
+
+    /// The run in the trace `trace` (its `run.created` shows it too).
+    pub fn with_trace(mut self, trace: RunTrace) -> Run {
+        self.trace = Some(trace);
+        for event in &mut self.pending_events {
+            if let EventData::RunCreated(created) = &mut event.data {
+                created.trace = Some(trace);
+            }
+        }
+        self
+    }
+
+    /// The run's trace, derived from its id for a run stored without one.
+    pub fn trace(&self) -> RunTrace {
+        self.trace.unwrap_or_else(|| RunTrace::derived(self.id))
     }
 
     /// The run limited to `budget` (its `run.created` shows it too).

@@ -44,6 +44,8 @@ pub async fn run_http(operation: Option<Operation>) -> Result<(), super::Error> 
     let api = &api;
     lambda_http::run(service_fn(move |request: lambda_http::Request| async move {
         let response = api.handle_as(operation, into_api_request(request)).await;
+        // Spans go out before the function may be frozen.
+        crate::telemetry::flush().await;
         Ok::<_, Infallible>(from_api_response(response))
     }))
     .await

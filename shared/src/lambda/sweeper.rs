@@ -15,7 +15,9 @@ pub async fn run_sweeper() -> Result<(), super::Error> {
         // Stop in time to answer; the next invocation goes on from there.
         let left = event.context.deadline().duration_since(std::time::SystemTime::now()).unwrap_or_default();
         let deadline = std::time::Instant::now() + left.saturating_sub(SWEEP_DEADLINE_MARGIN);
-        let report = sweeper.sweep_until(Some(deadline)).await?;
+        let report = sweeper.sweep_until(Some(deadline)).await;
+        crate::telemetry::flush().await;
+        let report = report?;
         tracing::info!(?report, "sweep done");
         Ok::<_, super::Error>(serde_json::json!({
             "enqueued": report.enqueued,

@@ -71,6 +71,7 @@ pub async fn run_worker() -> Result<(), super::Error> {
         });
         let response = handle_batch(worker, queue, event.payload, &stop).await;
         timer.abort();
+        crate::telemetry::flush().await;
         Ok::<_, super::Error>(response)
     }))
     .await

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use crate::domain::{
-    Approval, ApprovalStatus, Budget, Lease, Owner, ProposedCall, Run, RunStatus, Timestamp, Usage, canonical_json,
+    Approval, ApprovalStatus, Budget, Lease, Owner, ProposedCall, Run, RunStatus, RunTrace, Timestamp, Usage,
+    canonical_json,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -49,6 +50,9 @@ pub(super) struct StoredRun {
     event_seq: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     budget: Option<StoredBudget>,
+    /// Absent from runs stored before runs had traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    trace: Option<StoredTrace>,
 }
 
 fn is_zero(number: &u64) -> bool {
@@ -102,6 +106,41 @@ struct StoredBudget {
     max_total_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_tool_calls: Option<u64>,
+}
+
+/// W3C Trace Context ids, as lower-case hex.
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredTrace {
+    id: String,
+    span: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent: Option<String>,
+    sampled: bool,
+}
+
+impl From<RunTrace> for StoredTrace {
+    fn from(trace: RunTrace) -> Self {
+        StoredTrace {
+            id: trace.trace_id_hex(),
+            span: format!("{:016x}", trace.span_id),
+            parent: trace.parent_span_id.map(|id| format!("{id:016x}")),
+            sampled: trace.sampled,
+        }
+    }
+}
+
+impl TryFrom<StoredTrace> for RunTrace {
+    type Error = StoreError;
+
+    fn try_from(stored: StoredTrace) -> Result<Self, StoreError> {
+        let span_id = |hex: &str| u64::from_str_radix(hex, 16).map_err(|_| malformed("trace"));
+        Ok(RunTrace {
+            trace_id: u128::from_str_radix(&stored.id, 16).map_err(|_| malformed("trace"))?,
+            span_id: span_id(&stored.span)?,
+            parent_span_id: stored.parent.as_deref().map(span_id).transpose()?,
+            sampled: stored.sampled,
+        })
+    }
 }
 
 fn millis(at: Timestamp) -> i64 {
@@ -163,6 +202,7 @@ impl From<&Run> for StoredRun {
                 max_total_tokens: run.budget.max_total_tokens,
                 max_tool_calls: run.budget.max_tool_calls,
             }),
+            trace: run.trace.map(StoredTrace::from),
         }
     }
 }
@@ -242,6 +282,7 @@ impl TryFrom<StoredRun> for Run {
                 max_total_tokens: budget.max_total_tokens,
                 max_tool_calls: budget.max_tool_calls,
             }),
+            trace: stored.trace.map(RunTrace::try_from).transpose()?,
             resends: stored.resends,
             event_seq: stored.event_seq,
             pending_events: Vec::new(),
@@ -288,6 +329,21 @@ mod tests {
         let run = read(oldest);
         assert_eq!((run.execution_ms, run.running_since, run.usage, run.resends), (0, None, None, 0));
         assert_eq!(run.approvals[0].expires_at, None);
+    }
+
+    #[test]
+    fn a_runs_trace_reads_back_and_an_older_run_derives_one() {
+        let mut run = read(EARLIER_BODIES[1]);
+        assert_eq!(run.trace, None);
+        assert_eq!(run.trace(), RunTrace::derived(run.id));
+        let trace = RunTrace { trace_id: 0x4bf9 << 64 | 7, span_id: 0xff, parent_span_id: Some(1), sampled: false };
+        run.trace = Some(trace);
+        let body = serde_json::to_string(&StoredRun::from(&run)).unwrap();
+        assert!(body.contains(r#""trace":{"id":"0000000000004bf90000000000000007","span":"00000000000000ff","parent":"0000000000000001","sampled":false}"#), "{body}");
+        assert_eq!(read(&body).trace, Some(trace));
+        let malformed = body.replace("00000000000000ff", "not hex");
+        let stored: StoredRun = serde_json::from_str(&malformed).unwrap();
+        assert!(matches!(Run::try_from(stored), Err(StoreError::Defect(_))));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::domain::{
 };
 use crate::queue::RunMessage;
 use crate::store::{ChangeError, RunStore, StoreError, Transition, change_run, change_run_if};
+use crate::telemetry::{self, Span, SpanKind};
 
 pub use pool::{MAX_DELIVERIES, PoolSettings, WorkerPool};
 pub use sweeper::{MAX_SWEEP_FAILURES, SweepReport, Sweeper};
@@ -37,6 +38,19 @@ pub enum Outcome {
     Dropped,
     /// The run was canceled or taken over while this worker had it.
     LostLease,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::AwaitingApproval => "awaiting_approval",
+            Outcome::Released => "released",
+            Outcome::Dropped => "dropped",
+            Outcome::LostLease => "lost_lease",
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,7 +145,12 @@ impl Worker {
     /// run back after the step in flight (shutdown, or the Lambda deadline).
     pub async fn process(&self, message: &RunMessage, stop: &watch::Receiver<bool>) -> Result<Outcome, Interrupted> {
         // Every line logged for this message carries the run and its owner.
-        let span = tracing::info_span!("run", run_id = %message.run_id, owner = %message.owner);
+        let span = tracing::info_span!(
+            "run",
+            run_id = %message.run_id,
+            owner = %message.owner,
+            trace_id = tracing::field::Empty,
+        );
         self.process_in_span(message, stop).instrument(span).await
     }
 
@@ -151,10 +170,26 @@ impl Worker {
             Ok(None) => return Ok(Outcome::Dropped),
             Err(WorkerError::Transient(error)) => return Err(Interrupted { error, progressed: false }),
         };
+        let trace = run.trace();
+        tracing::Span::current().record("trace_id", tracing::field::display(trace.trace_id_hex()));
         tracing::debug!(run_id = %run.id, %lease, attempt = run.attempts, "claimed");
+        let mut span = Span::child_of(trace.as_parent(), "run attempt", SpanKind::Internal);
+        if let Some(span) = &mut span {
+            span.set("agent_runs.run.id", run.id.to_string());
+            span.set("agent_runs.attempt", i64::from(run.attempts));
+            span.set("gen_ai.agent.name", run.agent.clone());
+        }
         let claimed = run.checkpoint.clone();
         let mut attempt = Attempt { lease, checkpoint: run.checkpoint.clone(), run, renewed_at, events: Vec::new() };
-        match self.execute(&mut attempt, stop).await {
+        let executed = telemetry::within(span.as_ref().map(Span::as_parent), self.execute(&mut attempt, stop)).await;
+        if let Some(mut span) = span {
+            match &executed {
+                Ok(outcome) => span.set("agent_runs.attempt.outcome", outcome.as_str()),
+                Err(WorkerError::Transient(error)) => span.fail("store_unavailable", error.to_string()),
+            }
+            span.end();
+        }
+        match executed {
             Ok(outcome) => Ok(outcome),
             Err(WorkerError::Transient(error)) => {
                 // A failing dependency is not the run's fault: hand it back,

@@ -21,6 +21,8 @@ use crate::domain::{
     canonical_json,
 };
 
+use crate::telemetry::{self, Span, SpanKind};
+
 pub use bedrock::{BedrockModel, to_document, to_value};
 pub use model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, RetryPolicy, ToolCall, ToolSpec};
 pub use openai::OpenAiModel;
@@ -328,7 +330,24 @@ impl LlmAgent {
                 let idempotency_key = format!("{run_id}/{}", call.id);
                 let http = self.runtime.tool_http(self.definition.allow_private_network);
                 let started = std::time::Instant::now();
+                let span = telemetry::current().and_then(|parent| {
+                    Span::child_of(parent, format!("execute_tool {}", call.name), SpanKind::Internal)
+                });
                 let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env).await;
+                if let Some(mut span) = span {
+                    span.set("gen_ai.operation.name", "execute_tool");
+                    span.set("gen_ai.tool.name", call.name.clone());
+                    span.set("gen_ai.tool.type", "function");
+                    span.set("gen_ai.tool.call.id", call.id.clone());
+                    if let Some(status) = outcome.http_status {
+                        span.set("http.response.status_code", i64::from(status));
+                    }
+                    if outcome.is_error {
+                        let kind = if outcome.http_status.is_some() { "tool_error" } else { "no_response" };
+                        span.fail(kind, "the tool call failed");
+                    }
+                    span.end();
+                }
                 events.push(EventData::ToolCompleted(Box::new(ToolCompleted {
                     tool: call.name.clone(),
                     arguments,
@@ -340,6 +359,24 @@ impl LlmAgent {
             }
             Err(problem) => ToolOutcome::error(problem),
         }
+    }
+
+    /// A span for a model call made now (GenAI semantic conventions).
+    fn model_call_span(&self) -> Option<Span> {
+        let parent = telemetry::current()?;
+        let model = &self.definition.model;
+        let mut span = Span::child_of(parent, format!("chat {model}"), SpanKind::Client)?;
+        span.set("gen_ai.operation.name", "chat");
+        span.set(
+            "gen_ai.provider.name",
+            match self.definition.provider {
+                ProviderKind::Bedrock => "aws.bedrock",
+                ProviderKind::Openai => "openai",
+            },
+        );
+        span.set("gen_ai.request.model", model.clone());
+        span.set("gen_ai.agent.name", self.definition.name.clone());
+        Some(span)
     }
 
     /// Asks the model what to do next.
@@ -361,7 +398,23 @@ impl LlmAgent {
             tools: &self.specs,
             max_tokens: self.definition.max_tokens,
         };
-        let reply = match model::complete_with_retries(self.model.as_ref(), &request, &self.runtime.retry).await {
+        let mut span = self.model_call_span();
+        let reply = model::complete_with_retries(self.model.as_ref(), &request, &self.runtime.retry).await;
+        if let Some(mut span) = span.take() {
+            match &reply {
+                Ok(reply) => {
+                    if let Some(usage) = reply.usage {
+                        span.set("gen_ai.usage.input_tokens", usage.input_tokens as i64);
+                        span.set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
+                    }
+                    let finish = if reply.tool_calls.is_empty() { "stop" } else { "tool_calls" };
+                    span.set_strings("gen_ai.response.finish_reasons", &[finish]);
+                }
+                Err(error) => span.fail("provider_error", error.to_string()),
+            }
+            span.end();
+        }
+        let reply = match reply {
             Ok(reply) => reply,
             Err(error) => return Step::Failed(error.to_string()),
         };
