@@ -10,6 +10,8 @@
 #      and how fast a cancel of every run reaches every stream.
 #   2c. webhooks: deliveries per second from the embedded server to a local
 #      receiver, and create throughput while an endpoint answers in 2 s.
+#   2d. traces: get and create throughput with every span exported over
+#      OTLP to a local collector, against traces off.
 #   3. each Lambda function's init and invocation times under a Lambda
 #      Runtime API stand-in, against the AWS API emulator.
 #   4. each function's binary and zip size.
@@ -160,6 +162,37 @@ webhook_server slow 2000
 wrk_run create-slow-hook "http://$hook_serve/v1/agent/runs" -H "$hook_auth" -s "$work/create.lua"
 awk -v slow="$(cat "$work/create-slow-hook.rps")" -v fast="$(cat "$work/create-webhook.rps")" -v alone="$(cat "$work/create-no-hook.rps")" \
   'BEGIN { printf "create with an endpoint for every event: %.1f%% of create without; with that endpoint taking 2 s: %.1f%%\n", 100 * fast / alone, 100 * slow / alone }'
+
+echo "== 2d. traces: get and create with every span exported over OTLP, against the same with traces off"
+# traced_server NAME [collector address]: a server of its own on a fresh
+# database; with a collector, every span goes to it. Sets $traced and $traced_auth.
+traced_server() {
+  local otlp=()
+  [ -n "${2:-}" ] && otlp=(OTEL_EXPORTER_OTLP_ENDPOINT="http://$2" OTEL_BSP_MAX_QUEUE_SIZE=65536)
+  env AGENT_RUNS_RATE_LIMIT_PER_SECOND=0 AGENT_RUNS_MAX_ACTIVE_RUNS=100000000 AGENT_RUNS_LOG=warn "${otlp[@]}" \
+    "$bin/agent-runs" serve --addr 127.0.0.1:0 --db "$work/$1.db" > "$work/$1-serve.out" 2> "$work/$1-serve.err" & pids+=($!)
+  wait_for_line "$work/$1-serve.out"
+  traced=$(addr_of "$work/$1-serve.out")
+  traced_auth="Authorization: Bearer $(sed -n 's/^ *export AGENT_RUNS_KEY=//p' "$work/$1-serve.out")"
+  curl -s -X POST "http://$traced/v1/agent/runs" -H "$traced_auth" -H 'Content-Type: application/json' -d '{"input": "x"}' > "$work/$1-run.json"
+}
+# The collector: the webhook sink answers every POST (here /v1/traces) 204 and counts them.
+"$bin/webhook-sink" 127.0.0.1:0 0 > "$work/collector.out" & pids+=($!)
+wait_for_line "$work/collector.out"
+collector=$(addr_of "$work/collector.out")
+for mode in off on; do
+  traced_server "traces-$mode" "$([ "$mode" = on ] && echo "$collector")"
+  traced_run=$(sed -n 's/.*"id":"\(run_[^"]*\)".*/\1/p' "$work/traces-$mode-run.json")
+  wrk_run "get-traces-$mode" "http://$traced/v1/agent/runs/$traced_run" -H "$traced_auth"
+  wrk_run "create-traces-$mode" "http://$traced/v1/agent/runs" -H "$traced_auth" -s "$work/create.lua"
+  drain "$traced" "$traced_auth" "create-traces-$mode"
+done
+sleep 6  # the batch processor sends every 5 s
+echo "the collector received $(curl -s "http://$collector/count") OTLP exports"
+for op in get create; do
+  awk -v op="$op" -v on="$(cat "$work/$op-traces-on.rps")" -v off="$(cat "$work/$op-traces-off.rps")" \
+    'BEGIN { printf "%-7s with traces exported: %.1f%% of traces off\n", op, 100 * on / off }'
+done
 
 echo "== 3. Lambda functions: init and invocations (Runtime API stand-in, AWS API emulator)"
 source infra/moto.sh

@@ -39,7 +39,7 @@ fn request(method: &str, path: &str, key: &str, body: &str) -> http::Request<Byt
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn a_failed_request_and_a_run_log_their_cause_with_request_owner_and_run() {
+async fn a_failed_request_and_a_run_log_their_cause_with_request_owner_run_and_trace() {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -89,9 +89,14 @@ async fn a_failed_request_and_a_run_log_their_cause_with_request_owner_and_run()
     for expected in [request_id.as_str(), "owner=acme", id.as_str(), "injected fault in get"] {
         assert!(failed.contains(expected), "{expected} in: {failed}");
     }
+    let trace_id =
+        serde_json::from_slice::<serde_json::Value>(created.body()).unwrap()["trace_id"].as_str().unwrap().to_owned();
     assert!(
-        text.lines().any(|line| line.contains("run{") && line.contains(&id) && line.contains("owner=acme")),
-        "the worker's lines carry the run and its owner:\n{text}"
+        text.lines().any(|line| line.contains("run{")
+            && line.contains(&id)
+            && line.contains("owner=acme")
+            && line.contains(&format!("trace_id={trace_id}"))),
+        "the worker's lines carry the run, its owner and its trace:\n{text}"
     );
     assert!(!String::from_utf8_lossy(response.body()).contains("injected"), "the client sees no cause");
 }
