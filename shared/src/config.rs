@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::api::{ApiLimits, RateLimit};
 use crate::domain::{ExecutionPolicy, MAX_TOOL_TIMEOUT_MS};
 use crate::store::MAX_CHECKPOINT_BYTES;
-use crate::telemetry::TracesConfig;
+use crate::telemetry::{Sampler, TracesConfig};
 
 /// A worker stops taking steps this long before its Lambda deadline: enough
 /// for a tool call in flight to end (at most [`MAX_TOOL_TIMEOUT_MS`]) and
@@ -96,10 +96,37 @@ fn traces(env: &impl Fn(&str) -> Option<String>) -> Result<TracesConfig, ConfigE
             });
         }
     }
+    let timeout_name = if set("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT").is_some() {
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+    } else {
+        "OTEL_EXPORTER_OTLP_TIMEOUT"
+    };
+    let ratio = read(env, "OTEL_TRACES_SAMPLER_ARG", 1.0f64)?;
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(ConfigError { name: "OTEL_TRACES_SAMPLER_ARG", problem: "must be a ratio from 0 to 1".into() });
+    }
+    let sampler = match set("OTEL_TRACES_SAMPLER").as_deref().map(str::trim).unwrap_or("parentbased_always_on") {
+        "always_on" => Sampler { ratio: 1.0, parent_based: false },
+        "always_off" => Sampler { ratio: 0.0, parent_based: false },
+        "traceidratio" => Sampler { ratio, parent_based: false },
+        "parentbased_always_on" => Sampler { ratio: 1.0, parent_based: true },
+        "parentbased_always_off" => Sampler { ratio: 0.0, parent_based: true },
+        "parentbased_traceidratio" => Sampler { ratio, parent_based: true },
+        other => {
+            return Err(ConfigError {
+                name: "OTEL_TRACES_SAMPLER",
+                problem: format!(
+                    "{other:?} is not supported (always_on, always_off, traceidratio and their parentbased_ forms are)"
+                ),
+            });
+        }
+    };
     Ok(TracesConfig {
         export,
         service_name: set("OTEL_SERVICE_NAME").unwrap_or_else(|| "agent-runs".into()),
         function_name: set("AWS_LAMBDA_FUNCTION_NAME"),
+        timeout: Duration::from_millis(read(env, timeout_name, 10_000u64)?.max(1)),
+        sampler,
     })
 }
 
@@ -235,5 +262,12 @@ mod tests {
         assert!(grpc.to_string().contains("http/protobuf"), "{grpc}");
         assert!(traces(&[endpoint, ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]).unwrap().export);
         assert!(!traces(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap().export, "no endpoint, nothing to refuse");
+        assert_eq!(off.timeout, Duration::from_secs(10));
+        assert_eq!(traces(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "500")]).unwrap().timeout, Duration::from_millis(500));
+        assert_eq!(off.sampler, Sampler { ratio: 1.0, parent_based: true });
+        let ratio = traces(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0.25")]).unwrap();
+        assert_eq!(ratio.sampler, Sampler { ratio: 0.25, parent_based: false });
+        assert!(traces(&[("OTEL_TRACES_SAMPLER", "xray")]).is_err());
+        assert!(traces(&[("OTEL_TRACES_SAMPLER_ARG", "2")]).is_err());
     }
 }

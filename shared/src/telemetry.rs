@@ -28,20 +28,49 @@ use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanData, SpanEvents, SpanLin
 use crate::domain::{Approval, EventData, Run, SpanParent, Timestamp, new_span_id, new_trace_id};
 
 /// Whether and how traces are exported (read by `config.rs`).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TracesConfig {
     /// An OTLP endpoint is configured: the exporter reads it, and the
-    /// other standard `OTEL_EXPORTER_OTLP_*` variables, itself.
+    /// headers, itself.
     pub export: bool,
     /// `service.name` of the spans.
     pub service_name: String,
     /// The Lambda function's name, on Lambda.
     pub function_name: Option<String>,
+    /// How long one export may take.
+    pub timeout: Duration,
+    pub sampler: Sampler,
+}
+
+/// Which new traces are recorded (`OTEL_TRACES_SAMPLER`): `ratio` of them,
+/// chosen by trace id; with `parent_based`, a caller's `traceparent`
+/// decides for its own trace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampler {
+    pub ratio: f64,
+    pub parent_based: bool,
+}
+
+impl Default for Sampler {
+    fn default() -> Self {
+        Sampler { ratio: 1.0, parent_based: true }
+    }
+}
+
+impl Sampler {
+    fn samples(&self, trace_id: u128, caller: Option<SpanParent>) -> bool {
+        match caller {
+            Some(caller) if self.parent_based => caller.sampled,
+            // As the SDK's TraceIdRatioBased: the low 64 bits, compared.
+            _ => ((trace_id as u64) >> 1) < (self.ratio.clamp(0.0, 1.0) * (u64::MAX >> 1) as f64) as u64,
+        }
+    }
 }
 
 struct Exporter {
     processor: BatchSpanProcessor,
     scope: InstrumentationScope,
+    sampler: Sampler,
 }
 
 static EXPORTER: OnceLock<Exporter> = OnceLock::new();
@@ -63,11 +92,17 @@ pub fn init(config: &TracesConfig) -> Result<(), TelemetryError> {
     }
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| TelemetryError::NoRuntime)?;
     crate::sdk::use_ring_for_rustls();
-    let client = reqwest::Client::builder().build().map_err(TelemetryError::Client)?;
+    // The exporter stops retrying at its timeout but cannot cut a request
+    // short: the client does.
+    let client = reqwest::Client::builder()
+        .timeout(config.timeout)
+        .connect_timeout(config.timeout.min(CONNECT_TIMEOUT))
+        .build()
+        .map_err(TelemetryError::Client)?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(OtlpClient { client, runtime })
-        .with_timeout(EXPORT_TIMEOUT)
+        .with_timeout(config.timeout)
         .build()
         .map_err(TelemetryError::Exporter)?;
     let mut resource = Resource::builder().with_service_name(config.service_name.clone());
@@ -78,13 +113,19 @@ pub fn init(config: &TracesConfig) -> Result<(), TelemetryError> {
     let mut processor = BatchSpanProcessor::builder(exporter).build();
     processor.set_resource(&resource.build());
     let scope = InstrumentationScope::builder("agent-runs").with_version(env!("CARGO_PKG_VERSION")).build();
-    let _ = EXPORTER.set(Exporter { processor, scope });
+    let _ = EXPORTER.set(Exporter { processor, scope, sampler: config.sampler });
     tracing::info!("exporting traces over OTLP");
     Ok(())
 }
 
-/// How long one export may take before it is given up.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The longest a Lambda invocation waits for its spans to be sent.
+const FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
+/// The longest text of an attribute, in bytes: paths, actions and errors
+/// can be long (and are the operator's data, not the run's output).
+const MAX_ATTRIBUTE_BYTES: usize = 1_024;
 
 /// Whether spans are exported: when not, none is made.
 pub fn enabled() -> bool {
@@ -96,8 +137,10 @@ pub fn enabled() -> bool {
 pub async fn flush() {
     if enabled() {
         let flushed = tokio::task::spawn_blocking(|| EXPORTER.get().map(|exporter| exporter.processor.force_flush()));
-        if let Ok(Some(Err(error))) = flushed.await {
-            tracing::warn!(%error, "spans could not be sent");
+        match tokio::time::timeout(FLUSH_LIMIT, flushed).await {
+            Ok(Ok(Some(Err(error)))) => tracing::warn!(%error, "spans could not be sent"),
+            Err(_) => tracing::warn!("spans were not sent in time; they go with a later batch, or are dropped"),
+            _ => {}
         }
     }
 }
@@ -138,7 +181,12 @@ impl opentelemetry_http::HttpClient for OtlpClient {
 
 /// The caller's span from a W3C `traceparent` header, if it has a valid one.
 pub fn traceparent(headers: &http::HeaderMap) -> Option<SpanParent> {
-    let value = headers.get("traceparent")?.to_str().ok()?;
+    let mut values = headers.get_all("traceparent").iter();
+    // Two of them are as good as none (W3C Trace Context).
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let value = value.to_str().ok()?;
     let mut parts = value.trim().split('-');
     let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let hex =
@@ -160,11 +208,9 @@ pub fn traceparent(headers: &http::HeaderMap) -> Option<SpanParent> {
 /// a new trace. Its id is known from the start (a run created by the
 /// request is its child), even when spans are not exported.
 pub fn request_span_ids(caller: Option<SpanParent>) -> (SpanParent, Option<u64>) {
-    let own = |trace_id, sampled| SpanParent { trace_id, span_id: new_span_id(), sampled };
-    match caller {
-        Some(caller) => (own(caller.trace_id, caller.sampled), Some(caller.span_id)),
-        None => (own(new_trace_id(), true), None),
-    }
+    let trace_id = caller.map_or_else(new_trace_id, |caller| caller.trace_id);
+    let sampled = EXPORTER.get().is_some_and(|exporter| exporter.sampler.samples(trace_id, caller));
+    (SpanParent { trace_id, span_id: new_span_id(), sampled }, caller.map(|caller| caller.span_id))
 }
 
 tokio::task_local! {
@@ -231,10 +277,11 @@ impl Span {
         SpanParent { trace_id: self.trace_id, span_id: self.id, sampled: true }
     }
 
-    /// The span moved into `parent`'s trace, as its child.
-    pub fn in_trace(mut self, parent: SpanParent) -> Span {
+    /// The span moved into `parent`'s trace, as its child; `None` when
+    /// that trace is not sampled.
+    pub fn in_trace(mut self, parent: SpanParent) -> Option<Span> {
         (self.trace_id, self.parent_id) = (parent.trace_id, Some(parent.span_id));
-        self
+        parent.sampled.then_some(self)
     }
 
     pub fn started_at(mut self, at: Timestamp) -> Span {
@@ -243,6 +290,10 @@ impl Span {
     }
 
     pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
+        let value = match value.into() {
+            Value::String(text) if text.as_str().len() > MAX_ATTRIBUTE_BYTES => Value::from(clipped(text.as_str())),
+            value => value,
+        };
         self.attributes.push(KeyValue::new(key, value));
     }
 
@@ -254,7 +305,7 @@ impl Span {
     /// Marks the span failed, with `error.type` (a short, fixed kind).
     pub fn fail(&mut self, error_type: &'static str, message: impl Into<String>) {
         self.set("error.type", error_type);
-        self.error = Some(message.into());
+        self.error = Some(clipped(&message.into()));
     }
 
     pub fn end(self) {
@@ -291,6 +342,10 @@ impl Span {
             instrumentation_scope: exporter.scope.clone(),
         });
     }
+}
+
+fn clipped(text: &str) -> String {
+    text[..text.floor_char_boundary(MAX_ATTRIBUTE_BYTES)].to_owned()
 }
 
 fn system_time(at: Timestamp) -> SystemTime {
@@ -370,4 +425,63 @@ fn approval_wait(parent: SpanParent, run: &Run, approval: &Approval, at: Timesta
         span.set("agent_runs.approval.resolved_by", key.to_string());
     }
     Some((span, system_time(approval.resolved_at.unwrap_or(at))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent(header: &str) -> Option<SpanParent> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", header.parse().unwrap());
+        traceparent(&headers)
+    }
+
+    #[test]
+    fn a_traceparent_is_taken_only_when_well_formed() {
+        let good = parent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        assert_eq!(
+            good,
+            SpanParent { trace_id: 0x4bf92f3577b34da6a3ce929d0e0e4736, span_id: 0x00f067aa0ba902b7, sampled: true }
+        );
+        assert!(!parent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").unwrap().sampled);
+        // A later version may add fields; version 00 may not.
+        assert!(parent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more").is_some());
+        for bad in [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+            "garbage",
+        ] {
+            assert_eq!(parent(bad), None, "{bad}");
+        }
+        let mut twice = http::HeaderMap::new();
+        twice.append("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap());
+        twice.append("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".parse().unwrap());
+        assert_eq!(traceparent(&twice), None, "two are as good as none");
+    }
+
+    #[test]
+    fn the_sampler_keeps_a_ratio_of_new_traces_and_follows_a_callers_choice() {
+        let half = Sampler { ratio: 0.5, parent_based: true };
+        let kept = (0..10_000).filter(|_| half.samples(new_trace_id(), None)).count();
+        assert!((4_500..5_500).contains(&kept), "{kept}");
+        let caller = |sampled| Some(SpanParent { trace_id: 1, span_id: 1, sampled });
+        let never = Sampler { ratio: 0.0, parent_based: true };
+        assert!(never.samples(1, caller(true)) && !Sampler::default().samples(1, caller(false)));
+        assert!(!Sampler { ratio: 0.0, parent_based: false }.samples(new_trace_id(), caller(true)));
+        assert!(Sampler::default().samples(u128::MAX, None));
+    }
+
+    #[test]
+    fn long_texts_are_clipped_on_a_character_boundary() {
+        let text = "é".repeat(MAX_ATTRIBUTE_BYTES);
+        let clipped = clipped(&text);
+        assert!(clipped.len() <= MAX_ATTRIBUTE_BYTES && clipped.len() >= MAX_ATTRIBUTE_BYTES - 1);
+        assert!(text.starts_with(&clipped));
+    }
 }

@@ -9,6 +9,7 @@ use crate::domain::{
     Approval, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, Run, RunId, Timestamp, Usage,
     WebhookEndpoint,
 };
+use crate::telemetry;
 
 #[derive(Serialize)]
 pub struct RunView<'a> {
@@ -33,9 +34,11 @@ pub struct RunView<'a> {
     /// Also an addition: present only on runs created with a `budget`.
     #[serde(skip_serializing_if = "Option::is_none")]
     budget: Option<Budget>,
-    /// The run's OpenTelemetry trace (32 hex digits): its spans, and the
-    /// log lines of every process that worked on it, carry this id.
-    trace_id: String,
+    /// Also an addition, present when the deployment exports traces: the
+    /// run's OpenTelemetry trace (32 hex digits), so that other
+    /// deployments show exactly the contract's keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_id: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -97,7 +100,7 @@ impl<'a> From<&'a Run> for RunView<'a> {
             completed_at: rfc3339(run.completed_at),
             usage: run.usage,
             budget: (run.budget != Budget::default()).then_some(run.budget),
-            trace_id: run.trace().trace_id_hex(),
+            trace_id: telemetry::enabled().then(|| run.trace().trace_id_hex()),
         }
     }
 }

@@ -233,5 +233,6 @@ pub async fn run(args: GatewayArgs, shutdown: impl std::future::Future<Output = 
     .await;
     let _ = stop_sender.send(true);
     while tasks.join_next().await.is_some() {}
+    agent_runs_shared::telemetry::shutdown().await;
     Ok(())
 }

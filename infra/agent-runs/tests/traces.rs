@@ -46,7 +46,9 @@ fn a_run_with_an_approval_is_one_trace_with_its_spans_in_place(target: Target) {
     let run = server.create(&key, json!({"agent": "janitor", "input": "Delete the branch old"}));
     let id = run["id"].as_str().unwrap();
     let trace_id = run["trace_id"].as_str().unwrap().to_owned();
-    assert_eq!(trace_id.len(), 32, "{run}");
+    assert!(trace_id.len() == 32 && trace_id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')), "{run}");
+    let other = server.create(&key, json!({"input": "x"}));
+    assert_ne!(other["trace_id"], run["trace_id"], "a trace per run");
     let waiting = server.wait_for_status(&key, id, "awaiting_approval");
     let approval = &waiting["pending_approvals"][0];
     let decide = format!("{RUNS}/{id}/approvals/{}", approval["id"].as_str().unwrap());
@@ -149,36 +151,28 @@ fn a_run_with_an_approval_is_one_trace_with_its_spans_in_place(target: Target) {
     assert_eq!((failed.status.as_str(), failed.attribute("error.type")), ("STATUS_CODE_ERROR", "run_failed"));
     assert_eq!(failed.parent_span_id, create.span_id);
 
-    // A caller's unsampled trace is not recorded, though the run is in it.
+    // A caller's unsampled trace is not recorded, though the run is in it:
+    // not even a later change to the run (a cancel) that has no traceparent.
     let unsampled = "0af7651916cd43dd8448eb211c80319c";
     let header = format!("00-{unsampled}-b7ad6b7169203331-00");
     let quiet = server.send(
-        server.request("POST", RUNS).bearer_auth(&key).header("traceparent", header).json(&json!({"input": "x"})),
+        server
+            .request("POST", RUNS)
+            .bearer_auth(&key)
+            .header("traceparent", header)
+            .json(&json!({"agent": "script", "input": "approve x"})),
     );
     let quiet: Value = quiet.expect_status(201).clone();
     assert_eq!(quiet["trace_id"], unsampled);
-    server.wait_for_status(&key, quiet["id"].as_str().unwrap(), "succeeded");
-    // A later sampled run's spans arriving means the earlier ones were sent.
-    let later = server.create(&key, json!({"input": "y"}));
-    let later_trace = later["trace_id"].as_str().unwrap().to_owned();
-    server.wait_for_status(&key, later["id"].as_str().unwrap(), "succeeded");
-    let spans = collector.wait_for(Duration::from_secs(15), |spans| {
-        spans.iter().any(|span| span.trace_id == later_trace && span.name == "invoke_agent echo")
-    });
-    assert!(!spans.iter().any(|span| span.trace_id == unsampled), "nothing of an unsampled trace");
-}
-
-/// Without an OTLP endpoint nothing is exported, and runs still have a
-/// trace id (for their log lines).
-#[test]
-fn without_an_endpoint_runs_still_have_a_trace_id() {
-    let server = Server::start();
-    let key = server.dev_key.clone().unwrap();
-    let run = server.create(&key, json!({"input": "x"}));
-    let trace = run["trace_id"].as_str().unwrap();
-    assert!(trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()) && trace != "0".repeat(32));
-    let other = server.create(&key, json!({"input": "x"}));
-    assert_ne!(other["trace_id"], run["trace_id"], "a trace per run");
+    let quiet_id = quiet["id"].as_str().unwrap();
+    server.wait_for_status(&key, quiet_id, "awaiting_approval");
+    server.post(&key, &format!("{RUNS}/{quiet_id}/cancel"), json!({})).expect_status(200);
+    // A request without a valid key makes no span, whatever trace it names.
+    let nobody = "11111111111111111111111111111111";
+    let header = format!("00-{nobody}-b7ad6b7169203331-01");
+    server
+        .send(server.request("GET", RUNS).bearer_auth("ark_wrong").header("traceparent", header))
+        .expect_error(401, "unauthorized");
     // A malformed traceparent is ignored, as W3C Trace Context says.
     for header in ["00-00000000000000000000000000000000-00f067aa0ba902b7-01", "garbage", "00-abc-def-01"] {
         let reply = server.send(
@@ -187,6 +181,27 @@ fn without_an_endpoint_runs_still_have_a_trace_id() {
         let trace = reply.expect_status(201)["trace_id"].as_str().unwrap().to_owned();
         assert!(trace.len() == 32 && trace != "0".repeat(32), "{header}: {trace}");
     }
+    // A later sampled run's spans arriving means the earlier ones were sent.
+    let later = server.create(&key, json!({"input": "y"}));
+    let later_trace = later["trace_id"].as_str().unwrap().to_owned();
+    server.wait_for_status(&key, later["id"].as_str().unwrap(), "succeeded");
+    let spans = collector.wait_for(Duration::from_secs(15), |spans| {
+        spans.iter().any(|span| span.trace_id == later_trace && span.name == "invoke_agent echo")
+    });
+    assert!(!spans.iter().any(|span| span.trace_id == unsampled), "nothing of an unsampled trace");
+    assert!(!spans.iter().any(|span| span.trace_id == nobody), "nothing of a request without a key");
+}
+
+/// Without an OTLP endpoint nothing is exported, and runs show exactly the
+/// contract's keys (no `trace_id`); their log lines still carry one
+/// (shared/tests/logging.rs).
+#[test]
+fn without_an_endpoint_runs_show_no_trace_id() {
+    let server = Server::start();
+    let key = server.dev_key.clone().unwrap();
+    let run = server.create(&key, json!({"input": "x"}));
+    assert!(run.get("trace_id").is_none(), "{run}");
+    assert_eq!(run.as_object().unwrap().len(), 12, "{run}");
 }
 
 mod embedded {

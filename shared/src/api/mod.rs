@@ -147,14 +147,19 @@ impl Api {
         let caller = telemetry::traceparent(request.headers());
         let (trace, caller_span) = telemetry::request_span_ids(caller);
         request.extensions_mut().insert(RequestTrace(trace));
-        let mut request_span = telemetry::Span::with_id(
-            trace.trace_id,
-            trace.span_id,
-            caller_span,
-            trace.sampled,
-            request_span_name(request.method(), request.uri().path()),
-            SpanKind::Server,
-        );
+        let mut request_span = telemetry::enabled()
+            .then(|| {
+                let name = request_span_name(request.method(), request.uri().path());
+                telemetry::Span::with_id(
+                    trace.trace_id,
+                    trace.span_id,
+                    caller_span,
+                    trace.sampled,
+                    name,
+                    SpanKind::Server,
+                )
+            })
+            .flatten();
         if let Some(span) = &mut request_span {
             span.set("http.request.method", request.method().to_string());
             span.set("url.path", request.uri().path().to_owned());
@@ -186,12 +191,15 @@ impl Api {
         if let Ok(value) = HeaderValue::from_str(&request_id) {
             response.headers_mut().insert("x-request-id", value);
         }
+        // Requests without a valid key make no spans: they are nobody's.
+        let request_span = request_span.filter(|_| response.status() != http::StatusCode::UNAUTHORIZED);
+        // A change to a run is a span of the run's trace, unless the caller
+        // traces it in a trace of its own.
+        let request_span = match (caller_span, response.extensions().get::<RunTrace>()) {
+            (None, Some(run)) => request_span.and_then(|span| span.in_trace(run.as_parent())),
+            _ => request_span,
+        };
         if let Some(mut span) = request_span {
-            // A change to a run is a span of the run's trace, unless the
-            // caller traces it in a trace of its own.
-            if let (None, Some(run)) = (caller_span, response.extensions().get::<RunTrace>()) {
-                span = span.in_trace(run.as_parent());
-            }
             let status = response.status();
             span.set("http.response.status_code", i64::from(status.as_u16()));
             if status.is_server_error() {

@@ -129,17 +129,19 @@ impl From<RunTrace> for StoredTrace {
     }
 }
 
-impl TryFrom<StoredTrace> for RunTrace {
-    type Error = StoreError;
-
-    fn try_from(stored: StoredTrace) -> Result<Self, StoreError> {
-        let span_id = |hex: &str| u64::from_str_radix(hex, 16).map_err(|_| malformed("trace"));
-        Ok(RunTrace {
-            trace_id: u128::from_str_radix(&stored.id, 16).map_err(|_| malformed("trace"))?,
-            span_id: span_id(&stored.span)?,
-            parent_span_id: stored.parent.as_deref().map(span_id).transpose()?,
-            sampled: stored.sampled,
-        })
+impl StoredTrace {
+    /// The trace, or `None` for ids that are not valid: the trace only
+    /// labels spans and logs, and must never make a run unreadable (the
+    /// run then gets the trace derived from its id).
+    fn read(&self) -> Option<RunTrace> {
+        let span_id = |hex: &str| u64::from_str_radix(hex, 16).ok().filter(|id| *id != 0);
+        let trace = RunTrace {
+            trace_id: u128::from_str_radix(&self.id, 16).ok().filter(|id| *id != 0)?,
+            span_id: span_id(&self.span)?,
+            parent_span_id: self.parent.as_deref().and_then(span_id),
+            sampled: self.sampled,
+        };
+        Some(trace)
     }
 }
 
@@ -282,7 +284,7 @@ impl TryFrom<StoredRun> for Run {
                 max_total_tokens: budget.max_total_tokens,
                 max_tool_calls: budget.max_tool_calls,
             }),
-            trace: stored.trace.map(RunTrace::try_from).transpose()?,
+            trace: stored.trace.as_ref().and_then(StoredTrace::read),
             resends: stored.resends,
             event_seq: stored.event_seq,
             pending_events: Vec::new(),
@@ -341,9 +343,11 @@ mod tests {
         let body = serde_json::to_string(&StoredRun::from(&run)).unwrap();
         assert!(body.contains(r#""trace":{"id":"0000000000004bf90000000000000007","span":"00000000000000ff","parent":"0000000000000001","sampled":false}"#), "{body}");
         assert_eq!(read(&body).trace, Some(trace));
-        let malformed = body.replace("00000000000000ff", "not hex");
-        let stored: StoredRun = serde_json::from_str(&malformed).unwrap();
-        assert!(matches!(Run::try_from(stored), Err(StoreError::Defect(_))));
+        // Ids that are not valid leave the run readable, with its derived trace.
+        for (valid, invalid) in [("00000000000000ff", "not hex"), ("00000000000000ff", "0000000000000000")] {
+            let run = read(&body.replace(valid, invalid));
+            assert_eq!((run.trace, run.trace()), (None, RunTrace::derived(run.id)));
+        }
     }
 
     #[test]
