@@ -10,7 +10,7 @@ use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
 use agent_runs_shared::faults::{FailNext, FaultyStore};
 use agent_runs_shared::queue::InProcessQueue;
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
-use agent_runs_shared::store::{Durability, KeyStore, SqliteStore};
+use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
 use bytes::Bytes;
 use tokio::sync::watch;
 
@@ -89,8 +89,10 @@ async fn a_failed_request_and_a_run_log_their_cause_with_request_owner_run_and_t
     for expected in [request_id.as_str(), "owner=acme", id.as_str(), "injected fault in get"] {
         assert!(failed.contains(expected), "{expected} in: {failed}");
     }
-    let trace_id =
-        serde_json::from_slice::<serde_json::Value>(created.body()).unwrap()["trace_id"].as_str().unwrap().to_owned();
+    // The run's trace, as stored (the run's JSON shows it only where traces
+    // are exported).
+    let stored = sqlite.get(&Owner::parse("acme").unwrap(), id.parse().unwrap()).await.unwrap().unwrap();
+    let trace_id = stored.trace.expect("a new run has its trace").trace_id_hex();
     assert!(
         text.lines().any(|line| line.contains("run{")
             && line.contains(&id)
