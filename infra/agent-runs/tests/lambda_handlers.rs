@@ -826,7 +826,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
         assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     }
-    assert_eq!(attempted, 4, "three repeats and the new run.created");
+    assert_eq!(attempted, 4, "three repeats and the new run.created (held: no worker has taken its run)");
     let webhook_id = endpoint["id"].as_str().unwrap();
     let (_, attempts) = aws
         .invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None)
@@ -857,7 +857,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
         assert!(response.batch_item_failures.is_empty());
     }
-    assert_eq!(retried, 4);
+    assert_eq!(retried, 3, "the held run.created is not due for 15 s");
     let (_, attempts) = aws
         .invoke(Operation::ListWebhookDeliveries, "GET", &format!("/v1/webhooks/{webhook_id}/deliveries"), None)
         .await;
@@ -865,6 +865,89 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         (attempts["data"][0]["http_status"].as_u64(), attempts["data"][0]["attempt"].as_u64()),
         (Some(200), Some(2))
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_an_undone_create() {
+    use agent_runs_shared::domain::{Clock, ManualClock, Owner, RunId};
+    use agent_runs_shared::lambda::{CREATE_SETTLED_AFTER, handle_deliveries};
+    use agent_runs_shared::store::RunStore;
+    use support::receiver::Receiver;
+
+    if support::without_emulator("a_run_created_is_held_until_its_create_is_answered") {
+        return;
+    }
+    let receiver = Arc::new(tokio::task::spawn_blocking(Receiver::start).await.unwrap());
+    let received = |receiver: Arc<Receiver>| async move {
+        tokio::task::spawn_blocking(move || receiver.received("held")).await.unwrap()
+    };
+    let aws = Aws::with(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")]).await;
+    let queue = aws.services.webhook_queue.clone().unwrap();
+    let deliverer = aws.services.services.deliverer();
+    let body = json!({"url": receiver.url("held"), "events": ["run.created"]});
+    let (status, endpoint) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
+    assert_eq!(status, 201, "{endpoint}");
+    let secret = endpoint["secret"].clone();
+    let configured = receiver.clone();
+    tokio::task::spawn_blocking(move || configured.configure("held", json!({"secrets": [secret]}))).await.unwrap();
+    let owner = Owner::parse("dev").unwrap();
+    // The notifier's message for a run's run.created, as SQS hands it over.
+    let message_for = |run: &Value| -> SqsEvent {
+        let body = json!({"owner": "dev", "webhook_id": endpoint["id"], "run_id": run["id"], "seq": 1, "attempts": 0});
+        serde_json::from_value(json!({"Records": [{
+            "messageId": format!("m-{}", id(run)), "receiptHandle": "r", "body": body.to_string(),
+            "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}
+        }]}))
+        .unwrap()
+    };
+    let delayed = || async {
+        let attributes = aws
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&aws.webhook_queue_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await
+            .unwrap();
+        let count = attributes.attributes.unwrap_or_default();
+        count[&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesDelayed].parse::<u32>().unwrap()
+    };
+
+    // A run no worker has taken yet: its run.created waits, as a delayed message.
+    let (_, undone) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "a"}))).await;
+    let now = aws.services.services.clock.as_ref();
+    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, now, message_for(&undone)).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert!(received(receiver.clone()).await.is_empty(), "not sent while its create may still be undone");
+    assert_eq!(delayed().await, 1, "held as a delayed message");
+    // Its queue send failed: the create is undone, and once the create is
+    // surely answered the held message finds no event to send.
+    let run_id: RunId = id(&undone).parse().unwrap();
+    let run = aws.services.store.get(&owner, run_id).await.unwrap().unwrap();
+    assert!(aws.services.store.undo_create(&run, None).await.unwrap());
+    let later = ManualClock::new(run.created_at.plus(CREATE_SETTLED_AFTER + std::time::Duration::from_secs(1)));
+    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, &later, message_for(&undone)).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert!(received(receiver.clone()).await.is_empty(), "never sent for an undone create");
+    assert_eq!(delayed().await, 1, "and not held again");
+
+    // A run that stays: sent once its create is surely answered...
+    let (_, kept) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "b"}))).await;
+    let created = aws.services.store.get(&owner, id(&kept).parse().unwrap()).await.unwrap().unwrap().created_at;
+    let later = ManualClock::new(created.plus(CREATE_SETTLED_AFTER + std::time::Duration::from_secs(1)));
+    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, &later, message_for(&kept)).await;
+    assert!(response.batch_item_failures.is_empty());
+    let got = received(receiver.clone()).await;
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert!(got[0]["body"].as_str().unwrap().contains(id(&kept)), "{got:#?}");
+    // ...or at once when a worker has taken its run (so it was queued).
+    let (_, taken) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "c"}))).await;
+    aws.deliver().await;
+    assert!(now.now() < later.now());
+    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, now, message_for(&taken)).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(received(receiver.clone()).await.len(), 2);
+    assert_eq!(delayed().await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

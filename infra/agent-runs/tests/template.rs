@@ -354,3 +354,16 @@ fn the_webhook_functions_may_make_the_calls_they_make() {
     let deliver_timeout = deliver["Properties"]["Timeout"].as_u64().unwrap();
     assert!(queue["VisibilityTimeout"].as_u64().unwrap() >= 6 * deliver_timeout);
 }
+
+#[test]
+fn a_create_is_answered_before_its_run_created_webhook_may_go() {
+    // The create function's timeout bounds when a create whose run could
+    // not be queued is undone; deliver holds a run.created until then.
+    let template = template();
+    let create = &template["Resources"]["CreateFunction"]["Properties"];
+    let timeout = create["Timeout"].as_u64().or_else(|| template["Globals"]["Function"]["Timeout"].as_u64()).unwrap();
+    assert!(
+        std::time::Duration::from_secs(timeout) < agent_runs_shared::lambda::CREATE_SETTLED_AFTER,
+        "the create function's timeout ({timeout} s) must end before run.created deliveries are released"
+    );
+}

@@ -15,11 +15,11 @@ use futures_util::future::join_all;
 use lambda_runtime::{LambdaEvent, service_fn};
 
 use crate::aws::AwsServices;
-use crate::domain::{Clock, Owner, WebhookEndpoint, WebhookStatus};
+use crate::domain::{Clock, Owner, Timestamp, WebhookEndpoint, WebhookStatus};
 use crate::error_chain;
 use crate::metrics::EmfSink;
 use crate::queue::{DeliveryMessage, WebhookQueue};
-use crate::store::{DynamoStore, StoreError, WebhookStore, decode_stream_event};
+use crate::store::{DynamoStore, StoreError, StoredEvent, WebhookStore, decode_stream_event};
 use crate::webhooks::Deliverer;
 
 /// Queues the deliveries of a batch of stream records, in order. At the
@@ -76,6 +76,19 @@ pub async fn handle_stream(store: &DynamoStore, queue: &WebhookQueue, event: Str
 /// A message received this close to its time is taken as due: SQS's
 /// delays are whole seconds.
 const EARLY_ENOUGH: Duration = Duration::from_secs(1);
+
+/// A create is answered, or its invocation ended, within the API
+/// function's timeout (10 s, template.yaml; a test holds it to this): by
+/// then a create whose run could not be queued has been undone, and its
+/// events with it. A `run.created` is not delivered before, unless its run
+/// has moved on (a worker took it, so it was queued).
+pub const CREATE_SETTLED_AFTER: Duration = Duration::from_secs(15);
+
+/// When the create that recorded `event` is surely answered, for a
+/// `run.created`.
+fn create_settles_at(event: &StoredEvent) -> Option<Timestamp> {
+    (event.seq == 1 && event.kind == "run.created").then(|| event.at.plus(CREATE_SETTLED_AFTER))
+}
 
 /// How long a message whose delivery could not be attempted (a failed
 /// read or record) is hidden: growing with its receives, so an outage of
@@ -141,6 +154,27 @@ pub async fn handle_deliveries(
                 return keep(backoff(&record)).await;
             }
         };
+        if let Some(settles) = create_settles_at(&event).filter(|settles| *settles > now.plus(EARLY_ENOUGH)) {
+            match store.event(message.run_id, 2).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    // Held until then, as a message of its own; read again
+                    // then, it is gone if the create was undone.
+                    let held = DeliveryMessage { not_before: Some(settles), ..message };
+                    return match queue.send_later(&held, settles.since(now)).await {
+                        Ok(()) => Ok(()),
+                        Err(error) => {
+                            tracing::warn!(error = %error_chain(&error), "cannot hold a run.created delivery; trying later");
+                            keep(backoff(&record)).await
+                        }
+                    };
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), "cannot read a run's events; trying later");
+                    return keep(backoff(&record)).await;
+                }
+            }
+        }
         let number = message.attempts.saturating_add(1);
         let result = deliverer.attempt(&endpoint, message.run_id, &event, number).await;
         if let Err(error) = store.record_attempt(&message.owner, &result.attempt, result.health).await {
