@@ -83,13 +83,19 @@ fn optional_secs(
 fn traces(env: &impl Fn(&str) -> Option<String>) -> Result<TracesConfig, ConfigError> {
     let set = |name| env(name).filter(|value: &String| !value.trim().is_empty());
     let endpoint = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
-    let disabled = read(env, "OTEL_SDK_DISABLED", false)?
+    let disabled = set("OTEL_SDK_DISABLED").is_some_and(|value| value.trim().eq_ignore_ascii_case("true"))
         || set("OTEL_TRACES_EXPORTER").is_some_and(|exporter| exporter.trim() == "none");
     let export = endpoint.is_some() && !disabled;
+    let service_name = set("OTEL_SERVICE_NAME").unwrap_or_else(|| "agent-runs".into());
+    let function_name = set("AWS_LAMBDA_FUNCTION_NAME");
+    if !export {
+        // Not exporting: settings meant for a tracing set-up elsewhere on
+        // the platform must not stop the service.
+        let (timeout, sampler) = (Duration::from_secs(10), Sampler::default());
+        return Ok(TracesConfig { export, service_name, function_name, timeout, sampler });
+    }
     for name in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
-        if let Some(protocol) = set(name).filter(|protocol| protocol.trim() != "http/protobuf")
-            && export
-        {
+        if let Some(protocol) = set(name).filter(|protocol| protocol.trim() != "http/protobuf") {
             return Err(ConfigError {
                 name,
                 problem: format!("{protocol:?} is not supported: spans are sent as http/protobuf"),
@@ -121,13 +127,8 @@ fn traces(env: &impl Fn(&str) -> Option<String>) -> Result<TracesConfig, ConfigE
             });
         }
     };
-    Ok(TracesConfig {
-        export,
-        service_name: set("OTEL_SERVICE_NAME").unwrap_or_else(|| "agent-runs".into()),
-        function_name: set("AWS_LAMBDA_FUNCTION_NAME"),
-        timeout: Duration::from_millis(read(env, timeout_name, 10_000u64)?.max(1)),
-        sampler,
-    })
+    let timeout = Duration::from_millis(read(env, timeout_name, 10_000u64)?.max(1));
+    Ok(TracesConfig { export, service_name, function_name, timeout, sampler })
 }
 
 impl Config {
@@ -254,6 +255,7 @@ mod tests {
         assert!(traces(&[endpoint]).unwrap().export);
         assert!(traces(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/v1/traces")]).unwrap().export);
         assert!(!traces(&[endpoint, ("OTEL_SDK_DISABLED", "true")]).unwrap().export);
+        assert!(!traces(&[endpoint, ("OTEL_SDK_DISABLED", "TRUE")]).unwrap().export);
         assert!(!traces(&[endpoint, ("OTEL_TRACES_EXPORTER", "none")]).unwrap().export);
         let named = traces(&[endpoint, ("OTEL_SERVICE_NAME", "runs-eu"), ("AWS_LAMBDA_FUNCTION_NAME", "create")]);
         let named = named.unwrap();
@@ -263,11 +265,18 @@ mod tests {
         assert!(traces(&[endpoint, ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]).unwrap().export);
         assert!(!traces(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap().export, "no endpoint, nothing to refuse");
         assert_eq!(off.timeout, Duration::from_secs(10));
-        assert_eq!(traces(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "500")]).unwrap().timeout, Duration::from_millis(500));
+        assert_eq!(
+            traces(&[endpoint, ("OTEL_EXPORTER_OTLP_TIMEOUT", "500")]).unwrap().timeout,
+            Duration::from_millis(500)
+        );
         assert_eq!(off.sampler, Sampler { ratio: 1.0, parent_based: true });
-        let ratio = traces(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0.25")]).unwrap();
-        assert_eq!(ratio.sampler, Sampler { ratio: 0.25, parent_based: false });
-        assert!(traces(&[("OTEL_TRACES_SAMPLER", "xray")]).is_err());
-        assert!(traces(&[("OTEL_TRACES_SAMPLER_ARG", "2")]).is_err());
+        let ratio = traces(&[endpoint, ("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0.25")]);
+        assert_eq!(ratio.unwrap().sampler, Sampler { ratio: 0.25, parent_based: false });
+        assert!(traces(&[endpoint, ("OTEL_TRACES_SAMPLER", "xray")]).is_err());
+        assert!(traces(&[endpoint, ("OTEL_TRACES_SAMPLER_ARG", "2")]).is_err());
+        assert!(
+            traces(&[("OTEL_TRACES_SAMPLER", "xray")]).is_ok(),
+            "settings for traces elsewhere, not exporting here"
+        );
     }
 }

@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -121,7 +122,7 @@ pub fn init(config: &TracesConfig) -> Result<(), TelemetryError> {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The longest a Lambda invocation waits for its spans to be sent.
-const FLUSH_LIMIT: Duration = Duration::from_secs(2);
+const FLUSH_LIMIT: Duration = Duration::from_secs(1);
 
 /// The longest text of an attribute, in bytes: paths, actions and errors
 /// can be long (and are the operator's data, not the run's output).
@@ -133,17 +134,47 @@ pub fn enabled() -> bool {
 }
 
 /// Sends every span ended so far; a Lambda function calls it after each
-/// invocation, before it may be frozen.
-pub async fn flush() {
-    if enabled() {
-        let flushed = tokio::task::spawn_blocking(|| EXPORTER.get().map(|exporter| exporter.processor.force_flush()));
-        match tokio::time::timeout(FLUSH_LIMIT, flushed).await {
-            Ok(Ok(Some(Err(error)))) => tracing::warn!(%error, "spans could not be sent"),
-            Err(_) => tracing::warn!("spans were not sent in time; they go with a later batch, or are dropped"),
-            _ => {}
+/// invocation, before it may be frozen, and waits for it at most until
+/// shortly before `deadline` (the invocation's), and at most
+/// [`FLUSH_LIMIT`]. After a send that did not finish in time, later calls
+/// do not wait until one has finished: a collector that is down must not
+/// cost every invocation.
+pub async fn flush(deadline: Option<SystemTime>) {
+    // One send at a time: a call while one is under way leaves its spans
+    // to the next.
+    if !enabled() || FLUSHING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let flushed = tokio::task::spawn_blocking(|| {
+        let result = EXPORTER.get().map(|exporter| exporter.processor.force_flush());
+        if matches!(result, Some(Ok(()))) {
+            FLUSH_BEHIND.store(false, Ordering::Relaxed);
         }
+        FLUSHING.store(false, Ordering::Release);
+        result
+    });
+    if FLUSH_BEHIND.load(Ordering::Relaxed) {
+        return;
+    }
+    let left = deadline.map_or(FLUSH_LIMIT, |deadline| {
+        deadline.duration_since(SystemTime::now()).unwrap_or_default().saturating_sub(FLUSH_DEADLINE_MARGIN)
+    });
+    match tokio::time::timeout(left.min(FLUSH_LIMIT), flushed).await {
+        Ok(Ok(Some(Err(error)))) => tracing::warn!(%error, "spans could not be sent"),
+        Err(_) => {
+            FLUSH_BEHIND.store(true, Ordering::Relaxed);
+            tracing::warn!("spans were not sent in time; later invocations do not wait for them until a send succeeds");
+        }
+        _ => {}
     }
 }
+
+/// A flush did not finish in time, and none has since.
+static FLUSH_BEHIND: AtomicBool = AtomicBool::new(false);
+static FLUSHING: AtomicBool = AtomicBool::new(false);
+
+/// Left of an invocation's time for answering after its flush.
+const FLUSH_DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 
 /// Sends what is left, at the end of the process.
 pub async fn shutdown() {
@@ -209,7 +240,12 @@ pub fn traceparent(headers: &http::HeaderMap) -> Option<SpanParent> {
 /// request is its child), even when spans are not exported.
 pub fn request_span_ids(caller: Option<SpanParent>) -> (SpanParent, Option<u64>) {
     let trace_id = caller.map_or_else(new_trace_id, |caller| caller.trace_id);
-    let sampled = EXPORTER.get().is_some_and(|exporter| exporter.sampler.samples(trace_id, caller));
+    // Without an exporter nothing is decided: a run created now is
+    // recorded if spans are exported later (unless its caller said not to).
+    let sampled = match EXPORTER.get() {
+        Some(exporter) => exporter.sampler.samples(trace_id, caller),
+        None => caller.is_none_or(|caller| caller.sampled),
+    };
     (SpanParent { trace_id, span_id: new_span_id(), sampled }, caller.map(|caller| caller.span_id))
 }
 

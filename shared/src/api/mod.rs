@@ -147,17 +147,12 @@ impl Api {
         let caller = telemetry::traceparent(request.headers());
         let (trace, caller_span) = telemetry::request_span_ids(caller);
         request.extensions_mut().insert(RequestTrace(trace));
+        // Whether it is kept is decided at the end: a change to a run follows
+        // the sampling of the run's trace.
         let mut request_span = telemetry::enabled()
             .then(|| {
                 let name = request_span_name(request.method(), request.uri().path());
-                telemetry::Span::with_id(
-                    trace.trace_id,
-                    trace.span_id,
-                    caller_span,
-                    trace.sampled,
-                    name,
-                    SpanKind::Server,
-                )
+                telemetry::Span::with_id(trace.trace_id, trace.span_id, caller_span, true, name, SpanKind::Server)
             })
             .flatten();
         if let Some(span) = &mut request_span {
@@ -197,7 +192,7 @@ impl Api {
         // traces it in a trace of its own.
         let request_span = match (caller_span, response.extensions().get::<RunTrace>()) {
             (None, Some(run)) => request_span.and_then(|span| span.in_trace(run.as_parent())),
-            _ => request_span,
+            _ => request_span.filter(|_| trace.sampled),
         };
         if let Some(mut span) = request_span {
             let status = response.status();

@@ -42,8 +42,9 @@ pub async fn run_dead_letter() -> Result<(), super::Error> {
     // The composed store (with its metrics), as every other function writes runs.
     let (store, clock) = (aws.services.adapters.runs.as_ref(), aws.services.clock.as_ref());
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+        let deadline = event.context.deadline();
         let response = handle_dead_letters(store, clock, event.payload).await;
-        crate::telemetry::flush().await;
+        crate::telemetry::flush(Some(deadline)).await;
         Ok::<_, super::Error>(response)
     }))
     .await

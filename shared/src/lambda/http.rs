@@ -43,9 +43,10 @@ pub async fn run_http(operation: Option<Operation>) -> Result<(), super::Error> 
     let api = aws.services.api();
     let api = &api;
     lambda_http::run(service_fn(move |request: lambda_http::Request| async move {
+        let deadline = request.lambda_context_ref().map(|context| context.deadline());
         let response = api.handle_as(operation, into_api_request(request)).await;
         // Spans go out before the function may be frozen.
-        crate::telemetry::flush().await;
+        crate::telemetry::flush(deadline).await;
         Ok::<_, Infallible>(from_api_response(response))
     }))
     .await

@@ -14,9 +14,10 @@ pub async fn run_sweeper() -> Result<(), super::Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| async move {
         // Stop in time to answer; the next invocation goes on from there.
         let left = event.context.deadline().duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        let invocation_ends = event.context.deadline();
         let deadline = std::time::Instant::now() + left.saturating_sub(SWEEP_DEADLINE_MARGIN);
         let report = sweeper.sweep_until(Some(deadline)).await;
-        crate::telemetry::flush().await;
+        crate::telemetry::flush(Some(invocation_ends)).await;
         let report = report?;
         tracing::info!(?report, "sweep done");
         Ok::<_, super::Error>(serde_json::json!({

@@ -84,6 +84,9 @@ const EARLY_ENOUGH: Duration = Duration::from_secs(1);
 /// has moved on (a worker took it, so it was queued).
 pub const CREATE_SETTLED_AFTER: Duration = Duration::from_secs(15);
 
+/// How often a held `run.created` looks again whether its run moved on.
+const HOLD_STEP: Duration = Duration::from_secs(2);
+
 /// When the create that recorded `event` is surely answered, for a
 /// `run.created`.
 fn create_settles_at(event: &StoredEvent) -> Option<Timestamp> {
@@ -158,10 +161,12 @@ pub async fn handle_deliveries(
             match store.event(message.run_id, 2).await {
                 Ok(Some(_)) => {}
                 Ok(None) => {
-                    // Held until then, as a message of its own; read again
-                    // then, it is gone if the create was undone.
-                    let held = DeliveryMessage { not_before: Some(settles), ..message };
-                    return match queue.send_later(&held, settles.since(now)).await {
+                    // Held, as a message of its own that comes back in a
+                    // moment to look again; by `settles` the event is gone
+                    // if the create was undone.
+                    let again = now.plus(HOLD_STEP).min(settles);
+                    let held = DeliveryMessage { not_before: Some(again), ..message };
+                    return match queue.send_later(&held, again.since(now)).await {
                         Ok(()) => Ok(()),
                         Err(error) => {
                             tracing::warn!(error = %error_chain(&error), "cannot hold a run.created delivery; trying later");

@@ -64,14 +64,15 @@ pub async fn run_worker() -> Result<(), super::Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         // Hand runs back before the invocation's deadline rather than be cut off.
         let (stop_sender, stop) = watch::channel(false);
-        let left = event.context.deadline().duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        let deadline = event.context.deadline();
+        let left = deadline.duration_since(std::time::SystemTime::now()).unwrap_or_default();
         let timer = tokio::spawn(async move {
             tokio::time::sleep(left.saturating_sub(margin).max(Duration::from_millis(100))).await;
             let _ = stop_sender.send(true);
         });
         let response = handle_batch(worker, queue, event.payload, &stop).await;
         timer.abort();
-        crate::telemetry::flush().await;
+        crate::telemetry::flush(Some(deadline)).await;
         Ok::<_, super::Error>(response)
     }))
     .await

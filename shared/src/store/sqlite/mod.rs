@@ -18,6 +18,9 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tokio::sync::watch;
 
 mod webhooks;
+mod writer;
+
+use writer::{Committed, Writer};
 
 use super::record::StoredRun;
 use super::{
@@ -212,7 +215,7 @@ pub struct SqliteStore {
 
 struct Inner {
     path: PathBuf,
-    writer: Mutex<Connection>,
+    writer: Writer,
     readers: Vec<Mutex<Connection>>,
     /// Present when this process owns the database's runs.
     recent: Option<RecentRuns>,
@@ -269,8 +272,8 @@ impl RecentRuns {
         crate::lock(&self.runs).get(&(owner.clone(), run_id)).cloned()
     }
 
-    /// Called with the writer's lock held, after the commit.
-    fn written(&self, run: &Run, encoded_len: usize) {
+    /// Called on the writer's thread, after the commit, in commit order.
+    fn written(&self, run: Run, encoded_len: usize) {
         let mut runs = crate::lock(&self.runs);
         let key = (run.owner.clone(), run.id);
         if encoded_len > RECENT_RUN_MAX_BYTES {
@@ -288,7 +291,7 @@ impl RecentRuns {
                 false
             });
         }
-        runs.insert(key, Arc::new(CachedRun { run: run.clone(), view: std::sync::OnceLock::new() }));
+        runs.insert(key, Arc::new(CachedRun { run, view: std::sync::OnceLock::new() }));
     }
 
     fn removed(&self, owner: &Owner, run_id: RunId) {
@@ -378,7 +381,7 @@ impl SqliteStore {
             .map_err(unavailable)?;
         let inner = Inner {
             path: path.to_path_buf(),
-            writer: Mutex::new(writer),
+            writer: Writer::start(writer).map_err(io_error)?,
             readers,
             recent: serving.then(RecentRuns::default),
             _owner_lock: owner_lock,
@@ -396,7 +399,7 @@ impl SqliteStore {
     }
 
     /// Tells the cache of recent runs, if any, about a committed write.
-    fn remember(&self, run: &Run, encoded_len: usize) {
+    fn remember(&self, run: Run, encoded_len: usize) {
         if let Some(recent) = &self.inner.recent {
             recent.written(run, encoded_len);
         }
@@ -418,18 +421,14 @@ impl SqliteStore {
         &self.inner.path
     }
 
+    /// Runs `work` in a write transaction (with the writes waiting beside
+    /// it: [`writer`]) and answers once it is committed.
     async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection, &mut Committed) -> Result<T, StoreError> + Send + 'static,
     {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut connection = crate::lock(&inner.writer);
-            work(&mut connection)
-        })
-        .await
-        .map_err(|error| StoreError::Defect(format!("store task failed: {error}")))?
+        self.inner.writer.write(work).await
     }
 
     async fn read<T, F>(&self, work: F) -> Result<T, StoreError>
@@ -610,10 +609,8 @@ impl RunStore for SqliteStore {
         let idempotency = idempotency.cloned();
         let store = self.clone();
         let outcome = self
-            .write(move |connection| {
+            .write(move |transaction, committed| {
                 let run = written;
-                let transaction =
-                    connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
                 let owner = run.owner.as_str();
                 if let Some(claim) = &idempotency {
                     let existing = transaction
@@ -674,12 +671,13 @@ impl RunStore for SqliteStore {
                         })
                         .map_err(unavailable)?;
                 }
-                transaction.commit().map_err(unavailable)?;
-                store.remember(&run, encoded_len);
-                store.events_committed(run.id, run.event_seq);
-                if queued {
-                    store.signal_deliveries_queued();
-                }
+                committed.then(move || {
+                    store.events_committed(run.id, run.event_seq);
+                    if queued {
+                        store.signal_deliveries_queued();
+                    }
+                    store.remember(run, encoded_len);
+                });
                 Ok(InsertOutcome::Inserted)
             })
             .await?;
@@ -694,8 +692,7 @@ impl RunStore for SqliteStore {
         let (owner, run_id) = (run.owner.clone(), run.id);
         let key_hash = idempotency_key_hash.map(str::to_owned);
         let store = self.clone();
-        self.write(move |connection| {
-            let transaction = connection.transaction().map_err(unavailable)?;
+        self.write(move |transaction, committed| {
             let id = run_id.to_string();
             let removed = transaction
                 .execute(
@@ -716,8 +713,7 @@ impl RunStore for SqliteStore {
                     )
                     .map_err(unavailable)?;
             }
-            transaction.commit().map_err(unavailable)?;
-            store.forget(&owner, run_id);
+            committed.then(move || store.forget(&owner, run_id));
             Ok(true)
         })
         .await
@@ -769,23 +765,24 @@ impl RunStore for SqliteStore {
         }
         let store = self.clone();
         let written = self
-            .write(move |connection| {
-                let transaction = connection.transaction().map_err(unavailable)?;
+            .write(move |transaction, committed| {
                 let mut queued = false;
                 for write in &writes {
-                    queued |= write.apply(&transaction)?;
+                    queued |= write.apply(transaction)?;
                 }
-                transaction.commit().map_err(unavailable)?;
-                if queued {
-                    store.signal_deliveries_queued();
-                }
-                for write in &writes {
-                    store.remember(&write.next, write.body.len());
-                    if !write.events.is_empty() {
-                        store.events_committed(write.next.id, write.next.event_seq);
+                let nexts: Vec<Run> = writes.iter().map(|write| write.next.clone()).collect();
+                committed.then(move || {
+                    if queued {
+                        store.signal_deliveries_queued();
                     }
-                }
-                Ok(writes.into_iter().map(|write| write.next).collect::<Vec<_>>())
+                    for write in writes {
+                        if !write.events.is_empty() {
+                            store.events_committed(write.next.id, write.next.event_seq);
+                        }
+                        store.remember(write.next, write.body.len());
+                    }
+                });
+                Ok(nexts)
             })
             .await
             .map_err(failed)?;
@@ -1024,7 +1021,7 @@ const KEY_COLUMNS: &str = "id, hash, owner, name, created_at, revoked_at, scopes
 impl KeyStore for SqliteStore {
     async fn put_key(&self, key: &StoredKey) -> Result<(), StoreError> {
         let key = key.clone();
-        self.write(move |connection| {
+        self.write(move |connection, _| {
             connection
                 .execute(
                     &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
@@ -1071,7 +1068,7 @@ impl KeyStore for SqliteStore {
     }
 
     async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError> {
-        self.write(move |connection| {
+        self.write(move |connection, _| {
             let found: Option<Option<i64>> = connection
                 .query_row("SELECT revoked_at FROM api_keys WHERE id = ?1", params![id.to_string()], |row| row.get(0))
                 .optional()
@@ -1103,7 +1100,7 @@ impl AgentStore for SqliteStore {
     async fn put_agent(&self, agent: &AgentDefinition, at: Timestamp) -> Result<(), StoreError> {
         let name = agent.name.clone();
         let definition = serde_json::to_string(agent).map_err(|error| StoreError::Defect(error.to_string()))?;
-        self.write(move |connection| {
+        self.write(move |connection, _| {
             connection
                 .execute(
                     "INSERT INTO agents (name, definition, updated_at) VALUES (?1, ?2, ?3) \
@@ -1144,7 +1141,7 @@ impl AgentStore for SqliteStore {
 
     async fn delete_agent(&self, name: &str) -> Result<bool, StoreError> {
         let name = name.to_owned();
-        self.write(move |connection| {
+        self.write(move |connection, _| {
             let deleted =
                 connection.execute("DELETE FROM agents WHERE name = ?1", params![name]).map_err(unavailable)?;
             Ok(deleted > 0)

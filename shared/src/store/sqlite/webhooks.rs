@@ -167,8 +167,7 @@ impl WebhookStore for SqliteStore {
         let events =
             serde_json::to_string(&endpoint.events.names()).map_err(|error| StoreError::Defect(error.to_string()))?;
         let previous = previous_secrets_json(&endpoint.previous_secrets)?;
-        self.write(move |connection| {
-            let transaction = connection.transaction().map_err(unavailable)?;
+        self.write(move |transaction, _| {
             let count: i64 = transaction
                 .query_row("SELECT COUNT(*) FROM webhooks WHERE owner = ?1", params![endpoint.owner.as_str()], |row| {
                     row.get(0)
@@ -196,7 +195,6 @@ impl WebhookStore for SqliteStore {
                     ],
                 )
                 .map_err(unavailable)?;
-            transaction.commit().map_err(unavailable)?;
             Ok(true)
         })
         .await
@@ -238,8 +236,7 @@ impl WebhookStore for SqliteStore {
 
     async fn delete_webhook(&self, owner: &Owner, id: WebhookId) -> Result<bool, StoreError> {
         let owner = owner.to_string();
-        self.write(move |connection| {
-            let transaction = connection.transaction().map_err(unavailable)?;
+        self.write(move |transaction, _| {
             let id = id.to_string();
             let deleted = transaction
                 .execute("DELETE FROM webhooks WHERE id = ?1 AND owner = ?2", params![id, owner])
@@ -251,7 +248,6 @@ impl WebhookStore for SqliteStore {
                         .map_err(unavailable)?;
                 }
             }
-            transaction.commit().map_err(unavailable)?;
             Ok(deleted > 0)
         })
         .await
@@ -265,7 +261,7 @@ impl WebhookStore for SqliteStore {
         let previous = previous_secrets_json(&endpoint.previous_secrets)?;
         let (id, owner, secret, replaced) =
             (endpoint.id.to_string(), endpoint.owner.to_string(), endpoint.secret.expose(), replaced.expose());
-        self.write(move |connection| {
+        self.write(move |connection, _| {
             let changed = connection
                 .execute(
                     "UPDATE webhooks SET secret = ?1, previous_secrets = ?2
@@ -342,12 +338,7 @@ impl WebhookStore for SqliteStore {
         health: EndpointHealth,
     ) -> Result<(), StoreError> {
         let attempt = attempt.clone();
-        self.write(move |connection| {
-            let transaction = connection.transaction().map_err(unavailable)?;
-            record(&transaction, &attempt, health)?;
-            transaction.commit().map_err(unavailable)
-        })
-        .await
+        self.write(move |transaction, _| record(transaction, &attempt, health)).await
     }
 }
 
@@ -454,8 +445,7 @@ impl Outbox for SqliteStore {
         retry_at: Option<Timestamp>,
     ) -> Result<(), StoreError> {
         let (id, attempts, attempt) = (delivery.id, delivery.attempts, attempt.clone());
-        self.write(move |connection| {
-            let transaction = connection.transaction().map_err(unavailable)?;
+        self.write(move |transaction, _| {
             // The endpoint may have been deleted while the attempt was made.
             if find_endpoint(&transaction, &attempt.webhook_id.to_string())?.is_some() {
                 record(&transaction, &attempt, health)?;
@@ -476,7 +466,7 @@ impl Outbox for SqliteStore {
                 ),
             }
             .map_err(unavailable)?;
-            transaction.commit().map_err(unavailable)
+            Ok(())
         })
         .await
     }

@@ -1,0 +1,238 @@
+//! Group commit: one thread owns the write connection and commits every
+//! write waiting for it in one transaction, then answers them all.
+//!
+//! SQLite has one writer at a time; with one transaction per write, each
+//! write paid a commit (the WAL append of every page it touched, and with
+//! `synchronous=FULL` an fsync) and a hand-off to a blocking thread. Writes
+//! that arrive while a group is being written form the next group, so a
+//! lone write waits for nothing, and under load the pages that every
+//! create touches (the newest leaf of each index, the owner's count) are
+//! appended to the WAL once per group. Each write runs in a savepoint of
+//! its own: one whose condition fails is rolled back alone. A write is
+//! answered only after its group committed, so an answer still means it
+//! is durable.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc;
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::store::StoreError;
+
+/// The most writes committed together.
+const MAX_GROUP: usize = 256;
+
+/// What a write does once its group committed, in commit order (cache
+/// updates, wake-ups): never for a write that was not committed.
+#[derive(Default)]
+pub(super) struct Committed(Vec<Box<dyn FnOnce() + Send>>);
+
+impl Committed {
+    pub(super) fn then(&mut self, effect: impl FnOnce() + Send + 'static) {
+        self.0.push(Box::new(effect));
+    }
+}
+
+trait Job: Send {
+    /// Runs the write in the group's transaction: `true` when it succeeded
+    /// and its changes are to be kept.
+    fn run(&mut self, connection: &Connection) -> bool;
+    /// Answers the caller with the write's outcome, once the group's
+    /// commit is known.
+    fn answer(self: Box<Self>, commit: Result<(), &rusqlite::Error>);
+}
+
+struct Write<T, F> {
+    work: Option<F>,
+    outcome: Option<Result<T, StoreError>>,
+    committed: Committed,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Job for Write<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection, &mut Committed) -> Result<T, StoreError> + Send,
+{
+    fn run(&mut self, connection: &Connection) -> bool {
+        let Some(work) = self.work.take() else {
+            return false;
+        };
+        let committed = &mut self.committed;
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| work(connection, committed)))
+            .unwrap_or_else(|_| Err(StoreError::Defect("a store write panicked".into())));
+        let succeeded = outcome.is_ok();
+        self.outcome = Some(outcome);
+        succeeded
+    }
+
+    fn answer(self: Box<Self>, commit: Result<(), &rusqlite::Error>) {
+        let outcome = match (self.outcome, commit) {
+            (Some(Ok(value)), Ok(())) => {
+                for effect in self.committed.0 {
+                    effect();
+                }
+                Ok(value)
+            }
+            (Some(Ok(_)), Err(error)) => Err(StoreError::Unavailable(Box::new(std::io::Error::other(format!(
+                "the write's transaction was not committed: {error}"
+            ))))),
+            (Some(Err(error)), _) => Err(error),
+            (None, _) => Err(StoreError::Defect("a store write was not run".into())),
+        };
+        // The caller may have gone (its request was dropped): the write
+        // stands all the same, as it would have after an answer.
+        let _ = self.reply.send(outcome);
+    }
+}
+
+/// The sending end; the thread ends when the last one is dropped.
+pub(super) struct Writer {
+    jobs: mpsc::Sender<Box<dyn Job>>,
+}
+
+fn stopped() -> StoreError {
+    StoreError::Defect("the store's writer stopped".into())
+}
+
+impl Writer {
+    pub(super) fn start(connection: Connection) -> std::io::Result<Writer> {
+        let (jobs, queue) = mpsc::channel();
+        std::thread::Builder::new().name("sqlite-writer".into()).spawn(move || write_groups(connection, queue))?;
+        Ok(Writer { jobs })
+    }
+
+    /// Runs `work` in a transaction (shared with the writes waiting beside
+    /// it) and answers once it is committed; `work` leaves in `Committed`
+    /// what to do then.
+    pub(super) async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, &mut Committed) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Write { work: Some(work), outcome: None, committed: Committed::default(), reply };
+        self.jobs.send(Box::new(job)).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
+    while let Ok(first) = queue.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match queue.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        if let Err(error) = connection.execute_batch("BEGIN IMMEDIATE") {
+            for job in group {
+                job.answer(Err(&error));
+            }
+            continue;
+        }
+        for job in &mut group {
+            let kept = match connection.execute_batch("SAVEPOINT write") {
+                Ok(()) => job.run(&connection),
+                Err(_) => false,
+            };
+            let end = if kept { "RELEASE write" } else { "ROLLBACK TO write; RELEASE write" };
+            if let Err(error) = connection.execute_batch(end) {
+                tracing::error!(error = %crate::error_chain(&error), "a write's savepoint could not be ended");
+            }
+        }
+        let commit = connection.execute_batch("COMMIT");
+        if commit.is_err() {
+            let _ = connection.execute_batch("ROLLBACK");
+        }
+        for job in group {
+            job.answer(commit.as_ref().map(|_| ()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::unavailable;
+    use super::*;
+
+    fn writer() -> (tempfile::TempDir, Writer, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let connection = Connection::open(&path).unwrap();
+        connection.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)").unwrap();
+        let reader = Connection::open(&path).unwrap();
+        (dir, Writer::start(connection).unwrap(), reader)
+    }
+
+    fn insert(k: String) -> impl FnOnce(&Connection, &mut Committed) -> Result<(), StoreError> + Send {
+        move |connection, _| {
+            connection.execute("INSERT INTO t (k, v) VALUES (?1, 1)", [k]).map_err(unavailable)?;
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_write_is_rolled_back_alone_and_the_others_of_its_group_commit() {
+        let (_dir, writer, reader) = writer();
+        let writer = std::sync::Arc::new(writer);
+        let mut writes = Vec::new();
+        for i in 0..200 {
+            let writer = writer.clone();
+            writes.push(tokio::spawn(async move {
+                if i % 10 == 3 {
+                    // Writes a row, then fails: the row must not stay.
+                    writer
+                        .write(move |connection, _| {
+                            connection
+                                .execute("INSERT INTO t (k, v) VALUES (?1, 2)", [format!("bad{i}")])
+                                .map_err(unavailable)?;
+                            Err::<(), _>(StoreError::Conflict)
+                        })
+                        .await
+                } else {
+                    writer.write(insert(format!("good{i}"))).await
+                }
+            }));
+        }
+        let (mut failed, mut succeeded) = (0, 0);
+        for write in writes {
+            match write.await.unwrap() {
+                Ok(()) => succeeded += 1,
+                Err(StoreError::Conflict) => failed += 1,
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert_eq!((succeeded, failed), (180, 20));
+        let rows: i64 = reader.query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0)).unwrap();
+        let bad: i64 = reader.query_row("SELECT COUNT(*) FROM t WHERE k LIKE 'bad%'", [], |row| row.get(0)).unwrap();
+        assert_eq!((rows, bad), (180, 0), "every answered write is committed, no failed one is");
+    }
+
+    #[tokio::test]
+    async fn effects_run_after_the_commit_and_a_panicking_write_is_an_error() {
+        let (_dir, writer, reader) = writer();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let effect_saw = seen.clone();
+        let reader = std::sync::Arc::new(std::sync::Mutex::new(reader));
+        let reading = reader.clone();
+        writer
+            .write(move |connection, committed| {
+                connection.execute("INSERT INTO t (k, v) VALUES ('a', 1)", []).map_err(unavailable)?;
+                committed.then(move || {
+                    let count: i64 =
+                        reading.lock().unwrap().query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0)).unwrap();
+                    *effect_saw.lock().unwrap() = Some(count);
+                });
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(*seen.lock().unwrap(), Some(1), "the effect saw the write committed");
+        let panicked = writer.write(|_, _| -> Result<(), StoreError> { panic!("boom") }).await;
+        assert!(matches!(panicked, Err(StoreError::Defect(_))));
+        writer.write(insert("b".into())).await.expect("the writer goes on after a panicking write");
+    }
+}
