@@ -231,9 +231,10 @@ struct Inner {
 const EVENT_SIGNALS_KEPT: usize = 1024;
 
 /// Runs as this process last wrote them, so a get or a worker's read needs
-/// neither SQLite nor a JSON decode. Only writes fill it, each under the
-/// writer's lock right after its commit, so it is never older than the
-/// database: sound only while no other process writes runs, which
+/// neither SQLite nor a JSON decode. Only writes fill it, each on the
+/// writer's thread right after its commit (in commit order) and before it
+/// is answered, so it never misses an answered write: sound only while no
+/// other process writes runs, which
 /// [`SqliteStore::open_for_serving`] ensures with a lock file (the admin
 /// commands write keys and agents, never runs).
 #[derive(Default)]
@@ -671,12 +672,14 @@ impl RunStore for SqliteStore {
                         })
                         .map_err(unavailable)?;
                 }
+                // The cache first: whoever a signal wakes reads the run as committed.
                 committed.then(move || {
-                    store.events_committed(run.id, run.event_seq);
+                    let (id, last_seq) = (run.id, run.event_seq);
+                    store.remember(run, encoded_len);
+                    store.events_committed(id, last_seq);
                     if queued {
                         store.signal_deliveries_queued();
                     }
-                    store.remember(run, encoded_len);
                 });
                 Ok(InsertOutcome::Inserted)
             })
@@ -771,15 +774,20 @@ impl RunStore for SqliteStore {
                     queued |= write.apply(transaction)?;
                 }
                 let nexts: Vec<Run> = writes.iter().map(|write| write.next.clone()).collect();
+                // The cache first: whoever a signal wakes reads the runs as committed.
                 committed.then(move || {
-                    if queued {
-                        store.signal_deliveries_queued();
-                    }
+                    let mut signals = Vec::new();
                     for write in writes {
                         if !write.events.is_empty() {
-                            store.events_committed(write.next.id, write.next.event_seq);
+                            signals.push((write.next.id, write.next.event_seq));
                         }
                         store.remember(write.next, write.body.len());
+                    }
+                    for (id, last_seq) in signals {
+                        store.events_committed(id, last_seq);
+                    }
+                    if queued {
+                        store.signal_deliveries_queued();
                     }
                 });
                 Ok(nexts)

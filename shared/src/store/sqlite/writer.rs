@@ -40,7 +40,7 @@ trait Job: Send {
     fn run(&mut self, connection: &Connection) -> bool;
     /// Answers the caller with the write's outcome, once the group's
     /// commit is known.
-    fn answer(self: Box<Self>, commit: Result<(), &rusqlite::Error>);
+    fn answer(self: Box<Self>, group: Result<(), &rusqlite::Error>);
 }
 
 struct Write<T, F> {
@@ -67,19 +67,25 @@ where
         succeeded
     }
 
-    fn answer(self: Box<Self>, commit: Result<(), &rusqlite::Error>) {
-        let outcome = match (self.outcome, commit) {
+    fn answer(self: Box<Self>, group: Result<(), &rusqlite::Error>) {
+        let outcome = match (self.outcome, group) {
             (Some(Ok(value)), Ok(())) => {
                 for effect in self.committed.0 {
-                    effect();
+                    // The write is committed whatever an effect does: it is
+                    // answered, and the thread goes on.
+                    if std::panic::catch_unwind(AssertUnwindSafe(effect)).is_err() {
+                        tracing::error!("an effect of a committed write panicked");
+                    }
                 }
                 Ok(value)
             }
-            (Some(Ok(_)), Err(error)) => Err(StoreError::Unavailable(Box::new(std::io::Error::other(format!(
+            (Some(Err(error)), Ok(())) => Err(error),
+            // Not committed, whatever the write found: what it found may
+            // have rested on a write of its group that was rolled back too.
+            (_, Err(error)) => Err(StoreError::Unavailable(Box::new(std::io::Error::other(format!(
                 "the write's transaction was not committed: {error}"
             ))))),
-            (Some(Err(error)), _) => Err(error),
-            (None, _) => Err(StoreError::Defect("a store write was not run".into())),
+            (None, Ok(())) => Err(StoreError::Defect("a store write was not run".into())),
         };
         // The caller may have gone (its request was dropped): the write
         // stands all the same, as it would have after an answer.
@@ -127,30 +133,37 @@ fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
                 Err(_) => break,
             }
         }
-        if let Err(error) = connection.execute_batch("BEGIN IMMEDIATE") {
-            for job in group {
-                job.answer(Err(&error));
+        let written = write_group(&connection, &mut group);
+        if let Err(error) = &written {
+            tracing::error!(error = %crate::error_chain(error), writes = group.len(), "a group of writes was not committed");
+            if !connection.is_autocommit() {
+                let _ = connection.execute_batch("ROLLBACK");
             }
-            continue;
-        }
-        for job in &mut group {
-            let kept = match connection.execute_batch("SAVEPOINT write") {
-                Ok(()) => job.run(&connection),
-                Err(_) => false,
-            };
-            let end = if kept { "RELEASE write" } else { "ROLLBACK TO write; RELEASE write" };
-            if let Err(error) = connection.execute_batch(end) {
-                tracing::error!(error = %crate::error_chain(&error), "a write's savepoint could not be ended");
-            }
-        }
-        let commit = connection.execute_batch("COMMIT");
-        if commit.is_err() {
-            let _ = connection.execute_batch("ROLLBACK");
         }
         for job in group {
-            job.answer(commit.as_ref().map(|_| ()));
+            job.answer(written.as_ref().map(|_| ()));
         }
     }
+}
+
+/// Runs the group's writes in one transaction and commits it. Any failure
+/// of the transaction itself fails the whole group: some errors (a full
+/// disk, an I/O error) make SQLite roll the transaction back at once, and
+/// the writes after would otherwise each commit on their own.
+fn write_group(connection: &Connection, group: &mut [Box<dyn Job>]) -> Result<(), rusqlite::Error> {
+    connection.execute_batch("BEGIN IMMEDIATE")?;
+    for job in group {
+        connection.execute_batch("SAVEPOINT write")?;
+        let end = if job.run(connection) { "RELEASE write" } else { "ROLLBACK TO write; RELEASE write" };
+        connection.execute_batch(end)?;
+        if connection.is_autocommit() {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                Some("the transaction was rolled back".into()),
+            ));
+        }
+    }
+    connection.execute_batch("COMMIT")
 }
 
 #[cfg(test)]
@@ -234,5 +247,36 @@ mod tests {
         let panicked = writer.write(|_, _| -> Result<(), StoreError> { panic!("boom") }).await;
         assert!(matches!(panicked, Err(StoreError::Defect(_))));
         writer.write(insert("b".into())).await.expect("the writer goes on after a panicking write");
+        let effect_panics = writer
+            .write(|connection, committed| {
+                connection.execute("INSERT INTO t (k, v) VALUES ('c', 1)", []).map_err(unavailable)?;
+                committed.then(|| panic!("effect"));
+                Ok(())
+            })
+            .await;
+        assert!(effect_panics.is_ok(), "committed, so answered Ok");
+        writer.write(insert("d".into())).await.expect("the writer goes on after a panicking effect");
+    }
+
+    #[tokio::test]
+    async fn a_group_whose_transaction_is_gone_answers_every_write_not_committed() {
+        let (_dir, writer, reader) = writer();
+        // A write that ends the group's transaction under the others (as
+        // SQLite does itself on a full disk): nothing after it may commit
+        // on its own, and nobody is told Ok.
+        let writer = std::sync::Arc::new(writer);
+        let (first, second) = tokio::join!(
+            writer.write(|connection, _| {
+                connection.execute("INSERT INTO t (k, v) VALUES ('x', 1)", []).map_err(unavailable)?;
+                connection.execute_batch("ROLLBACK").map_err(unavailable)?;
+                Ok(())
+            }),
+            writer.write(insert("y".into())),
+        );
+        assert!(matches!(first, Err(StoreError::Unavailable(_))), "{first:?}");
+        // The second write may have been in the same group or the next one.
+        let rows: i64 = reader.query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0)).unwrap();
+        assert_eq!(rows, i64::from(second.is_ok()), "only a write answered Ok is stored");
+        writer.write(insert("z".into())).await.expect("the next group starts afresh");
     }
 }
