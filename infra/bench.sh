@@ -4,6 +4,8 @@
 #   1. create, get, list(limit 20) and the approvals inbox under load (wrk) against
 #      `agent-runs serve` (release build), and the same load against a
 #      minimal hyper server answering a fixed JSON body: the ceiling.
+#   1b. optional: the same get, list and create against the LangGraph dev
+#      server (the nearest peer), when LANGGRAPH_VENV names a venv with it.
 #   2. echo create -> succeeded latency seen by a client polling get.
 #   2b. 1,000 Server-Sent Events streams open on runs while runs are created:
 #      the server's memory and CPU, create throughput with and without them,
@@ -107,6 +109,43 @@ done
 # Let the workers finish the created runs (the backlog of the create run):
 # how long that takes is the workers' throughput.
 drain "$serve" "$auth" create
+
+echo "== 1b. the nearest peer: the LangGraph dev server (optional; LANGGRAPH_VENV names a venv with it)"
+# Set up once: python3 -m venv .venv-langgraph && .venv-langgraph/bin/pip install \
+#   "langgraph-cli[inmem]==0.4.40" "langgraph-api==0.16.7"
+# then LANGGRAPH_VENV=.venv-langgraph bash infra/bench.sh. Its in-memory runtime, an echo graph,
+# the same wrk settings; runs are created on one thread, as our runs belong to one owner.
+if [ -x "${LANGGRAPH_VENV:-/nonexistent}/bin/langgraph" ]; then
+  langgraph=$(cd "$LANGGRAPH_VENV" && pwd)/bin/langgraph
+  mkdir -p "$work/peer"
+  cp infra/bench/langgraph/echo_graph.py infra/bench/langgraph/langgraph.json "$work/peer/"
+  peer_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  (cd "$work/peer" && LANGGRAPH_CLI_NO_ANALYTICS=1 exec "$langgraph" dev --host 127.0.0.1 --port "$peer_port" \
+     --no-browser --no-reload > "$work/peer.log" 2>&1) & pids+=($!)
+  for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$peer_port/ok" > /dev/null && break; sleep 0.2; done
+  peer="http://127.0.0.1:$peer_port"
+  thread=$(curl -s -X POST "$peer/threads" -H 'Content-Type: application/json' -d '{}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["thread_id"])')
+  for i in $(seq 1 100); do
+    curl -s -X POST "$peer/threads/$thread/runs" -H 'Content-Type: application/json' \
+      -d "{\"assistant_id\": \"echo\", \"input\": {\"text\": \"run $i\"}}" > "$work/peer-last.json"
+  done
+  peer_run=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_id"])' "$work/peer-last.json")
+  cat > "$work/peer-create.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"assistant_id": "echo", "input": {"text": "bench"}}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+  wrk_run peer-get "$peer/threads/$thread/runs/$peer_run"
+  wrk_run peer-list "$peer/threads/$thread/runs?limit=20"
+  wrk_run peer-create "$peer/threads/$thread/runs" -s "$work/peer-create.lua"
+  for op in get list create; do
+    awk -v op="$op" -v ours="$(cat "$work/$op.rps")" -v peer="$(cat "$work/peer-$op.rps")" \
+      'BEGIN { printf "%-8s ours %.0f req/s, the peer %.0f req/s: %.1f times\n", op, ours, peer, ours / peer }'
+  done
+  kill "${pids[-1]}" 2>/dev/null || true
+else
+  echo "skipped: LANGGRAPH_VENV does not name a venv with langgraph (see infra/bench.sh)"
+fi
 
 echo "== 2. echo create -> succeeded, one client polling get"
 "$bin/echo-latency" "$serve" "$key" 500
