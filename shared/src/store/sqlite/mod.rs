@@ -642,8 +642,8 @@ impl RunStore for SqliteStore {
                 if active >= i64::from(max_active) {
                     return Ok(InsertOutcome::TooManyActiveRuns);
                 }
-                let encoded_len = insert_run_row(&transaction, &run)?;
-                let queued = insert_events(&transaction, &run.owner, &events)?;
+                let encoded_len = insert_run_row(transaction, &run)?;
+                let queued = insert_events(transaction, &run.owner, &events)?;
                 if let Some(claim) = &idempotency {
                     transaction
                         .prepare_cached(

@@ -447,8 +447,8 @@ impl Outbox for SqliteStore {
         let (id, attempts, attempt) = (delivery.id, delivery.attempts, attempt.clone());
         self.write(move |transaction, _| {
             // The endpoint may have been deleted while the attempt was made.
-            if find_endpoint(&transaction, &attempt.webhook_id.to_string())?.is_some() {
-                record(&transaction, &attempt, health)?;
+            if find_endpoint(transaction, &attempt.webhook_id.to_string())?.is_some() {
+                record(transaction, &attempt, health)?;
             }
             // Only the row as it was read (ids are never reused, and its
             // attempts have not moved on): a row removed meanwhile (its

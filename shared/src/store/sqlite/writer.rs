@@ -38,9 +38,12 @@ trait Job: Send {
     /// Runs the write in the group's transaction: `true` when it succeeded
     /// and its changes are to be kept.
     fn run(&mut self, connection: &Connection) -> bool;
-    /// Answers the caller with the write's outcome, once the group's
-    /// commit is known.
-    fn answer(self: Box<Self>, group: Result<(), &rusqlite::Error>);
+    /// Settles the write's outcome once the group's commit is known: a
+    /// committed write's effects run here.
+    fn settle(&mut self, group: Result<(), &rusqlite::Error>);
+    /// Answers the caller, after every write of the group is settled (so
+    /// no caller can read a later write of its group before its effects).
+    fn answer(self: Box<Self>);
 }
 
 struct Write<T, F> {
@@ -67,10 +70,10 @@ where
         succeeded
     }
 
-    fn answer(self: Box<Self>, group: Result<(), &rusqlite::Error>) {
-        let outcome = match (self.outcome, group) {
+    fn settle(&mut self, group: Result<(), &rusqlite::Error>) {
+        let outcome = match (self.outcome.take(), group) {
             (Some(Ok(value)), Ok(())) => {
-                for effect in self.committed.0 {
+                for effect in std::mem::take(&mut self.committed.0) {
                     // The write is committed whatever an effect does: it is
                     // answered, and the thread goes on.
                     if std::panic::catch_unwind(AssertUnwindSafe(effect)).is_err() {
@@ -87,6 +90,11 @@ where
             ))))),
             (None, Ok(())) => Err(StoreError::Defect("a store write was not run".into())),
         };
+        self.outcome = Some(outcome);
+    }
+
+    fn answer(self: Box<Self>) {
+        let outcome = self.outcome.unwrap_or_else(|| Err(StoreError::Defect("a store write was not settled".into())));
         // The caller may have gone (its request was dropped): the write
         // stands all the same, as it would have after an answer.
         let _ = self.reply.send(outcome);
@@ -140,8 +148,11 @@ fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
                 let _ = connection.execute_batch("ROLLBACK");
             }
         }
+        for job in &mut group {
+            job.settle(written.as_ref().map(|_| ()));
+        }
         for job in group {
-            job.answer(written.as_ref().map(|_| ()));
+            job.answer();
         }
     }
 }
@@ -154,14 +165,16 @@ fn write_group(connection: &Connection, group: &mut [Box<dyn Job>]) -> Result<()
     connection.execute_batch("BEGIN IMMEDIATE")?;
     for job in group {
         connection.execute_batch("SAVEPOINT write")?;
-        let end = if job.run(connection) { "RELEASE write" } else { "ROLLBACK TO write; RELEASE write" };
-        connection.execute_batch(end)?;
+        let kept = job.run(connection);
+        // Writes never end the transaction themselves; SQLite does, on some
+        // errors, and takes the savepoint with it.
         if connection.is_autocommit() {
             return Err(rusqlite::Error::SqliteFailure(
                 rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
-                Some("the transaction was rolled back".into()),
+                Some("the group's transaction ended under a write".into()),
             ));
         }
+        connection.execute_batch(if kept { "RELEASE write" } else { "ROLLBACK TO write; RELEASE write" })?;
     }
     connection.execute_batch("COMMIT")
 }
@@ -258,25 +271,46 @@ mod tests {
         writer.write(insert("d".into())).await.expect("the writer goes on after a panicking effect");
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_group_whose_transaction_is_gone_answers_every_write_not_committed() {
         let (_dir, writer, reader) = writer();
-        // A write that ends the group's transaction under the others (as
-        // SQLite does itself on a full disk): nothing after it may commit
-        // on its own, and nobody is told Ok.
         let writer = std::sync::Arc::new(writer);
-        let (first, second) = tokio::join!(
-            writer.write(|connection, _| {
-                connection.execute("INSERT INTO t (k, v) VALUES ('x', 1)", []).map_err(unavailable)?;
-                connection.execute_batch("ROLLBACK").map_err(unavailable)?;
-                Ok(())
-            }),
-            writer.write(insert("y".into())),
-        );
-        assert!(matches!(first, Err(StoreError::Unavailable(_))), "{first:?}");
-        // The second write may have been in the same group or the next one.
+        // A first write holds the thread until the next two are queued, so
+        // that those two make one group.
+        let (release, held) = mpsc::channel::<()>();
+        let holding = tokio::spawn({
+            let writer = writer.clone();
+            async move { writer.write(move |_, _| Ok(held.recv().ok())).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // A write that ends the group's transaction under the others (as
+        // SQLite does itself on a full disk): the write after it must not
+        // commit on its own, and nobody is told Ok.
+        let ending = tokio::spawn({
+            let writer = writer.clone();
+            async move {
+                writer
+                    .write(|connection, _| {
+                        connection.execute("INSERT INTO t (k, v) VALUES ('x', 1)", []).map_err(unavailable)?;
+                        connection.execute_batch("ROLLBACK").map_err(unavailable)?;
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let after = tokio::spawn({
+            let writer = writer.clone();
+            async move { writer.write(insert("y".into())).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        release.send(()).unwrap();
+        assert!(holding.await.unwrap().is_ok());
+        let (ending, after) = (ending.await.unwrap(), after.await.unwrap());
+        assert!(matches!(ending, Err(StoreError::Unavailable(_))), "{ending:?}");
+        assert!(matches!(after, Err(StoreError::Unavailable(_))), "{after:?}");
         let rows: i64 = reader.query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0)).unwrap();
-        assert_eq!(rows, i64::from(second.is_ok()), "only a write answered Ok is stored");
+        assert_eq!(rows, 0, "neither is stored");
         writer.write(insert("z".into())).await.expect("the next group starts afresh");
     }
 }
