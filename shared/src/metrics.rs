@@ -277,7 +277,6 @@ impl MetricsSink for EmfSink {
     }
 }
 
-/// A run store that reports what its successful writes committed.
 /// Reports what `inner`'s writes committed: observations to `sink` (when
 /// metrics are on) and the spans they end (when traces are).
 pub struct MeasuredStore {
