@@ -310,26 +310,25 @@ impl Run {
         run
     }
 
-    /// The run as created by `key` (its `run.created` shows it too).
-    pub fn created_by(mut self, key: KeyId) -> Run {
-        self.created_by = Some(key);
+    /// The new run changed by `change`, and its `run.created` with it.
+    fn as_created(mut self, change: impl Fn(&mut Run)) -> Run {
+        change(&mut self);
         for event in &mut self.pending_events {
             if let EventData::RunCreated(created) = &mut event.data {
-                created.created_by = Some(key);
+                change(created);
             }
         }
         self
     }
 
+    /// The run as created by `key` (its `run.created` shows it too).
+    pub fn created_by(self, key: KeyId) -> Run {
+        self.as_created(|run| run.created_by = Some(key))
+    }
+
     /// The run in the trace `trace` (its `run.created` shows it too).
-    pub fn with_trace(mut self, trace: RunTrace) -> Run {
-        self.trace = Some(trace);
-        for event in &mut self.pending_events {
-            if let EventData::RunCreated(created) = &mut event.data {
-                created.trace = Some(trace);
-            }
-        }
-        self
+    pub fn with_trace(self, trace: RunTrace) -> Run {
+        self.as_created(|run| run.trace = Some(trace))
     }
 
     /// The run's trace, derived from its id for a run stored without one.
@@ -338,14 +337,8 @@ impl Run {
     }
 
     /// The run limited to `budget` (its `run.created` shows it too).
-    pub fn with_budget(mut self, budget: Budget) -> Run {
-        self.budget = budget;
-        for event in &mut self.pending_events {
-            if let EventData::RunCreated(created) = &mut event.data {
-                created.budget = budget;
-            }
-        }
-        self
+    pub fn with_budget(self, budget: Budget) -> Run {
+        self.as_created(|run| run.budget = budget)
     }
 
     /// Adds the event of a change just made, to be written with it.
