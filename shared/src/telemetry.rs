@@ -321,7 +321,7 @@ impl Span {
     }
 
     pub fn started_at(mut self, at: Timestamp) -> Span {
-        self.start = system_time(at);
+        self.start = at.to_system_time();
         self
     }
 
@@ -384,10 +384,6 @@ fn clipped(text: &str) -> String {
     text[..text.floor_char_boundary(MAX_ATTRIBUTE_BYTES)].to_owned()
 }
 
-fn system_time(at: Timestamp) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_millis(at.millis().max(0) as u64)
-}
-
 /// A span and its end, to be sent once the write that ends it committed.
 pub type Ended = (Span, SystemTime);
 
@@ -440,7 +436,7 @@ pub fn ended_by(run: &Run) -> Vec<Ended> {
                 if let Some(error) = &run.error {
                     span.fail("run_failed", error.clone());
                 }
-                spans.push((span, system_time(run.completed_at.unwrap_or(event.at))));
+                spans.push((span, run.completed_at.unwrap_or(event.at).to_system_time()));
             }
             _ => {}
         }
@@ -460,7 +456,7 @@ fn approval_wait(parent: SpanParent, run: &Run, approval: &Approval, at: Timesta
     if let Some(key) = approval.resolved_by {
         span.set("agent_runs.approval.resolved_by", key.to_string());
     }
-    Some((span, system_time(approval.resolved_at.unwrap_or(at))))
+    Some((span, approval.resolved_at.unwrap_or(at).to_system_time()))
 }
 
 #[cfg(test)]

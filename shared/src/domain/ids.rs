@@ -190,7 +190,7 @@ impl Default for IdGenerator {
 
 impl IdGenerator {
     pub fn ulid_at(&self, now: Timestamp) -> Ulid {
-        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(now.millis().max(0) as u64);
+        let at = now.to_system_time();
         let mut generator = crate::lock(&self.generator);
         generator.generate_from_datetime(at).unwrap_or_else(|_| Ulid::from_datetime(at))
     }

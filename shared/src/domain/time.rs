@@ -24,6 +24,11 @@ impl Timestamp {
         Self(self.0.saturating_add(duration.as_millis().min(i64::MAX as u128) as i64))
     }
 
+    /// The same moment as a `SystemTime` (moments before 1970 as 1970).
+    pub fn to_system_time(self) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_millis(self.0.max(0) as u64)
+    }
+
     /// The time from `earlier` to `self`, zero when `earlier` is later.
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0).max(0) as u64)
