@@ -406,6 +406,26 @@ impl SqliteStore {
         }
     }
 
+    /// After a commit of `runs` (each with its encoded size and whether it
+    /// logged events): the cache first, so whoever a signal wakes reads the
+    /// runs as committed, then the waiters on their events and, when the
+    /// commit queued webhook deliveries, the outbox worker.
+    fn runs_committed(&self, runs: impl IntoIterator<Item = (Run, usize, bool)>, deliveries_queued: bool) {
+        let mut logged = Vec::new();
+        for (run, encoded_len, with_events) in runs {
+            if with_events {
+                logged.push((run.id, run.event_seq));
+            }
+            self.remember(run, encoded_len);
+        }
+        for (run_id, last_seq) in logged {
+            self.events_committed(run_id, last_seq);
+        }
+        if deliveries_queued {
+            self.signal_deliveries_queued();
+        }
+    }
+
     /// Wakes whoever waits on the run's events: called after the commit.
     fn events_committed(&self, run_id: RunId, last_seq: u64) {
         let mut signals = crate::lock(&self.inner.event_signals);
@@ -672,15 +692,7 @@ impl RunStore for SqliteStore {
                         })
                         .map_err(unavailable)?;
                 }
-                // The cache first: whoever a signal wakes reads the run as committed.
-                committed.then(move || {
-                    let (id, last_seq) = (run.id, run.event_seq);
-                    store.remember(run, encoded_len);
-                    store.events_committed(id, last_seq);
-                    if queued {
-                        store.signal_deliveries_queued();
-                    }
-                });
+                committed.then(move || store.runs_committed([(run, encoded_len, true)], queued));
                 Ok(InsertOutcome::Inserted)
             })
             .await?;
@@ -774,21 +786,12 @@ impl RunStore for SqliteStore {
                     queued |= write.apply(transaction)?;
                 }
                 let nexts: Vec<Run> = writes.iter().map(|write| write.next.clone()).collect();
-                // The cache first: whoever a signal wakes reads the runs as committed.
                 committed.then(move || {
-                    let mut signals = Vec::new();
-                    for write in writes {
-                        if !write.events.is_empty() {
-                            signals.push((write.next.id, write.next.event_seq));
-                        }
-                        store.remember(write.next, write.body.len());
-                    }
-                    for (id, last_seq) in signals {
-                        store.events_committed(id, last_seq);
-                    }
-                    if queued {
-                        store.signal_deliveries_queued();
-                    }
+                    let written = writes.into_iter().map(|write| {
+                        let with_events = !write.events.is_empty();
+                        (write.next, write.body.len(), with_events)
+                    });
+                    store.runs_committed(written, queued)
                 });
                 Ok(nexts)
             })
