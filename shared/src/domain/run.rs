@@ -311,7 +311,7 @@ impl Run {
     }
 
     /// The new run changed by `change`, and its `run.created` with it.
-    fn as_created(mut self, change: impl Fn(&mut Run)) -> Run {
+    fn set_at_creation(mut self, change: impl Fn(&mut Run)) -> Run {
         change(&mut self);
         for event in &mut self.pending_events {
             if let EventData::RunCreated(created) = &mut event.data {
@@ -323,12 +323,12 @@ impl Run {
 
     /// The run as created by `key` (its `run.created` shows it too).
     pub fn created_by(self, key: KeyId) -> Run {
-        self.as_created(|run| run.created_by = Some(key))
+        self.set_at_creation(|run| run.created_by = Some(key))
     }
 
     /// The run in the trace `trace` (its `run.created` shows it too).
     pub fn with_trace(self, trace: RunTrace) -> Run {
-        self.as_created(|run| run.trace = Some(trace))
+        self.set_at_creation(|run| run.trace = Some(trace))
     }
 
     /// The run's trace, derived from its id for a run stored without one.
@@ -338,7 +338,7 @@ impl Run {
 
     /// The run limited to `budget` (its `run.created` shows it too).
     pub fn with_budget(self, budget: Budget) -> Run {
-        self.as_created(|run| run.budget = budget)
+        self.set_at_creation(|run| run.budget = budget)
     }
 
     /// Adds the event of a change just made, to be written with it.
