@@ -315,6 +315,50 @@ async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<
     assert_eq!(winners, 1);
 }
 
+/// Creates at once (on SQLite they share a group commit): the active-run
+/// limit and an Idempotency-Key hold exactly, as for creates one by one.
+async fn concurrent_inserts_keep_the_limit_and_a_key_exactly(store: Arc<dyn RunStore>) {
+    let mut tasks = Vec::new();
+    for i in 0..20u64 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut run = new_run("crowd", i, 90_000 + u128::from(i));
+            store.insert(&mut run, None, 7).await.unwrap()
+        }));
+    }
+    let mut inserted = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            InsertOutcome::Inserted => inserted += 1,
+            InsertOutcome::TooManyActiveRuns => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(inserted, 7, "exactly the limit");
+    assert_eq!(store.active_runs(&owner("crowd")).await.unwrap(), 7);
+
+    let mut tasks = Vec::new();
+    for i in 0..10u64 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut run = new_run("keyed", i, 91_000 + u128::from(i));
+            let outcome = store.insert(&mut run, Some(&claim("same", "request", T0 + i)), 1_000).await.unwrap();
+            (run.id, outcome)
+        }));
+    }
+    let (mut created, mut replays) = (Vec::new(), Vec::new());
+    for task in tasks {
+        match task.await.unwrap() {
+            (id, InsertOutcome::Inserted) => created.push(id),
+            (_, InsertOutcome::IdempotencyKeyTaken(record)) => replays.push(record.run_id),
+            (_, other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(created.len(), 1, "one run for one key");
+    assert!(replays.len() == 9 && replays.iter().all(|id| *id == created[0]), "{replays:?} {created:?}");
+    assert_eq!(store.active_runs(&owner("keyed")).await.unwrap(), 1);
+}
+
 fn agent(name: &str, model: &str) -> AgentDefinition {
     serde_json::from_value::<AgentDefinition>(serde_json::json!({
         "name": name, "provider": "openai", "model": model, "system_prompt": "Be brief.", "allow_private_network": true,
@@ -567,6 +611,7 @@ async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn
     lists_of_large_runs_are_whole(runs.as_ref()).await;
     due_lists_non_terminal_runs_by_due_time_in_pages(runs.as_ref()).await;
     concurrent_updates_from_one_version_have_exactly_one_winner(runs.clone()).await;
+    concurrent_inserts_keep_the_limit_and_a_key_exactly(runs.clone()).await;
     keys_are_found_by_hash_listed_and_revoked(keys).await;
 }
 
