@@ -975,6 +975,69 @@ async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_messages_for_the_same_attempt_send_twice_under_one_id_and_queue_one_next_attempt() {
+    use agent_runs_shared::lambda::handle_deliveries;
+    use support::receiver::Receiver;
+
+    if support::without_emulator("two_messages_for_the_same_attempt") {
+        return;
+    }
+    let receiver = Arc::new(tokio::task::spawn_blocking(Receiver::start).await.unwrap());
+    let aws = Aws::with(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")]).await;
+    let queue = aws.services.webhook_queue.clone().unwrap();
+    let deliverer = aws.services.services.deliverer();
+    let body = json!({"url": receiver.url("twice"), "events": ["run.created"]});
+    let (status, endpoint) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
+    assert_eq!(status, 201, "{endpoint}");
+    let secret = endpoint["secret"].clone();
+    let configured = receiver.clone();
+    tokio::task::spawn_blocking(move || configured.configure("twice", json!({"secrets": [secret], "status": 503})))
+        .await
+        .unwrap();
+    let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "a"}))).await;
+    let (_, failures) = aws.deliver().await;
+    assert!(failures.is_empty(), "a worker took the run: its run.created is not held");
+    // The same attempt twice (the notifier sent a record again, or a send
+    // whose answer was lost landed), in one batch.
+    let message = json!({"owner": "dev", "webhook_id": endpoint["id"], "run_id": run["id"], "seq": 1, "attempts": 0});
+    let record = |id: &str| {
+        json!({"messageId": id, "receiptHandle": "r", "body": message.to_string(),
+               "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}})
+    };
+    let event: SqsEvent = serde_json::from_value(json!({"Records": [record("m-1"), record("m-2")]})).unwrap();
+    let clock = aws.services.services.clock.as_ref();
+    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
+    assert!(response.batch_item_failures.is_empty());
+    let got = {
+        let receiver = receiver.clone();
+        tokio::task::spawn_blocking(move || receiver.received("twice")).await.unwrap()
+    };
+    assert_eq!(got.len(), 2, "both made their attempt: {got:#?}");
+    assert_eq!(
+        got[0]["headers"]["webhook-id"], got[1]["headers"]["webhook-id"],
+        "under one id, for the receiver to drop"
+    );
+    // One next attempt queued between them (claimed once), due in about 5 s.
+    use aws_sdk_sqs::types::QueueAttributeName::{ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed};
+    let attributes = aws
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&aws.webhook_queue_url)
+        .attribute_names(ApproximateNumberOfMessages)
+        .attribute_names(ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default();
+    let waiting: u32 = [ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed]
+        .iter()
+        .map(|name| attributes[name].parse::<u32>().unwrap())
+        .sum();
+    assert_eq!(waiting, 1, "one series of retries");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_lists_page_through_every_endpoint_and_attempt_on_dynamodb() {
     use agent_runs_shared::domain::{DeliveryAttempt, DeliveryId, EndpointHealth, Timestamp, WebhookId};
     use agent_runs_shared::store::WebhookStore;
