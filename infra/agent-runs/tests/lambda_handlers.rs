@@ -193,19 +193,7 @@ impl Aws {
 
     /// The owner's count of runs not yet terminal, as stored.
     async fn active_runs(&self) -> i64 {
-        let item = self
-            .dynamodb
-            .get_item()
-            .table_name(self.services.store.table())
-            .key("pk", aws_sdk_dynamodb::types::AttributeValue::S("OWNER#dev".into()))
-            .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("ACTIVE".into()))
-            .consistent_read(true)
-            .send()
-            .await
-            .unwrap()
-            .item
-            .unwrap_or_default();
-        item.get("active").map_or(0, |active| active.as_n().unwrap().parse().unwrap())
+        self.services.store.active_runs(&Owner::parse("dev").unwrap()).await.unwrap()
     }
 
     async fn listed_ids(&self) -> Vec<String> {
@@ -335,10 +323,16 @@ async fn each_operation_keeps_its_aws_call_budget() {
     aws.invoke(Operation::Get, "GET", &get, None).await;
     assert_eq!(aws.calls.take(), ["GetItem"]);
 
+    // A list reads each shard of the owner's entries at once (a shard is
+    // read on only while it could hold more of the page), then the runs.
+    let shards = agent_runs_shared::store::OWNER_SHARDS as usize;
     aws.invoke(Operation::List, "GET", "/v1/agent/runs?limit=20", None).await;
-    assert_eq!(aws.calls.take(), ["Query"]);
+    let calls = aws.calls.take();
+    assert_eq!(calls.iter().filter(|call| *call == "Query").count(), shards, "{calls:?}");
+    assert_eq!(calls.iter().filter(|call| *call != "Query").collect::<Vec<_>>(), ["BatchGetItem"]);
+    // The status index holds the runs themselves.
     aws.invoke(Operation::List, "GET", "/v1/agent/runs?status=queued&limit=1", None).await;
-    assert_eq!(aws.calls.take(), ["Query"]);
+    assert_eq!(aws.calls.take(), vec!["Query"; shards]);
     aws.invoke(Operation::Events, "GET", &format!("{get}/events"), None).await;
     assert_eq!(aws.calls.take(), ["GetItem", "Query"], "the run (whose owner it must be), then its log");
 

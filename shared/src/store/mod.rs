@@ -17,7 +17,7 @@ pub use crate::domain::{InboxEntry, Run};
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if, conflict_backoff};
 pub use dynamodb::{
     APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES,
-    NOTIFIED_EVENT_PREFIX, STATUS_INDEX, decode_stream_event,
+    NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, STATUS_INDEX, decode_stream_event,
 };
 pub use sqlite::{Durability, SqliteStore};
 

@@ -2,11 +2,12 @@
 //!
 //! | item | pk | sk |
 //! |---|---|---|
-//! | run | `OWNER#<owner>` | `RUN#<run_id>` |
-//! | active-run counter | `OWNER#<owner>` | `ACTIVE` |
-//! | idempotency record | `OWNER#<owner>` | `IDEM#<sha256 of the key>` |
-//! | a run's large checkpoint | `OWNER#<owner>` | `CKPT#<run_id>` |
+//! | run | `RUN#<run_id>` | `RUN` |
+//! | a run's large checkpoint | `RUN#<run_id>` | `CKPT` |
 //! | a run's event | `RUN#<run_id>` | `EV#<seq, 12 digits>` |
+//! | the owner's list entry of a run | `OWNER#<owner>#<shard>` | `RUN#<run_id>` |
+//! | a shard of the owner's active-run count | `ACTIVE#<owner>#<shard>` | `ACTIVE` |
+//! | idempotency record | `IDEM#<owner>#<sha256 of the key>` | `IDEM` |
 //! | API key | `KEY#<sha256 hex of the key>` | `KEY` |
 //! | agent definition | `AGENT#<name>` | `AGENT` |
 //! | webhook endpoint | `WEBHOOKS#<owner>` | `WH#<webhook_id>` |
@@ -14,10 +15,14 @@
 //! | a delivery attempt (kept 30 days) | `WH#<webhook_id>` | `DLV#<delivery_id>` |
 //! | the claim of a delivery's next attempt (kept 3 days) | `WH#<webhook_id>` | `NEXT#<run_id>#<seq>#<attempt>` |
 //!
-//! Runs also carry `gsi1pk = OWNER#<owner>#STATUS#<status>`, `gsi1sk =
+//! A run's shard is its id's random bits modulo [`OWNER_SHARDS`]: no key an
+//! owner's creates or ends write is shared by more than a few of them a
+//! second, however busy the owner (docs/design.md, "A busy tenant"). Runs
+//! also carry `gsi1pk = OWNER#<owner>#STATUS#<status>#<shard>`, `gsi1sk =
 //! RUN#<run_id>` (the status filter) and, while not terminal, `gsi2pk =
-//! DUE#<shard>`, `gsi2sk = <due time>#<run_id>` (the sweeper's sparse timer
-//! index). Every write of a run is conditional on the version it read.
+//! DUE#<shard>`, `gsi2sk = <due time>#<run_id>#<owner>` (the sweeper's
+//! sparse timer index). Every write of a run is conditional on the version
+//! it read.
 //!
 //! The approvals inbox reads a sparse index, `gsi3`, by owner and approval
 //! status (projecting the keys and `agent`, which the agent filter reads):
@@ -98,7 +103,13 @@ fn write_bytes(items: &[TransactWriteItem]) -> usize {
 }
 /// Partitions of the due index, so the sweeper's reads and the writes of
 /// busy periods spread over several keys.
-pub const DUE_SHARDS: u32 = 4;
+pub const DUE_SHARDS: u32 = 32;
+/// Partitions of an owner's list entries and status index entries, and
+/// items of its active-run count.
+pub const OWNER_SHARDS: u32 = 32;
+/// Tries of a create on other shards of the active-run count when the
+/// first one it tried is full.
+const COUNTER_RETRIES: usize = 3;
 
 /// Larger checkpoints live in their own item.
 pub const INLINE_CHECKPOINT_BYTES: usize = 32 * 1024;
@@ -144,20 +155,58 @@ fn n(number: impl ToString) -> AttributeValue {
     AttributeValue::N(number.to_string())
 }
 
-fn owner_pk(owner: &Owner) -> String {
-    format!("OWNER#{owner}")
+/// The run's shard of its owner's keys.
+fn shard(run_id: RunId) -> u32 {
+    (run_id.ulid().random() % u128::from(OWNER_SHARDS)) as u32
+}
+
+const RUN_SK: &str = "RUN";
+const CHECKPOINT_SK: &str = "CKPT";
+
+/// The partition of a run, its checkpoint and its events.
+fn run_pk(run_id: RunId) -> String {
+    format!("RUN#{run_id}")
+}
+
+/// The owner's list entry of a run.
+fn entry_key(owner: &Owner, run_id: RunId) -> (String, String) {
+    (format!("OWNER#{owner}#{}", shard(run_id)), run_sk(run_id))
 }
 
 fn run_sk(run_id: RunId) -> String {
     format!("RUN#{run_id}")
 }
 
-fn due_sk(due_at: Timestamp, run_id: RunId) -> String {
-    format!("{}#{run_id}", due_at.to_rfc3339())
+fn status_pk(owner: &Owner, status: RunStatus, shard: u32) -> String {
+    format!("OWNER#{owner}#STATUS#{}#{shard}", status.as_str())
+}
+
+fn counter_pk(owner: &Owner, shard: u32) -> String {
+    format!("ACTIVE#{owner}#{shard}")
+}
+
+fn idempotency_pk(owner: &Owner, key_hash: &str) -> String {
+    format!("IDEM#{owner}#{key_hash}")
+}
+
+/// The most of `limit` active runs shard `shard` of the count holds: the
+/// limit split evenly, any remainder on the first shards.
+fn counter_cap(limit: u32, shard: u32) -> u32 {
+    limit / OWNER_SHARDS + u32::from(shard < limit % OWNER_SHARDS)
+}
+
+/// The shard of the count a new run tries first: its own, or with a limit
+/// under [`OWNER_SHARDS`] one of the shards that hold any.
+fn first_counter_shard(run_id: RunId, limit: u32) -> u32 {
+    if limit >= OWNER_SHARDS { shard(run_id) } else { shard(run_id) % limit.max(1) }
+}
+
+fn due_sk(due_at: Timestamp, run_id: RunId, owner: &Owner) -> String {
+    format!("{}#{run_id}#{owner}", due_at.to_rfc3339())
 }
 
 fn due_shard(run_id: RunId) -> u32 {
-    (run_id.ulid().random() % u128::from(DUE_SHARDS)) as u32
+    ((run_id.ulid().random() >> 16) % u128::from(DUE_SHARDS)) as u32
 }
 
 fn unavailable<E: std::error::Error + Send + Sync + 'static>(error: E) -> StoreError {
@@ -166,10 +215,6 @@ fn unavailable<E: std::error::Error + Send + Sync + 'static>(error: E) -> StoreE
 
 fn defect(what: impl std::fmt::Display) -> StoreError {
     StoreError::Defect(what.to_string())
-}
-
-fn events_pk(run_id: RunId) -> String {
-    format!("RUN#{run_id}")
 }
 
 fn event_sk(seq: u64) -> String {
@@ -212,7 +257,7 @@ fn event_put(table: &str, run: &Run, event: &Event) -> Result<TransactWriteItem,
     let put = Put::builder()
         .table_name(table)
         .set_item(inbox)
-        .item("pk", s(events_pk(event.run_id)))
+        .item("pk", s(run_pk(event.run_id)))
         .item("sk", s(event_sk(event.seq)))
         .item("seq", n(event.seq))
         .item("type", s(event.data.kind()))
@@ -248,10 +293,6 @@ fn following_on(after: u64, events: &[StoredEvent]) -> usize {
     events.iter().zip(after + 1..).take_while(|(event, seq)| event.seq == *seq).count()
 }
 
-fn checkpoint_sk(run_id: RunId) -> String {
-    format!("CKPT#{run_id}")
-}
-
 /// The run's item and, when its checkpoint is too large to keep inline, the
 /// checkpoint's own item.
 fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
@@ -272,8 +313,8 @@ fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
     item.remove("checkpoint");
     item.insert(CHECKPOINT_APART.into(), n(run.version));
     let checkpoint = Item::from([
-        ("pk".into(), s(owner_pk(&run.owner))),
-        ("sk".into(), s(checkpoint_sk(run.id))),
+        ("pk".into(), s(run_pk(run.id))),
+        ("sk".into(), s(CHECKPOINT_SK)),
         ("version".into(), n(run.version)),
         ("checkpoint".into(), s(json)),
     ]);
@@ -283,13 +324,13 @@ fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
 fn run_item(run: &Run) -> Result<Item, StoreError> {
     let mut item: Item =
         serde_dynamo::to_item(StoredRun::from(run)).map_err(|error| defect(format!("cannot encode run: {error}")))?;
-    item.insert("pk".into(), s(owner_pk(&run.owner)));
-    item.insert("sk".into(), s(run_sk(run.id)));
-    item.insert("gsi1pk".into(), s(format!("OWNER#{}#STATUS#{}", run.owner, run.status.as_str())));
+    item.insert("pk".into(), s(run_pk(run.id)));
+    item.insert("sk".into(), s(RUN_SK));
+    item.insert("gsi1pk".into(), s(status_pk(&run.owner, run.status, shard(run.id))));
     item.insert("gsi1sk".into(), s(run_sk(run.id)));
     if let Some(due_at) = run.due_at {
         item.insert("gsi2pk".into(), s(format!("DUE#{}", due_shard(run.id))));
-        item.insert("gsi2sk".into(), s(due_sk(due_at, run.id)));
+        item.insert("gsi2sk".into(), s(due_sk(due_at, run.id, &run.owner)));
     }
     let pending = run.approvals.iter().filter(|approval| approval.status == ApprovalStatus::Pending);
     if let (RunStatus::AwaitingApproval, Some(requested_at)) = (run.status, pending.map(|a| a.requested_at).max()) {
@@ -310,8 +351,10 @@ fn decode_run(mut item: Item) -> Result<Run, StoreError> {
 /// A due index entry and its sort key, by which entries are merged.
 fn decode_due(item: &Item) -> Result<(String, DueRun), StoreError> {
     let sort_key = text(item, "gsi2sk")?;
-    let (due_text, run_text) = sort_key.rsplit_once('#').ok_or_else(|| defect("malformed gsi2sk"))?;
-    let owner = text(item, "pk")?.strip_prefix("OWNER#").ok_or_else(|| defect("malformed run pk"))?;
+    let mut parts = sort_key.splitn(3, '#');
+    let (Some(due_text), Some(run_text), Some(owner)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(defect("malformed gsi2sk"));
+    };
     let due_at = chrono::DateTime::parse_from_rfc3339(due_text).map_err(|_| defect("malformed due time"))?;
     let due = DueRun {
         due_at: Timestamp::from_millis(due_at.timestamp_millis()),
@@ -495,12 +538,12 @@ impl DynamoStore {
             items.push(TransactWriteItem::builder().put(put).build());
         }
         if next.status.is_terminal() {
-            items.push(TransactWriteItem::builder().update(self.active_counter(&run.owner, -1, None)?).build());
+            items.push(TransactWriteItem::builder().update(self.release_active(run)?).build());
             // The run's checkpoint item, if it ever had one, is no longer needed.
             let delete = Delete::builder()
                 .table_name(&self.table)
-                .key("pk", s(owner_pk(&run.owner)))
-                .key("sk", s(checkpoint_sk(run.id)))
+                .key("pk", s(run_pk(run.id)))
+                .key("sk", s(CHECKPOINT_SK))
                 .build()
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().delete(delete).build());
@@ -512,7 +555,7 @@ impl DynamoStore {
     }
 
     /// The owner's runs of these ids that exist, read consistently (without
-    /// a checkpoint kept apart), by `BatchGetItem`s of up to 100 keys.
+    /// a checkpoint kept apart).
     async fn get_runs(
         &self,
         owner: &Owner,
@@ -521,15 +564,27 @@ impl DynamoStore {
         let mut wanted: Vec<RunId> = run_ids.collect();
         wanted.sort_unstable();
         wanted.dedup();
+        let keys =
+            wanted.iter().map(|run_id| Item::from([("pk".into(), s(run_pk(*run_id))), ("sk".into(), s(RUN_SK))]));
         let mut runs = HashMap::with_capacity(wanted.len());
-        for chunk in wanted.chunks(100) {
-            let keys: Vec<Item> = chunk
-                .iter()
-                .map(|run_id| Item::from([("pk".into(), s(owner_pk(owner))), ("sk".into(), s(run_sk(*run_id)))]))
-                .collect();
+        for item in self.batch_get(keys.collect()).await? {
+            let run = decode_run(item)?;
+            // A run is found by its id alone: another owner's is not there.
+            if run.owner == *owner {
+                runs.insert(run.id, run);
+            }
+        }
+        Ok(runs)
+    }
+
+    /// The items of these keys that exist, read consistently, by
+    /// `BatchGetItem`s of up to 100 keys.
+    async fn batch_get(&self, keys: Vec<Item>) -> Result<Vec<Item>, StoreError> {
+        let mut found = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(100) {
             let mut request = Some(
                 aws_sdk_dynamodb::types::KeysAndAttributes::builder()
-                    .set_keys(Some(keys))
+                    .set_keys(Some(chunk.to_vec()))
                     .consistent_read(true)
                     .build()
                     .map_err(defect)?,
@@ -542,17 +597,14 @@ impl DynamoStore {
                 }
                 let output =
                     self.client.batch_get_item().request_items(&self.table, keys).send().await.map_err(unavailable)?;
-                for item in output.responses.unwrap_or_default().remove(&self.table).unwrap_or_default() {
-                    let run = decode_run(item)?;
-                    runs.insert(run.id, run);
-                }
+                found.extend(output.responses.unwrap_or_default().remove(&self.table).unwrap_or_default());
                 request = output.unprocessed_keys.unwrap_or_default().remove(&self.table);
             }
             if request.is_some() {
-                return Err(unavailable(std::io::Error::other("runs stayed unprocessed in BatchGetItem")));
+                return Err(unavailable(std::io::Error::other("items stayed unprocessed in BatchGetItem")));
             }
         }
-        Ok(runs)
+        Ok(found)
     }
 
     /// The `seq` of the run's last stored event (0 when none).
@@ -562,7 +614,7 @@ impl DynamoStore {
             .query()
             .table_name(&self.table)
             .key_condition_expression("pk = :pk AND begins_with(sk, :events)")
-            .expression_attribute_values(":pk", s(events_pk(run_id)))
+            .expression_attribute_values(":pk", s(run_pk(run_id)))
             .expression_attribute_values(":events", s("EV#"))
             .scan_index_forward(false)
             .consistent_read(true);
@@ -574,8 +626,34 @@ impl DynamoStore {
         &self.table
     }
 
-    fn active_counter(&self, owner: &Owner, delta: i64, max_active: Option<u32>) -> Result<Update, StoreError> {
-        self.counter((owner_pk(owner), "ACTIVE"), "active", delta, max_active.map(u64::from))
+    /// Takes one of the owner's active runs on `shard` of the count, on the
+    /// condition that it holds fewer than its share of `limit`.
+    fn take_active(&self, owner: &Owner, shard: u32, limit: u32) -> Result<Update, StoreError> {
+        self.counter((counter_pk(owner, shard), "ACTIVE"), "active", 1, Some(u64::from(counter_cap(limit, shard))))
+    }
+
+    /// Gives back the active run `run` took. Any shard will do, as only
+    /// the sum counts: the run's own, so an owner's ends spread as its
+    /// creates do.
+    fn release_active(&self, run: &Run) -> Result<Update, StoreError> {
+        self.counter((counter_pk(&run.owner, shard(run.id)), "ACTIVE"), "active", -1, None)
+    }
+
+    /// The owner's active runs on each shard of the count.
+    async fn active_by_shard(&self, owner: &Owner) -> Result<Vec<i64>, StoreError> {
+        let keys = (0..OWNER_SHARDS)
+            .map(|shard| Item::from([("pk".into(), s(counter_pk(owner, shard))), ("sk".into(), s("ACTIVE"))]))
+            .collect();
+        let mut counts = vec![0; OWNER_SHARDS as usize];
+        for item in self.batch_get(keys).await? {
+            let shard = text(&item, "pk")?.rsplit('#').next().and_then(|shard| shard.parse::<usize>().ok());
+            let count = item.get("active").and_then(|value| value.as_n().ok()).and_then(|count| count.parse().ok());
+            match (shard, count) {
+                (Some(shard), Some(count)) if shard < counts.len() => counts[shard] = count,
+                _ => return Err(defect("malformed active-run count")),
+            }
+        }
+        Ok(counts)
     }
 
     /// Adds `delta` to the number `attribute` of the item `key`, on the
@@ -622,31 +700,66 @@ impl DynamoStore {
         }
     }
 
-    /// Up to `count` runs of one partition, newest first, after `start_after`.
-    /// A Query stops at 1 MB of items, so it goes on from where the last one
-    /// stopped until it has `count` runs or none are left.
-    async fn query_runs(
+    /// The `count` newest items of several partitions (each query reads
+    /// one, newest first), by their sort key `sort`. Each partition is read
+    /// a few items at a time, all at once, and read on only while what it
+    /// has not given could still be among the newest.
+    async fn newest_across(
         &self,
-        index: Option<&str>,
-        partition: (&str, String),
+        queries: Vec<QueryFluentBuilder>,
         sort: &str,
-        start_after: Option<Item>,
-        count: u32,
-    ) -> Result<Vec<Run>, StoreError> {
-        let (partition_name, partition_value) = partition;
-        let query = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .set_index_name(index.map(str::to_owned))
-            .key_condition_expression("#p = :p AND begins_with(#s, :run)")
-            .expression_attribute_names("#p", partition_name)
-            .expression_attribute_names("#s", sort)
-            .expression_attribute_values(":p", s(&partition_value))
-            .expression_attribute_values(":run", s("RUN#"))
-            .scan_index_forward(false)
-            .set_consistent_read(index.is_none().then_some(true));
-        self.query_up_to(query, start_after, count as usize, decode_run).await
+        count: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        struct Partition {
+            query: QueryFluentBuilder,
+            items: Vec<Item>,
+            start: Option<Item>,
+            done: bool,
+        }
+        let mut partitions: Vec<Partition> =
+            queries.into_iter().map(|query| Partition { query, items: Vec::new(), start: None, done: false }).collect();
+        let mut page = (2 * count).div_ceil(partitions.len().max(1)).max(2);
+        let mut reading: Vec<usize> = (0..partitions.len()).collect();
+        loop {
+            let reads = reading.iter().map(|&at| {
+                let partition = &partitions[at];
+                partition.query.clone().set_exclusive_start_key(partition.start.clone()).limit(page as i32).send()
+            });
+            let outputs = futures_util::future::try_join_all(reads).await.map_err(unavailable)?;
+            for (&at, output) in reading.iter().zip(outputs) {
+                let partition = &mut partitions[at];
+                partition.items.extend(output.items.unwrap_or_default());
+                partition.start = output.last_evaluated_key;
+                partition.done = partition.start.is_none();
+            }
+            let mut keys: Vec<&str> = Vec::new();
+            for partition in &partitions {
+                for item in &partition.items {
+                    keys.push(text(item, sort)?);
+                }
+            }
+            keys.sort_unstable_by(|a, b| b.cmp(a));
+            // The oldest key that is among the newest `count`, once as many are read.
+            let boundary = keys.get(count - 1).map(|key| key.to_string());
+            reading = (0..partitions.len())
+                .filter(|&at| {
+                    let partition = &partitions[at];
+                    let oldest = partition.items.last().and_then(|item| text(item, sort).ok());
+                    !partition.done
+                        && match (&boundary, oldest) {
+                            (Some(boundary), Some(oldest)) => oldest > boundary.as_str(),
+                            _ => true,
+                        }
+                })
+                .collect();
+            if reading.is_empty() {
+                let mut items: Vec<Item> = partitions.into_iter().flat_map(|partition| partition.items).collect();
+                items.sort_by(|a, b| text(b, sort).unwrap_or_default().cmp(text(a, sort).unwrap_or_default()));
+                items.truncate(count);
+                return Ok(items);
+            }
+            page = (page * 2).min(1_000);
+        }
     }
 
     /// Up to `count` items of `query` from `start_after` on, decoded: a
@@ -695,15 +808,26 @@ impl RunStore for DynamoStore {
             .condition_expression("attribute_not_exists(pk)")
             .build()
             .map_err(defect)?;
+        let (entry_pk, entry_sk) = entry_key(&run.owner, run.id);
+        let put_entry = Put::builder()
+            .table_name(&self.table)
+            .item("pk", s(entry_pk))
+            .item("sk", s(entry_sk))
+            .build()
+            .map_err(defect)?;
+        // The count's shard goes first: its place is swapped for another
+        // shard's when it is full.
         let mut items = vec![
-            TransactWriteItem::builder().update(self.active_counter(&run.owner, 1, Some(max_active))?).build(),
+            TransactWriteItem::builder()
+                .update(self.take_active(&run.owner, first_counter_shard(run.id, max_active), max_active)?)
+                .build(),
             TransactWriteItem::builder().put(put_run).build(),
         ];
         if let Some(claim) = idempotency {
             let record = Put::builder()
                 .table_name(&self.table)
-                .item("pk", s(owner_pk(&run.owner)))
-                .item("sk", s(format!("IDEM#{}", claim.key_hash)))
+                .item("pk", s(idempotency_pk(&run.owner, &claim.key_hash)))
+                .item("sk", s("IDEM"))
                 .item("request_hash", s(&claim.request_hash))
                 .item("run_id", s(run.id.to_string()))
                 .item("created_at", n(claim.created_at.millis()))
@@ -717,37 +841,55 @@ impl RunStore for DynamoStore {
             items.push(TransactWriteItem::builder().put(record).build());
         }
         // After the idempotency record, whose place the outcome is read from.
+        items.push(TransactWriteItem::builder().put(put_entry).build());
         for event in &events {
             items.push(event_put(&self.table, &written, event)?);
         }
-        let failed = match self.transact(items).await {
-            Ok(()) => {
-                *run = written;
-                return Ok(InsertOutcome::Inserted);
+        let mut other_shards: Option<Vec<u32>> = None;
+        let failed = loop {
+            let failed = match self.transact(items.clone()).await {
+                Ok(()) => {
+                    *run = written;
+                    return Ok(InsertOutcome::Inserted);
+                }
+                Err(TransactFailure::ConditionsFailed(failed)) => failed,
+                Err(TransactFailure::Store(error)) => return Err(error),
+            };
+            let only_count_full = failed.first() == Some(&true) && !failed.iter().skip(1).any(|failed| *failed);
+            if !only_count_full {
+                break failed;
             }
-            Err(TransactFailure::ConditionsFailed(failed)) => failed,
-            Err(TransactFailure::Store(error)) => return Err(error),
+            // The shard tried is full: the others are read, and those with
+            // room tried in random order. 429 only when none has any.
+            if other_shards.is_none() {
+                let counts = self.active_by_shard(&run.owner).await?;
+                let mut with_room: Vec<u32> = (0..OWNER_SHARDS)
+                    .filter(|shard| counts[*shard as usize] < i64::from(counter_cap(max_active, *shard)))
+                    .collect();
+                rand::seq::SliceRandom::shuffle(with_room.as_mut_slice(), &mut rand::rng());
+                with_room.truncate(COUNTER_RETRIES);
+                other_shards = Some(with_room);
+            }
+            let Some(shard) = other_shards.as_mut().and_then(Vec::pop) else {
+                return Ok(InsertOutcome::TooManyActiveRuns);
+            };
+            items[0] = TransactWriteItem::builder().update(self.take_active(&run.owner, shard, max_active)?).build();
         };
+        if failed.get(1) == Some(&true) && self.get_item(run_pk(run.id), RUN_SK.into()).await?.is_some() {
+            // A fresh id is only ever taken by this very write: an earlier
+            // send of it landed though its answer was lost (a timeout).
+            *run = written;
+            return Ok(InsertOutcome::Inserted);
+        }
         if let (Some(claim), Some(true)) = (idempotency, failed.get(2)) {
             let record = self
-                .client
-                .get_item()
-                .table_name(&self.table)
-                .key("pk", s(owner_pk(&run.owner)))
-                .key("sk", s(format!("IDEM#{}", claim.key_hash)))
-                .consistent_read(true)
-                .send()
-                .await
-                .map_err(unavailable)?
-                .item
+                .get_item(idempotency_pk(&run.owner, &claim.key_hash), "IDEM".into())
+                .await?
                 .ok_or_else(|| defect("idempotency record vanished"))?;
             let run_id =
                 text(&record, "run_id")?.parse().map_err(|_| defect("malformed run id in idempotency record"))?;
             let request_hash = text(&record, "request_hash")?.to_owned();
             return Ok(InsertOutcome::IdempotencyKeyTaken(IdempotencyRecord { request_hash, run_id }));
-        }
-        if failed.first() == Some(&true) {
-            return Ok(InsertOutcome::TooManyActiveRuns);
         }
         Err(defect(format!("a new run's id was already taken: {}", run.id)))
     }
@@ -755,23 +897,31 @@ impl RunStore for DynamoStore {
     async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError> {
         let delete_run = Delete::builder()
             .table_name(&self.table)
-            .key("pk", s(owner_pk(&run.owner)))
-            .key("sk", s(run_sk(run.id)))
+            .key("pk", s(run_pk(run.id)))
+            .key("sk", s(RUN_SK))
             .condition_expression("version = :inserted AND #status = :queued")
             .expression_attribute_names("#status", "status")
             .expression_attribute_values(":inserted", n(0))
             .expression_attribute_values(":queued", s("queued"))
             .build()
             .map_err(defect)?;
+        let (entry_pk, entry_sk) = entry_key(&run.owner, run.id);
+        let delete_entry = Delete::builder()
+            .table_name(&self.table)
+            .key("pk", s(entry_pk))
+            .key("sk", s(entry_sk))
+            .build()
+            .map_err(defect)?;
         let mut items = vec![
             TransactWriteItem::builder().delete(delete_run).build(),
-            TransactWriteItem::builder().update(self.active_counter(&run.owner, -1, None)?).build(),
+            TransactWriteItem::builder().update(self.release_active(run)?).build(),
+            TransactWriteItem::builder().delete(delete_entry).build(),
         ];
         if let Some(key_hash) = idempotency_key_hash {
             let delete_record = Delete::builder()
                 .table_name(&self.table)
-                .key("pk", s(owner_pk(&run.owner)))
-                .key("sk", s(format!("IDEM#{key_hash}")))
+                .key("pk", s(idempotency_pk(&run.owner, key_hash)))
+                .key("sk", s("IDEM"))
                 .condition_expression("attribute_not_exists(pk) OR run_id = :run")
                 .expression_attribute_values(":run", s(run.id.to_string()))
                 .build()
@@ -782,7 +932,7 @@ impl RunStore for DynamoStore {
         for seq in 1..=run.event_seq {
             let delete = Delete::builder()
                 .table_name(&self.table)
-                .key("pk", s(events_pk(run.id)))
+                .key("pk", s(run_pk(run.id)))
                 .key("sk", s(event_sk(seq)))
                 .build()
                 .map_err(defect)?;
@@ -797,29 +947,25 @@ impl RunStore for DynamoStore {
     }
 
     async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
-        let Some(item) = self.get_item(owner_pk(owner), "ACTIVE".into()).await? else {
-            return Ok(0);
-        };
-        match item.get("active").map(AttributeValue::as_n) {
-            None => Ok(0),
-            Some(Ok(count)) => count.parse().map_err(|_| defect("malformed active-run count")),
-            Some(Err(_)) => Err(defect("malformed active-run count")),
-        }
+        Ok(self.active_by_shard(owner).await?.iter().sum())
     }
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
         // A checkpoint kept apart is read second; should a write land between
         // the two reads, the versions differ and both are read again.
         for _ in 0..8 {
-            let Some(item) = self.get_item(owner_pk(owner), run_sk(run_id)).await? else {
+            let Some(item) = self.get_item(run_pk(run_id), RUN_SK.into()).await? else {
                 return Ok(None);
             };
             let apart = item.get(CHECKPOINT_APART).and_then(|value| value.as_n().ok()).cloned();
             let mut run = decode_run(item)?;
+            if run.owner != *owner {
+                return Ok(None);
+            }
             let Some(version) = apart else {
                 return Ok(Some(run));
             };
-            let checkpoint = self.get_item(owner_pk(owner), checkpoint_sk(run_id)).await?;
+            let checkpoint = self.get_item(run_pk(run_id), CHECKPOINT_SK.into()).await?;
             let Some(checkpoint) =
                 checkpoint.filter(|item| item.get("version").and_then(|v| v.as_n().ok()) == Some(&version))
             else {
@@ -846,18 +992,26 @@ impl RunStore for DynamoStore {
                 .condition_expression(UPDATE_CONDITION)
                 .expression_attribute_names("#status", "status")
                 .set_expression_attribute_values(Some(update_values(run.version)));
-            return match put.send().await {
-                Ok(_) => {
-                    *run = next;
-                    Ok(())
-                }
-                Err(error)
-                    if matches!(error.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) =>
-                {
-                    Err(StoreError::Conflict)
-                }
-                Err(error) => Err(unavailable(error)),
-            };
+            // A write to an item that a transaction holds is refused; it is
+            // sent again, as transactions are.
+            let mut attempt = 1;
+            loop {
+                return match put.clone().send().await {
+                    Ok(_) => {
+                        *run = next;
+                        Ok(())
+                    }
+                    Err(error) => match error.as_service_error() {
+                        Some(PutItemError::ConditionalCheckFailedException(_)) => Err(StoreError::Conflict),
+                        Some(PutItemError::TransactionConflictException(_)) if attempt < TRANSACT_ATTEMPTS => {
+                            tokio::time::sleep(transact_backoff(attempt)).await;
+                            attempt += 1;
+                            continue;
+                        }
+                        _ => Err(unavailable(error)),
+                    },
+                };
+            }
         }
         let mut events = events;
         let mut written = self.update_in_transaction(run, &next, &events).await;
@@ -873,7 +1027,7 @@ impl RunStore for DynamoStore {
             // last stored one and sent once more (the run's condition still
             // decides).
             let stored_version = self
-                .get_item(owner_pk(&run.owner), run_sk(run.id))
+                .get_item(run_pk(run.id), RUN_SK.into())
                 .await?
                 .and_then(|item| item.get("version").and_then(|value| value.as_n().ok()).cloned());
             let unchanged = stored_version.is_some_and(|version| version == run.version.to_string());
@@ -947,9 +1101,11 @@ impl RunStore for DynamoStore {
             .client
             .query()
             .table_name(&self.table)
-            .key_condition_expression("pk = :pk AND sk > :after")
-            .expression_attribute_values(":pk", s(events_pk(run_id)))
-            .expression_attribute_values(":after", s(event_sk(after)))
+            // The run and its checkpoint share the partition: only events.
+            .key_condition_expression("pk = :pk AND sk BETWEEN :first AND :last")
+            .expression_attribute_values(":pk", s(run_pk(run_id)))
+            .expression_attribute_values(":first", s(event_sk(after + 1)))
+            .expression_attribute_values(":last", s("EV#~"))
             .consistent_read(true);
         let mut events = self.query_up_to(query, None, limit as usize + 1, |item| decode_event(&item)).await?;
         let mut has_more = events.len() > limit as usize;
@@ -967,25 +1123,53 @@ impl RunStore for DynamoStore {
     }
 
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
-        let fetch = request.limit + 1;
-        let pk = owner_pk(owner);
-        let mut runs = match request.status {
-            None => {
-                let start =
-                    request.before.map(|before| Item::from([("pk".into(), s(&pk)), ("sk".into(), s(run_sk(before)))]));
-                self.query_runs(None, ("pk", pk), "sk", start, fetch).await?
+        let fetch = request.limit as usize + 1;
+        let (index, partition, sort) = match request.status {
+            // The entries, read consistently, then their runs.
+            None => (None, "pk", "sk"),
+            // The status index holds whole runs.
+            Some(_) => (Some(STATUS_INDEX), "gsi1pk", "gsi1sk"),
+        };
+        let queries = (0..OWNER_SHARDS).map(|shard| {
+            let value = match request.status {
+                None => format!("OWNER#{owner}#{shard}"),
+                Some(status) => status_pk(owner, status, shard),
+            };
+            let query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .set_index_name(index.map(str::to_owned))
+                .expression_attribute_names("#p", partition)
+                .expression_attribute_names("#s", sort)
+                .expression_attribute_values(":p", s(value))
+                .scan_index_forward(false)
+                .set_consistent_read(index.is_none().then_some(true));
+            match request.before {
+                None => query
+                    .key_condition_expression("#p = :p AND begins_with(#s, :run)")
+                    .expression_attribute_values(":run", s("RUN#")),
+                Some(before) => query
+                    .key_condition_expression("#p = :p AND #s < :before")
+                    .expression_attribute_values(":before", s(run_sk(before))),
             }
-            Some(status) => {
-                let gsi1pk = format!("OWNER#{owner}#STATUS#{}", status.as_str());
-                let start = request.before.map(|before| {
-                    Item::from([
-                        ("pk".into(), s(&pk)),
-                        ("sk".into(), s(run_sk(before))),
-                        ("gsi1pk".into(), s(&gsi1pk)),
-                        ("gsi1sk".into(), s(run_sk(before))),
-                    ])
-                });
-                self.query_runs(Some(STATUS_INDEX), ("gsi1pk", gsi1pk), "gsi1sk", start, fetch).await?
+        });
+        let newest = self.newest_across(queries.collect(), sort, fetch).await?;
+        let mut runs = match request.status {
+            Some(_) => newest.into_iter().map(decode_run).collect::<Result<Vec<_>, _>>()?,
+            None => {
+                let ids = newest
+                    .iter()
+                    .map(|entry| {
+                        text(entry, "sk")?
+                            .strip_prefix("RUN#")
+                            .and_then(|id| id.parse().ok())
+                            .ok_or_else(|| defect("malformed list entry"))
+                    })
+                    .collect::<Result<Vec<RunId>, _>>()?;
+                let mut found = self.get_runs(owner, ids.iter().copied()).await?;
+                // An entry without its run is a create being undone.
+                ids.iter().filter_map(|id| found.remove(id)).collect()
             }
         };
         let has_more = runs.len() > request.limit as usize;
@@ -1086,7 +1270,10 @@ impl RunStore for DynamoStore {
     async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
         // Every key sorts above the one after which we resume, and at or
         // below "until" followed by any run id.
-        let low = after.map_or_else(|| "0".to_owned(), |due| format!("{}\u{1}", due_sk(due.due_at, due.key.run_id)));
+        let low = after.map_or_else(
+            || "0".to_owned(),
+            |due| format!("{}\u{1}", due_sk(due.due_at, due.key.run_id, &due.key.owner)),
+        );
         let high = format!("{}#~", until.to_rfc3339());
         let mut merged = Vec::new();
         for shard in 0..DUE_SHARDS {
