@@ -14,7 +14,7 @@ use agent_runs_shared::domain::{
 };
 use agent_runs_shared::store::{
     AgentStore, DueRun, Durability, DynamoStore, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore,
-    ListRequest, RunStore, SqliteStore, StoreError, StoredKey,
+    ListRequest, Migrated, RunStore, SqliteStore, StoreError, StoredKey,
 };
 use ulid::Ulid;
 
@@ -904,4 +904,116 @@ async fn sqlite_list_views_are_the_runs_as_written() {
     let page =
         reopened.list_views(&owner("views"), ListRequest { status: None, before: None, limit: 3 }).await.unwrap();
     assert_eq!((page.views.len(), page.last, page.has_more), (3, Some(runs[4].id), true));
+}
+
+/// Turns the table's items back into the layout from before the shards (runs,
+/// checkpoints, idempotency records and one count under `OWNER#<owner>`), as
+/// a table written by an earlier version holds them.
+async fn to_layout_before_shards(client: &aws_sdk_dynamodb::Client, table: &str, owner: &str) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let text = |item: &std::collections::HashMap<String, AttributeValue>, name: &str| {
+        item.get(name).and_then(|value| value.as_s().ok()).cloned().unwrap_or_default()
+    };
+    let items = client.scan().table_name(table).send().await.unwrap().items.unwrap_or_default();
+    let mut active = 0i64;
+    for mut item in items {
+        let (pk, sk) = (text(&item, "pk"), text(&item, "sk"));
+        let old_key = match (pk.split_once('#'), sk.as_str()) {
+            (Some(("RUN", run_id)), "RUN") => {
+                let (status_key, _shard) =
+                    text(&item, "gsi1pk").rsplit_once('#').map(|(a, b)| (a.to_owned(), b.to_owned())).unwrap();
+                item.insert("gsi1pk".into(), AttributeValue::S(status_key));
+                if let Some((due_key, _owner)) =
+                    text(&item, "gsi2sk").rsplit_once('#').map(|(a, b)| (a.to_owned(), b.to_owned()))
+                {
+                    item.insert("gsi2sk".into(), AttributeValue::S(due_key));
+                }
+                Some(format!("RUN#{run_id}"))
+            }
+            (Some(("RUN", run_id)), "CKPT") => Some(format!("CKPT#{run_id}")),
+            (Some(("IDEM", rest)), _) => Some(format!("IDEM#{}", rest.rsplit_once('#').unwrap().1)),
+            (Some(("ACTIVE", _)), _) => {
+                active += item["active"].as_n().unwrap().parse::<i64>().unwrap();
+                None
+            }
+            (Some(("OWNER", rest)), _) if rest.contains('#') => None,
+            _ => continue,
+        };
+        client
+            .delete_item()
+            .table_name(table)
+            .key("pk", AttributeValue::S(pk))
+            .key("sk", AttributeValue::S(sk))
+            .send()
+            .await
+            .unwrap();
+        if let Some(old_sk) = old_key {
+            item.insert("pk".into(), AttributeValue::S(format!("OWNER#{owner}")));
+            item.insert("sk".into(), AttributeValue::S(old_sk));
+            client.put_item().table_name(table).set_item(Some(item)).send().await.unwrap();
+        }
+    }
+    client
+        .put_item()
+        .table_name(table)
+        .item("pk", AttributeValue::S(format!("OWNER#{owner}")))
+        .item("sk", AttributeValue::S("ACTIVE".into()))
+        .item("active", AttributeValue::N(active.to_string()))
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
+    if emulator::without_emulator("dynamodb_tables_of_the_layout_before_shards_are_moved_whole") {
+        return;
+    }
+    let sdk = emulator::sdk_config().await;
+    let table = emulator::create_table(&sdk).await;
+    let client = aws_sdk_dynamodb::Client::new(&sdk);
+    let store = DynamoStore::new(client.clone(), table.clone());
+    let policy = ExecutionPolicy::default();
+    // A queued run with an idempotency key, a running one with a checkpoint
+    // kept apart, a canceled one.
+    let mut queued = new_run("before", 0, 1);
+    let outcome = store.insert(&mut queued, Some(&claim("key-1", "request", T0)), 1_000).await.unwrap();
+    assert!(matches!(outcome, InsertOutcome::Inserted));
+    let mut big = new_run("before", 1, 2);
+    insert(&store, &mut big).await;
+    big.claim("w", Timestamp::from_millis(T0 as i64 + 5), &policy).unwrap();
+    big.heartbeat("w", Some(serde_json::json!("x".repeat(300_000))), Timestamp::from_millis(T0 as i64 + 6), &policy)
+        .unwrap();
+    store.update(&mut big).await.unwrap();
+    let mut ended = new_run("before", 2, 3);
+    insert(&store, &mut ended).await;
+    ended.cancel(Timestamp::from_millis(T0 as i64 + 7)).unwrap();
+    store.update(&mut ended).await.unwrap();
+    to_layout_before_shards(&client, &table, "before").await;
+    assert!(store.get(&owner("before"), queued.id).await.unwrap().is_none(), "unmoved runs are not found");
+
+    let migrated = store.migrate_layout().await.unwrap();
+    assert_eq!(migrated, Migrated { runs: 3, idempotency_records: 1, counters: 1, skipped: 0 });
+    for run in [&queued, &big, &ended] {
+        let found = store.get(&owner("before"), run.id).await.unwrap().unwrap();
+        assert_eq!((found.status, found.version, found.event_seq), (run.status, run.version, run.event_seq));
+        assert_eq!(found.checkpoint, run.checkpoint);
+    }
+    let listed = every_page(&store, &owner("before"), ListRequest { status: None, before: None, limit: 2 }).await;
+    assert_eq!(listed, [vec![ended.id, big.id], vec![queued.id]]);
+    let running = ListRequest { status: Some(RunStatus::Running), before: None, limit: 10 };
+    assert_eq!(every_page(&store, &owner("before"), running).await, [vec![big.id]]);
+    assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 2, "counted anew from the runs not ended");
+    let mut again = new_run("before", 3, 4);
+    match store.insert(&mut again, Some(&claim("key-1", "request", T0 + 10)), 1_000).await.unwrap() {
+        InsertOutcome::IdempotencyKeyTaken(record) => assert_eq!(record.run_id, queued.id),
+        _ => panic!("the moved key is still taken"),
+    }
+    assert_eq!(store.events(big.id, 0, 10).await.unwrap().events.len() as u64, big.event_seq, "events stay");
+    // The moved runs go on: ending one gives its part of the count back.
+    let mut queued = store.get(&owner("before"), queued.id).await.unwrap().unwrap();
+    queued.cancel(Timestamp::from_millis(T0 as i64 + 20)).unwrap();
+    store.update(&mut queued).await.unwrap();
+    assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 1);
+    assert_eq!(store.migrate_layout().await.unwrap(), Migrated::default(), "a second pass finds nothing left");
 }

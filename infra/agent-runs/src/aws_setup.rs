@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use agent_runs_shared::aws_setup::{create_queues, create_table, read_template};
 use agent_runs_shared::sdk::sdk_config;
+use agent_runs_shared::store::DynamoStore;
 use clap::Args;
 
 use crate::keys::Error;
@@ -34,5 +35,28 @@ pub async fn run(args: AwsSetupArgs) -> Result<(), Error> {
     println!("export AGENT_RUNS_DLQ_URL={}", queues.runs_dead_letters);
     println!("export AGENT_RUNS_WEBHOOK_QUEUE_URL={}", queues.webhook_deliveries);
     println!("export AGENT_RUNS_WEBHOOK_DLQ_URL={}", queues.webhook_dead_letters);
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct AwsMigrateArgs {
+    /// The table to move to the current layout (docs/operations.md: stop
+    /// the stack's functions first).
+    #[arg(long)]
+    table: String,
+}
+
+/// `agent-runs aws-migrate`: moves a table written before the sharded
+/// layout to it, and says what it moved.
+pub async fn migrate(args: AwsMigrateArgs) -> Result<(), Error> {
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk_config().await), args.table);
+    let migrated = store.migrate_layout().await?;
+    println!(
+        "moved {} runs and {} idempotency records, replaced {} active-run counts; {} items changed while moving",
+        migrated.runs, migrated.idempotency_records, migrated.counters, migrated.skipped
+    );
+    if migrated.skipped > 0 {
+        return Err("some items changed while being moved: run aws-migrate again".into());
+    }
     Ok(())
 }

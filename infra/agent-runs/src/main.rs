@@ -51,6 +51,8 @@ enum Command {
     Agents(agents::AgentsCommand),
     /// Create the DynamoDB table and SQS queues as template.yaml defines them.
     AwsSetup(aws_setup::AwsSetupArgs),
+    /// Move a table written before the sharded layout (2026-11-23) to it.
+    AwsMigrate(aws_setup::AwsMigrateArgs),
     /// Run the Lambda handlers locally as API Gateway, SQS and the schedule would.
     Gateway(gateway::GatewayArgs),
     /// Print the OpenAPI document for the built-in agents (docs/openapi.json).
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
             Command::Keys(command) => keys::run(command, &cli.db).await,
             Command::Agents(command) => agents::run(command, &cli.db).await,
             Command::AwsSetup(args) => aws_setup::run(args).await,
+            Command::AwsMigrate(args) => aws_setup::migrate(args).await,
             Command::Openapi => print_openapi(),
             Command::Gateway(args) => {
                 serve::init_logging();

@@ -16,7 +16,7 @@ use crate::domain::{
 pub use crate::domain::{InboxEntry, Run};
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if, conflict_backoff};
 pub use dynamodb::{
-    APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES,
+    APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, Migrated,
     NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, STATUS_INDEX, decode_stream_event,
 };
 pub use sqlite::{Durability, SqliteStore};

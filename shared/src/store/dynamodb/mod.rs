@@ -56,8 +56,10 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Up
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+mod migrate;
 mod webhooks;
 
+pub use migrate::Migrated;
 pub use webhooks::{NOTIFIED_EVENT_PREFIX, decode_stream_event};
 
 use super::record::StoredRun;

@@ -1,0 +1,205 @@
+//! The move of a table written before the sharded layout (runs, their
+//! checkpoints, idempotency records and the active-run count under
+//! `OWNER#<owner>`) to the current keys (docs/operations.md says when and
+//! how to run it).
+
+use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem};
+
+use super::{
+    CHECKPOINT_APART, DynamoStore, Item, TransactFailure, counter_pk, decode_run, defect, entry_key, idempotency_pk,
+    run_items, s, shard, text, unavailable,
+};
+use crate::domain::Owner;
+use crate::store::StoreError;
+
+/// What one pass of [`DynamoStore::migrate_layout`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Migrated {
+    pub runs: usize,
+    pub idempotency_records: usize,
+    pub counters: usize,
+    /// Items that changed while being moved, left for another pass.
+    pub skipped: usize,
+}
+
+/// An item of the old layout: its partition key is `OWNER#<owner>` itself
+/// (the new list entries' keys go on with `#<shard>`).
+fn legacy_owner(item: &Item) -> Option<Owner> {
+    let owner = text(item, "pk").ok()?.strip_prefix("OWNER#")?;
+    if owner.contains('#') {
+        return None;
+    }
+    Owner::parse(owner).ok()
+}
+
+impl DynamoStore {
+    /// Moves every item of the old layout to its new keys, each run in one
+    /// transaction with its list entry, its checkpoint and its part of the
+    /// active-run count (counted anew from the runs that are not terminal,
+    /// rather than copied); the old count goes last. Safe to run again: it
+    /// moves only what is left, and a run that changed while being moved is
+    /// skipped for the next pass. Meant for a stopped stack: a function of
+    /// this version does not find an unmoved run.
+    pub async fn migrate_layout(&self) -> Result<Migrated, StoreError> {
+        let mut migrated = Migrated::default();
+        let mut counters = Vec::new();
+        for item in self.scan_legacy().await? {
+            let Some(owner) = legacy_owner(&item) else { continue };
+            let sk = text(&item, "sk")?.to_owned();
+            let moved = if sk.starts_with("RUN#") {
+                let moved = self.migrate_run(item).await?;
+                migrated.runs += usize::from(moved);
+                moved
+            } else if let Some(key_hash) = sk.strip_prefix("IDEM#") {
+                let moved = self.migrate_idempotency_record(&owner, key_hash, item).await?;
+                migrated.idempotency_records += usize::from(moved);
+                moved
+            } else {
+                counters.push(owner);
+                true
+            };
+            migrated.skipped += usize::from(!moved);
+        }
+        // The old counts, once their runs count on the new shards.
+        if migrated.skipped == 0 {
+            for owner in counters {
+                self.client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key("pk", s(format!("OWNER#{owner}")))
+                    .key("sk", s("ACTIVE"))
+                    .send()
+                    .await
+                    .map_err(unavailable)?;
+                migrated.counters += 1;
+            }
+        }
+        Ok(migrated)
+    }
+
+    /// The items whose partition key starts `OWNER#` and whose sort key is a
+    /// run's, a checkpoint's, an idempotency record's or the count's.
+    async fn scan_legacy(&self) -> Result<Vec<Item>, StoreError> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let output = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .filter_expression(
+                    "begins_with(pk, :owner) AND (begins_with(sk, :run) OR begins_with(sk, :idem) OR sk = :active)",
+                )
+                .expression_attribute_values(":owner", s("OWNER#"))
+                .expression_attribute_values(":run", s("RUN#"))
+                .expression_attribute_values(":idem", s("IDEM#"))
+                .expression_attribute_values(":active", s("ACTIVE"))
+                .set_exclusive_start_key(start)
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            items.extend(output.items.unwrap_or_default().into_iter().filter(|item| legacy_owner(item).is_some()));
+            start = output.last_evaluated_key;
+            if start.is_none() {
+                return Ok(items);
+            }
+        }
+    }
+
+    /// One run: `true` when moved, `false` when it changed meanwhile.
+    async fn migrate_run(&self, item: Item) -> Result<bool, StoreError> {
+        let old_pk = text(&item, "pk")?.to_owned();
+        let old_sk = text(&item, "sk")?.to_owned();
+        let version = item.get("version").cloned().ok_or_else(|| defect("a stored run without a version"))?;
+        let apart = item.contains_key(CHECKPOINT_APART);
+        let mut run = decode_run(item)?;
+        let old_checkpoint_sk = format!("CKPT#{}", run.id);
+        if apart {
+            let checkpoint = self.get_item(old_pk.clone(), old_checkpoint_sk.clone()).await?;
+            let Some(checkpoint) = checkpoint else { return Ok(false) };
+            let json = text(&checkpoint, "checkpoint")?;
+            run.checkpoint = Some(serde_json::from_str(json).map_err(|_| defect("malformed stored checkpoint"))?);
+        }
+        let (run_item, checkpoint_item) = run_items(&run)?;
+        let (entry_pk, entry_sk) = entry_key(&run.owner, run.id);
+        let put = |item: Item, condition: Option<&str>| -> Result<TransactWriteItem, StoreError> {
+            let put = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(item))
+                .set_condition_expression(condition.map(str::to_owned))
+                .build()
+                .map_err(defect)?;
+            Ok(TransactWriteItem::builder().put(put).build())
+        };
+        let delete = |sk: String, version: Option<&aws_sdk_dynamodb::types::AttributeValue>| {
+            let mut delete = Delete::builder().table_name(&self.table).key("pk", s(&old_pk)).key("sk", s(sk));
+            if let Some(version) = version {
+                delete = delete
+                    .condition_expression("version = :version")
+                    .expression_attribute_values(":version", version.clone());
+            }
+            delete.build().map(|delete| TransactWriteItem::builder().delete(delete).build()).map_err(defect)
+        };
+        let mut items = vec![
+            put(run_item, Some("attribute_not_exists(pk)"))?,
+            put(Item::from([("pk".into(), s(entry_pk)), ("sk".into(), s(entry_sk))]), None)?,
+            delete(old_sk, Some(&version))?,
+            delete(old_checkpoint_sk, None)?,
+        ];
+        if let Some(checkpoint) = checkpoint_item {
+            items.push(put(checkpoint, None)?);
+        }
+        if !run.status.is_terminal() {
+            let count = self.counter((counter_pk(&run.owner, shard(run.id)), "ACTIVE"), "active", 1, None)?;
+            items.push(TransactWriteItem::builder().update(count).build());
+        }
+        match self.transact(items).await {
+            Ok(()) => Ok(true),
+            Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
+            Err(TransactFailure::Store(error)) => Err(error),
+        }
+    }
+
+    async fn migrate_idempotency_record(
+        &self,
+        owner: &Owner,
+        key_hash: &str,
+        mut item: Item,
+    ) -> Result<bool, StoreError> {
+        let old_key = [("pk", item.remove("pk")), ("sk", item.remove("sk"))];
+        item.insert("pk".into(), s(idempotency_pk(owner, key_hash)));
+        item.insert("sk".into(), s("IDEM"));
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(defect)?;
+        let mut delete = Delete::builder().table_name(&self.table);
+        for (name, value) in old_key {
+            delete = delete.key(name, value.ok_or_else(|| defect("an item without its key"))?);
+        }
+        let delete = delete.build().map_err(defect)?;
+        let items =
+            vec![TransactWriteItem::builder().put(put).build(), TransactWriteItem::builder().delete(delete).build()];
+        match self.transact(items).await {
+            Ok(()) => Ok(true),
+            Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
+            Err(TransactFailure::Store(error)) => Err(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_keys_of_the_old_layout_are_moved() {
+        let item = |pk: &str| Item::from([("pk".into(), s(pk)), ("sk".into(), s("RUN#x"))]);
+        assert_eq!(legacy_owner(&item("OWNER#acme")), Some(Owner::parse("acme").unwrap()));
+        assert_eq!(legacy_owner(&item("OWNER#acme#7")), None, "a list entry of the new layout");
+        assert_eq!(legacy_owner(&item("RUN#01")), None);
+    }
+}
