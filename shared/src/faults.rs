@@ -335,6 +335,9 @@ pub enum AwsError {
     /// when another transaction held an item, the call has no effect: the
     /// service receives an empty request in its place.
     TransactionConflict,
+    /// `400 TransactionConflictException`, for `PutItem` calls only: a
+    /// single write to an item a transaction holds. The call has no effect.
+    WriteConflict,
 }
 
 impl AwsError {
@@ -355,6 +358,10 @@ impl AwsError {
                     r#""message":"Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict, None]","#,
                     r#""CancellationReasons":[{"Code":"TransactionConflict","Message":"Transaction is ongoing for the item"},{"Code":"None"}]}"#,
                 ),
+            ),
+            AwsError::WriteConflict => (
+                400,
+                r#"{"__type":"com.amazonaws.dynamodb.v20120810#TransactionConflictException","message":"injected by a test"}"#,
             ),
         }
     }
@@ -428,7 +435,7 @@ fn answer_instead(
 /// picks with an error in place of the service's response, so the SDK's
 /// retries and the store's error mapping are exercised. A throttled call or
 /// a server error still reached the service (and may have taken effect); a
-/// transaction conflict did not.
+/// conflict did not.
 #[derive(Clone)]
 pub struct AwsErrorInterceptor {
     plan: Arc<dyn FaultPlan>,
@@ -461,14 +468,18 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for AwsErrorInterce
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
         let operation = dynamodb_operation(context);
-        let applies = self.error != AwsError::TransactionConflict || operation == "TransactWriteItems";
+        let applies = match self.error {
+            AwsError::TransactionConflict => operation == "TransactWriteItems",
+            AwsError::WriteConflict => operation == "PutItem",
+            AwsError::Throttling | AwsError::ServerError => true,
+        };
         let picked = applies && self.plan.next(operation) != Fault::None;
         let answer = picked.then(|| {
             let (status, body) = self.error.response();
             (status, body.to_owned())
         });
         set_answer(cfg, |answers| answers.error = answer);
-        if picked && self.error == AwsError::TransactionConflict {
+        if picked && matches!(self.error, AwsError::TransactionConflict | AwsError::WriteConflict) {
             empty_request(context);
         }
         Ok(())

@@ -611,6 +611,26 @@ async fn transaction_conflicts_are_sent_again() {
     assert_eq!(aws.active_runs().await, 0, "the run ended once");
 }
 
+/// A single write refused because a transaction holds its item (here the
+/// write that pins a replayed create's run) is sent again, not answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_writes_refused_for_a_transaction_under_way_are_sent_again() {
+    if support::without_emulator("single_writes_refused_for_a_transaction_under_way_are_sent_again") {
+        return;
+    }
+    let conflicts = FailNext::new();
+    let aws = Aws::with_faults(conflicts.clone(), AwsError::WriteConflict).await;
+    let (body, headers) = (Some(json!({"input": "pinned"})), [("idempotency-key", "pin-1")]);
+    let (status, run) = aws.invoke_with(Operation::Create, "POST", "/v1/agent/runs", body.clone(), &headers).await;
+    assert_eq!(status, 201, "{run}");
+    aws.calls.take();
+    conflicts.fail_next(2);
+    let (status, replayed) = aws.invoke_with(Operation::Create, "POST", "/v1/agent/runs", body, &headers).await;
+    assert_eq!((status, id(&replayed)), (201, id(&run)), "{replayed}");
+    let calls = aws.calls.take();
+    assert_eq!(calls.iter().filter(|call| *call == "PutItem").count(), 3, "refused twice, then written: {calls:?}");
+}
+
 /// When conflicts outlast the store's attempts, a create answers 503 (its
 /// outcome is known here: nothing was written), never 500.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
