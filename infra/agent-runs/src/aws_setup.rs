@@ -41,7 +41,8 @@ pub async fn run(args: AwsSetupArgs) -> Result<(), Error> {
 #[derive(Args)]
 pub struct AwsMigrateArgs {
     /// The table to move to the current layout (docs/operations.md: stop
-    /// the stack's functions first).
+    /// the stack's functions first; set AGENT_RUNS_MAX_ACTIVE_RUNS as the
+    /// stack does, if it is not the default).
     #[arg(long)]
     table: String,
 }
@@ -49,7 +50,10 @@ pub struct AwsMigrateArgs {
 /// `agent-runs aws-migrate`: moves a table written before the sharded
 /// layout to it, and says what it moved.
 pub async fn migrate(args: AwsMigrateArgs) -> Result<(), Error> {
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk_config().await), args.table);
+    // The stack's limit (AGENT_RUNS_MAX_ACTIVE_RUNS) lays out the count.
+    let limit = agent_runs_shared::config::Config::from_env()?.limits.max_active_runs;
+    let store =
+        DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk_config().await), args.table).with_active_limit(limit);
     let migrated = store.migrate_layout().await?;
     println!(
         "moved {} runs and {} idempotency records, replaced {} active-run counts; {} items changed while moving",

@@ -66,7 +66,8 @@ async fn a_busy_tenant_sees_no_throttle_or_conflict() {
     let runs = setting("BUSY_TENANT_RUNS", 60);
     let callers = setting("BUSY_TENANT_CALLERS", 6);
     let mut resources: HashMap<String, String> = support::create_aws_resources().into_iter().collect();
-    resources.insert("AGENT_RUNS_MAX_ACTIVE_RUNS".into(), (runs + 10).to_string());
+    // A busy owner's limit: its count spread over all 256 items.
+    resources.insert("AGENT_RUNS_MAX_ACTIVE_RUNS".into(), (runs * 2).max(2_048).to_string());
     let config = Config::from_lookup(|name| resources.get(name).cloned()).unwrap();
     let sdk = support::aws_sdk_config().await;
     let model = CapacityModel::new(LIMITS);
@@ -100,7 +101,7 @@ async fn a_busy_tenant_sees_no_throttle_or_conflict() {
     let create_seconds = started.elapsed().as_secs_f64();
     let create_model = (counts.throttled.load(Ordering::Relaxed), counts.conflicts.load(Ordering::Relaxed));
 
-    // Completions: the queue's messages in batches of five, one at a time
+    // Completions: the queue's messages in batches of three, one at a time
     // (the emulator answers one DynamoDB request at a time; more at once
     // only time out).
     let sqs = aws_sdk_sqs::Client::new(&sdk);
@@ -121,7 +122,7 @@ async fn a_busy_tenant_sees_no_throttle_or_conflict() {
                     let received = sqs
                         .receive_message()
                         .queue_url(&queue_url)
-                        .max_number_of_messages(5)
+                        .max_number_of_messages(3)
                         .wait_time_seconds(1)
                         .send()
                         .await

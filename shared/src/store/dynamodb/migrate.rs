@@ -6,8 +6,8 @@
 use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem};
 
 use super::{
-    CHECKPOINT_APART, DynamoStore, Item, TransactFailure, counter_pk, decode_run, defect, entry_key, idempotency_pk,
-    run_items, s, shard, text, unavailable,
+    CHECKPOINT_APART, DynamoStore, Item, TransactFailure, counter_pk, counter_shard, decode_run, defect, entry_key,
+    idempotency_pk, run_items, s, text, unavailable,
 };
 use crate::domain::Owner;
 use crate::store::StoreError;
@@ -151,7 +151,12 @@ impl DynamoStore {
             items.push(put(checkpoint, None)?);
         }
         if !run.status.is_terminal() {
-            let count = self.counter((counter_pk(&run.owner, shard(run.id)), "ACTIVE"), "active", 1, None)?;
+            let count = self.counter(
+                (counter_pk(&run.owner, counter_shard(run.id, self.active_limit)), "ACTIVE"),
+                "active",
+                1,
+                None,
+            )?;
             items.push(TransactWriteItem::builder().update(count).build());
         }
         match self.transact(items).await {

@@ -106,9 +106,13 @@ fn write_bytes(items: &[TransactWriteItem]) -> usize {
 /// Partitions of the due index, so the sweeper's reads and the writes of
 /// busy periods spread over several keys.
 pub const DUE_SHARDS: u32 = 32;
-/// Partitions of an owner's list entries and status index entries, and
-/// items of its active-run count.
+/// Partitions of an owner's list entries and of its status index entries.
 pub const OWNER_SHARDS: u32 = 32;
+/// The most items of an owner's active-run count: at a busy owner's rate
+/// each sees few transactions a second (docs/design.md).
+pub const COUNTER_SHARDS: u32 = 256;
+/// The fewest active runs each item of the count holds.
+const RUNS_PER_COUNTER: u32 = 8;
 /// Tries of a create on other shards of the active-run count when the
 /// first one it tried is full.
 const COUNTER_RETRIES: usize = 3;
@@ -145,6 +149,9 @@ const TRANSACT_BACKOFF_CAP: Duration = Duration::from_secs(1);
 pub struct DynamoStore {
     client: Client,
     table: String,
+    /// The active-run limit the count is laid out for (`insert` is given the
+    /// limit it enforces; this one picks the item an end gives back to).
+    active_limit: u32,
 }
 
 type Item = HashMap<String, AttributeValue>;
@@ -191,16 +198,26 @@ fn idempotency_pk(owner: &Owner, key_hash: &str) -> String {
     format!("IDEM#{owner}#{key_hash}")
 }
 
-/// The most of `limit` active runs shard `shard` of the count holds: the
-/// limit split evenly, any remainder on the first shards.
-fn counter_cap(limit: u32, shard: u32) -> u32 {
-    limit / OWNER_SHARDS + u32::from(shard < limit % OWNER_SHARDS)
+/// How many items of the count `limit` active runs are split over: each
+/// holds at least [`RUNS_PER_COUNTER`], up to [`COUNTER_SHARDS`] items.
+fn counter_shards(limit: u32) -> u32 {
+    (limit / RUNS_PER_COUNTER).clamp(1, COUNTER_SHARDS)
 }
 
-/// The shard of the count a new run tries first: its own, or with a limit
-/// under [`OWNER_SHARDS`] one of the shards that hold any.
-fn first_counter_shard(run_id: RunId, limit: u32) -> u32 {
-    if limit >= OWNER_SHARDS { shard(run_id) } else { shard(run_id) % limit.max(1) }
+/// The most of `limit` active runs item `shard` of the count holds: the
+/// limit split evenly over [`counter_shards`], any remainder on the first.
+fn counter_cap(limit: u32, shard: u32) -> u32 {
+    let shards = counter_shards(limit);
+    if shard >= shards {
+        return 0;
+    }
+    limit / shards + u32::from(shard < limit % shards)
+}
+
+/// The run's own item of the count, under `limit`: the one its create tries
+/// first and its end gives back to.
+fn counter_shard(run_id: RunId, limit: u32) -> u32 {
+    (run_id.ulid().random() % u128::from(counter_shards(limit))) as u32
 }
 
 fn due_sk(due_at: Timestamp, run_id: RunId, owner: &Owner) -> String {
@@ -468,7 +485,14 @@ fn transact_backoff(attempt: u32) -> Duration {
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into() }
+        Self { client, table: table.into(), active_limit: crate::api::ApiLimits::default().max_active_runs }
+    }
+
+    /// With the configured active-run limit (`AGENT_RUNS_MAX_ACTIVE_RUNS`), so
+    /// a run's end gives back to the item of the count its create took. Any
+    /// other limit only costs more reads: the count's sum stays exact.
+    pub fn with_active_limit(self, active_limit: u32) -> Self {
+        Self { active_limit, ..self }
     }
 
     /// A read of an item that never exists (API key lookups use the same
@@ -634,19 +658,18 @@ impl DynamoStore {
         self.counter((counter_pk(owner, shard), "ACTIVE"), "active", 1, Some(u64::from(counter_cap(limit, shard))))
     }
 
-    /// Gives back the active run `run` took. Any shard will do, as only
-    /// the sum counts: the run's own, so an owner's ends spread as its
-    /// creates do.
+    /// Gives back the active run `run` took. Any item will do, as only the
+    /// sum counts: the run's own, which its create took unless that was full.
     fn release_active(&self, run: &Run) -> Result<Update, StoreError> {
-        self.counter((counter_pk(&run.owner, shard(run.id)), "ACTIVE"), "active", -1, None)
+        self.counter((counter_pk(&run.owner, counter_shard(run.id, self.active_limit)), "ACTIVE"), "active", -1, None)
     }
 
     /// The owner's active runs on each shard of the count.
     async fn active_by_shard(&self, owner: &Owner) -> Result<Vec<i64>, StoreError> {
-        let keys = (0..OWNER_SHARDS)
+        let keys = (0..COUNTER_SHARDS)
             .map(|shard| Item::from([("pk".into(), s(counter_pk(owner, shard))), ("sk".into(), s("ACTIVE"))]))
             .collect();
-        let mut counts = vec![0; OWNER_SHARDS as usize];
+        let mut counts = vec![0; COUNTER_SHARDS as usize];
         for item in self.batch_get(keys).await? {
             let shard = text(&item, "pk")?.rsplit('#').next().and_then(|shard| shard.parse::<usize>().ok());
             let count = item.get("active").and_then(|value| value.as_n().ok()).and_then(|count| count.parse().ok());
@@ -821,7 +844,7 @@ impl RunStore for DynamoStore {
         // shard's when it is full.
         let mut items = vec![
             TransactWriteItem::builder()
-                .update(self.take_active(&run.owner, first_counter_shard(run.id, max_active), max_active)?)
+                .update(self.take_active(&run.owner, counter_shard(run.id, max_active), max_active)?)
                 .build(),
             TransactWriteItem::builder().put(put_run).build(),
         ];
@@ -865,7 +888,7 @@ impl RunStore for DynamoStore {
             // room tried in random order. 429 only when none has any.
             if other_shards.is_none() {
                 let counts = self.active_by_shard(&run.owner).await?;
-                let mut with_room: Vec<u32> = (0..OWNER_SHARDS)
+                let mut with_room: Vec<u32> = (0..COUNTER_SHARDS)
                     .filter(|shard| counts[*shard as usize] < i64::from(counter_cap(max_active, *shard)))
                     .collect();
                 rand::seq::SliceRandom::shuffle(with_room.as_mut_slice(), &mut rand::rng());
@@ -1440,6 +1463,22 @@ mod tests {
 
     fn event(seq: u64) -> StoredEvent {
         StoredEvent { seq, kind: "output.appended".into(), at: Timestamp::from_millis(0), data: "{}".into() }
+    }
+
+    /// The count's items hold the limit exactly between them, at least
+    /// eight runs each where the limit allows, on at most 256 items.
+    #[test]
+    fn the_active_run_limit_is_split_exactly_over_the_counts_items() {
+        for limit in [0, 1, 7, 8, 70, 1_000, 2_047, 2_048, 50_000] {
+            let caps: Vec<u32> = (0..COUNTER_SHARDS).map(|shard| counter_cap(limit, shard)).collect();
+            assert_eq!(caps.iter().sum::<u32>(), limit, "limit {limit}");
+            let used = caps.iter().filter(|cap| **cap > 0).count() as u32;
+            assert!(used <= counter_shards(limit) && counter_shards(limit) <= COUNTER_SHARDS);
+            assert!(limit < RUNS_PER_COUNTER || caps.iter().take(used as usize).all(|cap| *cap >= RUNS_PER_COUNTER));
+        }
+        let run = RunId::from_ulid(ulid::Ulid::from_parts(1, 12_345));
+        assert!(counter_shard(run, 1_000) < counter_shards(1_000));
+        assert_eq!(counter_cap(1_000, counter_shard(run, 1_000)), 8, "its own item holds its share");
     }
 
     /// A Query that saw part of a transaction (seq 4 without 3) answers
