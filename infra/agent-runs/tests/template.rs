@@ -316,6 +316,24 @@ fn functions_that_write_runs_may_make_every_call_a_run_write_makes() {
     }
 }
 
+/// The functions that read several items at once may: a list reads its
+/// page's runs, the inbox its entries' runs, a create whose own item of the
+/// active-run count is full reads all of them (the emulator does not
+/// enforce IAM, so only this test sees a missing permission).
+#[test]
+fn functions_that_read_items_in_batches_may() {
+    let template = template();
+    let readers = ["create", "list", "approvals"];
+    let mut found = 0;
+    for (name, function) in functions(&template) {
+        if readers.contains(&binary(function)) {
+            found += 1;
+            assert!(table_actions(function).contains("dynamodb:BatchGetItem"), "{name} may not BatchGetItem");
+        }
+    }
+    assert_eq!(found, readers.len());
+}
+
 /// The calls the webhook functions make (the emulator does not enforce IAM,
 /// so only this test sees a missing permission): the API function keeps
 /// endpoints and their count in transactions; the notifier reads endpoints

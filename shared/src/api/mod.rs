@@ -71,7 +71,7 @@ pub struct ApiLimits {
 
 impl Default for ApiLimits {
     fn default() -> Self {
-        Self { max_active_runs: 1_000, rate: RateLimit::default() }
+        Self { max_active_runs: crate::store::DEFAULT_MAX_ACTIVE_RUNS, rate: RateLimit::default() }
     }
 }
 

@@ -21,6 +21,9 @@ pub use dynamodb::{
 };
 pub use sqlite::{Durability, SqliteStore};
 
+/// An owner's runs not yet ended, unless `AGENT_RUNS_MAX_ACTIVE_RUNS` says otherwise.
+pub const DEFAULT_MAX_ACTIVE_RUNS: u32 = 1_000;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A conditional write lost a race: the item changed since it was read.

@@ -485,7 +485,7 @@ fn transact_backoff(attempt: u32) -> Duration {
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into(), active_limit: crate::api::ApiLimits::default().max_active_runs }
+        Self { client, table: table.into(), active_limit: super::DEFAULT_MAX_ACTIVE_RUNS }
     }
 
     /// With the configured active-run limit (`AGENT_RUNS_MAX_ACTIVE_RUNS`), so
@@ -1180,6 +1180,9 @@ impl RunStore for DynamoStore {
             }
         });
         let newest = self.newest_across(queries.collect(), sort, fetch).await?;
+        // Decided by what was read: a run left out below (being undone)
+        // does not hide the pages after it.
+        let has_more = newest.len() > request.limit as usize;
         let mut runs = match request.status {
             Some(_) => newest.into_iter().map(decode_run).collect::<Result<Vec<_>, _>>()?,
             None => {
@@ -1197,7 +1200,6 @@ impl RunStore for DynamoStore {
                 ids.iter().filter_map(|id| found.remove(id)).collect()
             }
         };
-        let has_more = runs.len() > request.limit as usize;
         runs.truncate(request.limit as usize);
         Ok(ListPage { runs, has_more })
     }
