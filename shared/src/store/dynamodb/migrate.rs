@@ -80,31 +80,10 @@ impl DynamoStore {
     /// The items whose partition key starts `OWNER#` and whose sort key is a
     /// run's, a checkpoint's, an idempotency record's or the count's.
     async fn scan_legacy(&self) -> Result<Vec<Item>, StoreError> {
-        let mut items = Vec::new();
-        let mut start = None;
-        loop {
-            let output = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .filter_expression(
-                    "begins_with(pk, :owner) AND (begins_with(sk, :run) OR begins_with(sk, :idem) OR sk = :active)",
-                )
-                .expression_attribute_values(":owner", s("OWNER#"))
-                .expression_attribute_values(":run", s("RUN#"))
-                .expression_attribute_values(":idem", s("IDEM#"))
-                .expression_attribute_values(":active", s("ACTIVE"))
-                .set_exclusive_start_key(start)
-                .consistent_read(true)
-                .send()
-                .await
-                .map_err(unavailable)?;
-            items.extend(output.items.unwrap_or_default().into_iter().filter(|item| legacy_owner(item).is_some()));
-            start = output.last_evaluated_key;
-            if start.is_none() {
-                return Ok(items);
-            }
-        }
+        let filter = "begins_with(pk, :owner) AND (begins_with(sk, :run) OR begins_with(sk, :idem) OR sk = :active)";
+        let values = [(":owner", s("OWNER#")), (":run", s("RUN#")), (":idem", s("IDEM#")), (":active", s("ACTIVE"))];
+        let items = self.scan_filtered(filter, values).await?;
+        Ok(items.into_iter().filter(|item| legacy_owner(item).is_some()).collect())
     }
 
     /// One run: `true` when moved, `false` when it changed meanwhile.

@@ -519,19 +519,27 @@ impl DynamoStore {
     /// Every item with this sort key: an admin operation over a handful of
     /// items, where a filtered scan is fine.
     async fn scan_kind(&self, sort_key: &str) -> Result<Vec<Item>, StoreError> {
+        self.scan_filtered("sk = :kind", [(":kind", s(sort_key))]).await
+    }
+
+    /// Every item `filter` keeps, by a consistent Scan of the whole table:
+    /// for admin operations only.
+    async fn scan_filtered<const N: usize>(
+        &self,
+        filter: &str,
+        values: [(&str, AttributeValue); N],
+    ) -> Result<Vec<Item>, StoreError> {
+        let scan = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .filter_expression(filter)
+            .set_expression_attribute_values(Some(values.map(|(name, value)| (name.to_owned(), value)).into()))
+            .consistent_read(true);
         let mut items = Vec::new();
         let mut start = None;
         loop {
-            let output = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .filter_expression("sk = :kind")
-                .expression_attribute_values(":kind", s(sort_key))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(unavailable)?;
+            let output = scan.clone().set_exclusive_start_key(start).send().await.map_err(unavailable)?;
             items.extend(output.items.unwrap_or_default());
             start = output.last_evaluated_key;
             if start.is_none() {
