@@ -6,7 +6,7 @@
 //! | a run's large checkpoint | `RUN#<run_id>` | `CKPT` |
 //! | a run's event | `RUN#<run_id>` | `EV#<seq, 12 digits>` |
 //! | the owner's list entry of a run | `OWNER#<owner>#<shard>` | `RUN#<run_id>` |
-//! | a shard of the owner's active-run count | `ACTIVE#<owner>#<shard>` | `ACTIVE` |
+//! | an item of the owner's active-run count | `ACTIVE#<owner>#<0..255>` | `ACTIVE` |
 //! | idempotency record | `IDEM#<owner>#<sha256 of the key>` | `IDEM` |
 //! | API key | `KEY#<sha256 hex of the key>` | `KEY` |
 //! | agent definition | `AGENT#<name>` | `AGENT` |
@@ -15,9 +15,10 @@
 //! | a delivery attempt (kept 30 days) | `WH#<webhook_id>` | `DLV#<delivery_id>` |
 //! | the claim of a delivery's next attempt (kept 3 days) | `WH#<webhook_id>` | `NEXT#<run_id>#<seq>#<attempt>` |
 //!
-//! A run's shard is its id's random bits modulo [`OWNER_SHARDS`]: no key an
-//! owner's creates or ends write is shared by more than a few of them a
-//! second, however busy the owner (docs/design.md, "A busy tenant"). Runs
+//! A run's shard is its id's random bits modulo [`OWNER_SHARDS`], its item
+//! of the count those bits modulo up to [`COUNTER_SHARDS`]: no key that an
+//! owner's creates and ends write takes more than a small share of them,
+//! however busy the owner (docs/design.md, "A busy tenant"). Runs
 //! also carry `gsi1pk = OWNER#<owner>#STATUS#<status>#<shard>`, `gsi1sk =
 //! RUN#<run_id>` (the status filter) and, while not terminal, `gsi2pk =
 //! DUE#<shard>`, `gsi2sk = <due time>#<run_id>#<owner>` (the sweeper's
