@@ -798,6 +798,36 @@ async fn dynamodb_store_keeps_the_contract() {
     assert!(size < 4_096, "the run item stays small: {size} bytes");
     let checkpoint_item = item("CKPT").await.unwrap().item.unwrap();
     assert!(checkpoint_item["checkpoint"].as_s().unwrap().len() > 300_000);
+
+    // A limit of 16 is split over 2 items of 8. These runs' ids all name
+    // item 0, so the last 8 take item 1; each end gives back to the item its
+    // create took, so both items are at 0 again, not one above and one below.
+    let mut pairs = Vec::new();
+    for random in (0..32).step_by(2) {
+        let mut run = new_run("pairs", 1_000, random);
+        assert!(matches!(store.insert(&mut run, None, 16).await.unwrap(), InsertOutcome::Inserted));
+        pairs.push(run);
+    }
+    let mut refused = new_run("pairs", 1_000, 99);
+    assert!(matches!(store.insert(&mut refused, None, 16).await.unwrap(), InsertOutcome::TooManyActiveRuns));
+    for run in &mut pairs {
+        run.cancel(Timestamp::from_millis(T0 as i64 + 2_000)).unwrap();
+        store.update(run).await.unwrap();
+    }
+    for item in 0..2 {
+        let count = client
+            .get_item()
+            .table_name(&table)
+            .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(format!("ACTIVE#pairs#{item}")))
+            .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("ACTIVE".into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap();
+        assert_eq!(count["active"].as_n().unwrap(), "0", "item {item}");
+    }
 }
 
 #[tokio::test]
@@ -992,12 +1022,13 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
     to_layout_before_shards(&client, &table, "before").await;
     assert!(store.get(&owner("before"), queued.id).await.unwrap().is_none(), "unmoved runs are not found");
 
-    let migrated = store.migrate_layout().await.unwrap();
+    let migrated = store.migrate_layout(1_000).await.unwrap();
     assert_eq!(migrated, Migrated { runs: 3, idempotency_records: 1, counters: 1, skipped: 0 });
     for run in [&queued, &big, &ended] {
         let found = store.get(&owner("before"), run.id).await.unwrap().unwrap();
         assert_eq!((found.status, found.version, found.event_seq), (run.status, run.version, run.event_seq));
         assert_eq!(found.checkpoint, run.checkpoint);
+        assert!(found.count_item.is_some(), "a moved run records its item of the count");
     }
     let listed = every_page(&store, &owner("before"), ListRequest { status: None, before: None, limit: 2 }).await;
     assert_eq!(listed, [vec![ended.id, big.id], vec![queued.id]]);
@@ -1015,5 +1046,5 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
     queued.cancel(Timestamp::from_millis(T0 as i64 + 20)).unwrap();
     store.update(&mut queued).await.unwrap();
     assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 1);
-    assert_eq!(store.migrate_layout().await.unwrap(), Migrated::default(), "a second pass finds nothing left");
+    assert_eq!(store.migrate_layout(1_000).await.unwrap(), Migrated::default(), "a second pass finds nothing left");
 }

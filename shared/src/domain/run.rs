@@ -145,6 +145,10 @@ pub struct Run {
     /// How often the sweeper sent the run again in its current stretch of
     /// `queued`: each wait before the next send is twice the last.
     pub resends: u32,
+    /// Which item of its owner's active-run count the run holds, where a
+    /// store splits the count over several (DynamoDB): its end gives back
+    /// to the item its create took. Set by the store.
+    pub count_item: Option<u32>,
     /// How many events the run's log holds (the `seq` of the last).
     pub event_seq: u64,
     /// Events of the changes made since the run was read, oldest first: the
@@ -303,6 +307,7 @@ impl Run {
             budget: Budget::default(),
             trace: None,
             resends: 0,
+            count_item: None,
             event_seq: 0,
             pending_events: Vec::new(),
         };

@@ -45,6 +45,8 @@ pub(super) struct StoredRun {
     usage: Option<StoredUsage>,
     #[serde(default)]
     resends: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    count_item: Option<u32>,
     /// The `seq` of the run's last event; absent before runs had events.
     #[serde(default, skip_serializing_if = "is_zero")]
     event_seq: u64,
@@ -199,6 +201,7 @@ impl From<&Run> for StoredRun {
                 tool_calls: usage.tool_calls,
             }),
             resends: run.resends,
+            count_item: run.count_item,
             event_seq: run.event_seq,
             budget: (run.budget != Budget::default()).then_some(StoredBudget {
                 max_total_tokens: run.budget.max_total_tokens,
@@ -286,6 +289,7 @@ impl TryFrom<StoredRun> for Run {
             }),
             trace: stored.trace.as_ref().and_then(StoredTrace::read),
             resends: stored.resends,
+            count_item: stored.count_item,
             event_seq: stored.event_seq,
             pending_events: Vec::new(),
         })

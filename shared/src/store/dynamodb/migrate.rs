@@ -36,18 +36,19 @@ impl DynamoStore {
     /// Moves every item of the old layout to its new keys, each run in one
     /// transaction with its list entry, its checkpoint and its part of the
     /// active-run count (counted anew from the runs that are not terminal,
-    /// rather than copied); the old count goes last. Safe to run again: it
+    /// rather than copied, on the items of the stack's limit `max_active`);
+    /// the old count goes last. Safe to run again: it
     /// moves only what is left, and a run that changed while being moved is
     /// skipped for the next pass. Meant for a stopped stack: a function of
     /// this version does not find an unmoved run.
-    pub async fn migrate_layout(&self) -> Result<Migrated, StoreError> {
+    pub async fn migrate_layout(&self, max_active: u32) -> Result<Migrated, StoreError> {
         let mut migrated = Migrated::default();
         let mut counters = Vec::new();
         for item in self.scan_legacy().await? {
             let Some(owner) = legacy_owner(&item) else { continue };
             let sk = text(&item, "sk")?.to_owned();
             let moved = if sk.starts_with("RUN#") {
-                let moved = self.migrate_run(item).await?;
+                let moved = self.migrate_run(item, max_active).await?;
                 migrated.runs += usize::from(moved);
                 moved
             } else if let Some(key_hash) = sk.strip_prefix("IDEM#") {
@@ -87,7 +88,7 @@ impl DynamoStore {
     }
 
     /// One run: `true` when moved, `false` when it changed meanwhile.
-    async fn migrate_run(&self, item: Item) -> Result<bool, StoreError> {
+    async fn migrate_run(&self, item: Item, max_active: u32) -> Result<bool, StoreError> {
         let old_pk = text(&item, "pk")?.to_owned();
         let old_sk = text(&item, "sk")?.to_owned();
         let version = item.get("version").cloned().ok_or_else(|| defect("a stored run without a version"))?;
@@ -100,6 +101,8 @@ impl DynamoStore {
             let json = text(&checkpoint, "checkpoint")?;
             run.checkpoint = Some(serde_json::from_str(json).map_err(|_| defect("malformed stored checkpoint"))?);
         }
+        let count_item = counter_shard(run.id, max_active);
+        run.count_item = Some(count_item);
         let (run_item, checkpoint_item) = run_items(&run)?;
         let (entry_pk, entry_sk) = entry_key(&run.owner, run.id);
         let put = |item: Item, condition: Option<&str>| -> Result<TransactWriteItem, StoreError> {
@@ -130,12 +133,7 @@ impl DynamoStore {
             items.push(put(checkpoint, None)?);
         }
         if !run.status.is_terminal() {
-            let count = self.counter(
-                (counter_pk(&run.owner, counter_shard(run.id, self.active_limit)), "ACTIVE"),
-                "active",
-                1,
-                None,
-            )?;
+            let count = self.counter((counter_pk(&run.owner, count_item), "ACTIVE"), "active", 1, None)?;
             items.push(TransactWriteItem::builder().update(count).build());
         }
         match self.transact(items).await {

@@ -150,9 +150,6 @@ const TRANSACT_BACKOFF_CAP: Duration = Duration::from_secs(1);
 pub struct DynamoStore {
     client: Client,
     table: String,
-    /// The active-run limit the count is laid out for (`insert` is given the
-    /// limit it enforces; this one picks the item an end gives back to).
-    active_limit: u32,
 }
 
 type Item = HashMap<String, AttributeValue>;
@@ -486,14 +483,7 @@ fn transact_backoff(attempt: u32) -> Duration {
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into(), active_limit: super::DEFAULT_MAX_ACTIVE_RUNS }
-    }
-
-    /// With the configured active-run limit (`AGENT_RUNS_MAX_ACTIVE_RUNS`), so
-    /// a run's end gives back to the item of the count its create took. Any
-    /// other limit only costs more reads: the count's sum stays exact.
-    pub fn with_active_limit(self, active_limit: u32) -> Self {
-        Self { active_limit, ..self }
+        Self { client, table: table.into() }
     }
 
     /// A read of an item that never exists (API key lookups use the same
@@ -667,10 +657,11 @@ impl DynamoStore {
         self.counter((counter_pk(owner, shard), "ACTIVE"), "active", 1, Some(u64::from(counter_cap(limit, shard))))
     }
 
-    /// Gives back the active run `run` took. Any item will do, as only the
-    /// sum counts: the run's own, which its create took unless that was full.
+    /// Gives back the active run `run` took, to the item its create took, so
+    /// each item counts exactly the unended runs that took it.
     fn release_active(&self, run: &Run) -> Result<Update, StoreError> {
-        self.counter((counter_pk(&run.owner, counter_shard(run.id, self.active_limit)), "ACTIVE"), "active", -1, None)
+        let item = run.count_item.unwrap_or_else(|| counter_shard(run.id, super::DEFAULT_MAX_ACTIVE_RUNS));
+        self.counter((counter_pk(&run.owner, item), "ACTIVE"), "active", -1, None)
     }
 
     /// The owner's active runs on each shard of the count.
@@ -834,14 +825,25 @@ impl RunStore for DynamoStore {
         idempotency: Option<&IdempotencyClaim>,
         max_active: u32,
     ) -> Result<InsertOutcome, StoreError> {
+        if max_active == 0 {
+            return Ok(InsertOutcome::TooManyActiveRuns);
+        }
         let mut written = run.clone();
         let events = written.take_events();
-        let put_run = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(run_item(&written)?))
-            .condition_expression("attribute_not_exists(pk)")
-            .build()
-            .map_err(defect)?;
+        // The item of the count taken, and the run (which records it).
+        let count_and_run = |written: &mut Run, item: u32| -> Result<[TransactWriteItem; 2], StoreError> {
+            written.count_item = Some(item);
+            let put_run = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(run_item(written)?))
+                .condition_expression("attribute_not_exists(pk)")
+                .build()
+                .map_err(defect)?;
+            Ok([
+                TransactWriteItem::builder().update(self.take_active(&written.owner, item, max_active)?).build(),
+                TransactWriteItem::builder().put(put_run).build(),
+            ])
+        };
         let (entry_pk, entry_sk) = entry_key(&run.owner, run.id);
         let put_entry = Put::builder()
             .table_name(&self.table)
@@ -849,14 +851,9 @@ impl RunStore for DynamoStore {
             .item("sk", s(entry_sk))
             .build()
             .map_err(defect)?;
-        // The count's shard goes first: its place is swapped for another
-        // shard's when it is full.
-        let mut items = vec![
-            TransactWriteItem::builder()
-                .update(self.take_active(&run.owner, counter_shard(run.id, max_active), max_active)?)
-                .build(),
-            TransactWriteItem::builder().put(put_run).build(),
-        ];
+        // The count's item and the run go first: both are swapped for
+        // another item's when the count's is full.
+        let mut items = count_and_run(&mut written, counter_shard(run.id, max_active))?.to_vec();
         if let Some(claim) = idempotency {
             let record = Put::builder()
                 .table_name(&self.table)
@@ -907,7 +904,8 @@ impl RunStore for DynamoStore {
             let Some(shard) = other_shards.as_mut().and_then(Vec::pop) else {
                 return Ok(InsertOutcome::TooManyActiveRuns);
             };
-            items[0] = TransactWriteItem::builder().update(self.take_active(&run.owner, shard, max_active)?).build();
+            let [count, put_run] = count_and_run(&mut written, shard)?;
+            (items[0], items[1]) = (count, put_run);
         };
         if failed.get(1) == Some(&true) && self.get_item(run_pk(run.id), RUN_SK.into()).await?.is_some() {
             // A fresh id is only ever taken by this very write: an earlier
