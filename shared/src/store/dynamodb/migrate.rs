@@ -6,7 +6,7 @@
 use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem};
 
 use super::{
-    CHECKPOINT_APART, DynamoStore, Item, TransactFailure, counter_pk, counter_shard, decode_run, defect, entry_key,
+    CHECKPOINT_APART, DynamoStore, Item, TransactFailure, counter_pk, counter_shard, decode_run, defect, entry,
     idempotency_pk, run_items, s, text, unavailable,
 };
 use crate::domain::Owner;
@@ -44,8 +44,7 @@ impl DynamoStore {
     pub async fn migrate_layout(&self, max_active: u32) -> Result<Migrated, StoreError> {
         let mut migrated = Migrated::default();
         let mut counters = Vec::new();
-        for item in self.scan_legacy().await? {
-            let Some(owner) = legacy_owner(&item) else { continue };
+        for (owner, item) in self.scan_legacy().await? {
             let sk = text(&item, "sk")?.to_owned();
             let moved = if sk.starts_with("RUN#") {
                 let moved = self.migrate_run(item, max_active).await?;
@@ -78,13 +77,13 @@ impl DynamoStore {
         Ok(migrated)
     }
 
-    /// The items whose partition key starts `OWNER#` and whose sort key is a
-    /// run's, a checkpoint's, an idempotency record's or the count's.
-    async fn scan_legacy(&self) -> Result<Vec<Item>, StoreError> {
+    /// The items of the old layout (their partition key is `OWNER#<owner>`)
+    /// that are a run, an idempotency record or the count, with their owner.
+    async fn scan_legacy(&self) -> Result<Vec<(Owner, Item)>, StoreError> {
         let filter = "begins_with(pk, :owner) AND (begins_with(sk, :run) OR begins_with(sk, :idem) OR sk = :active)";
         let values = [(":owner", s("OWNER#")), (":run", s("RUN#")), (":idem", s("IDEM#")), (":active", s("ACTIVE"))];
         let items = self.scan_filtered(filter, values).await?;
-        Ok(items.into_iter().filter(|item| legacy_owner(item).is_some()).collect())
+        Ok(items.into_iter().filter_map(|item| Some((legacy_owner(&item)?, item))).collect())
     }
 
     /// One run: `true` when moved, `false` when it changed meanwhile.
@@ -104,7 +103,6 @@ impl DynamoStore {
         let count_item = counter_shard(run.id, max_active);
         run.count_item = Some(count_item);
         let (run_item, checkpoint_item) = run_items(&run)?;
-        let (entry_pk, entry_sk) = entry_key(&run.owner, run.id);
         let put = |item: Item, condition: Option<&str>| -> Result<TransactWriteItem, StoreError> {
             let put = Put::builder()
                 .table_name(&self.table)
@@ -125,7 +123,7 @@ impl DynamoStore {
         };
         let mut items = vec![
             put(run_item, Some("attribute_not_exists(pk)"))?,
-            put(Item::from([("pk".into(), s(entry_pk)), ("sk".into(), s(entry_sk))]), None)?,
+            put(entry(&run.owner, run.id), None)?,
             delete(old_sk, Some(&version))?,
             delete(old_checkpoint_sk, None)?,
         ];

@@ -175,9 +175,9 @@ fn run_pk(run_id: RunId) -> String {
     format!("RUN#{run_id}")
 }
 
-/// The owner's list entry of a run.
-fn entry_key(owner: &Owner, run_id: RunId) -> (String, String) {
-    (format!("OWNER#{owner}#{}", shard(run_id)), run_sk(run_id))
+/// The key of the owner's list entry of a run, which is the whole entry.
+fn entry(owner: &Owner, run_id: RunId) -> Item {
+    Item::from([("pk".into(), s(format!("OWNER#{owner}#{}", shard(run_id)))), ("sk".into(), s(run_sk(run_id)))])
 }
 
 fn run_sk(run_id: RunId) -> String {
@@ -481,6 +481,25 @@ fn transact_backoff(attempt: u32) -> Duration {
     ceiling.mul_f64(rand::rng().random::<f64>())
 }
 
+/// `send`'s outcome, sent again (with [`transact_backoff`], up to
+/// [`TRANSACT_ATTEMPTS`] sends) while its error is one that `wrote_nothing`
+/// says left no effect: a conflict with a transaction, or throttling.
+async fn resent<T, E, F>(mut send: impl FnMut() -> F, wrote_nothing: impl Fn(&E) -> bool) -> Result<T, E>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let mut attempt = 1;
+    loop {
+        match send().await {
+            Err(error) if attempt < TRANSACT_ATTEMPTS && wrote_nothing(&error) => {
+                tokio::time::sleep(transact_backoff(attempt)).await;
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
         Self { client, table: table.into() }
@@ -708,20 +727,13 @@ impl DynamoStore {
     /// it only for conflicts or throttling.
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactFailure> {
         let request = self.client.transact_write_items().set_transact_items(Some(items));
-        let mut attempt = 1;
-        loop {
-            let error = match request.clone().send().await {
-                Ok(_) => return Ok(()),
-                Err(error) => error,
-            };
-            match cancellation(&error) {
-                Some(Cancellation::ConditionsFailed(failed)) => return Err(TransactFailure::ConditionsFailed(failed)),
-                Some(Cancellation::Retryable) if attempt < TRANSACT_ATTEMPTS => {
-                    tokio::time::sleep(transact_backoff(attempt)).await;
-                    attempt += 1;
-                }
-                _ => return Err(TransactFailure::Store(unavailable(error))),
-            }
+        let retryable = |error: &_| matches!(cancellation(error), Some(Cancellation::Retryable));
+        let Err(error) = resent(|| request.clone().send(), retryable).await else {
+            return Ok(());
+        };
+        match cancellation(&error) {
+            Some(Cancellation::ConditionsFailed(failed)) => Err(TransactFailure::ConditionsFailed(failed)),
+            _ => Err(TransactFailure::Store(unavailable(error))),
         }
     }
 
@@ -844,13 +856,8 @@ impl RunStore for DynamoStore {
                 TransactWriteItem::builder().put(put_run).build(),
             ])
         };
-        let (entry_pk, entry_sk) = entry_key(&run.owner, run.id);
-        let put_entry = Put::builder()
-            .table_name(&self.table)
-            .item("pk", s(entry_pk))
-            .item("sk", s(entry_sk))
-            .build()
-            .map_err(defect)?;
+        let put_entry =
+            Put::builder().table_name(&self.table).set_item(Some(entry(&run.owner, run.id))).build().map_err(defect)?;
         // The count's item and the run go first: both are swapped for
         // another item's when the count's is full.
         let mut items = count_and_run(&mut written, counter_shard(run.id, max_active))?.to_vec();
@@ -937,11 +944,9 @@ impl RunStore for DynamoStore {
             .expression_attribute_values(":queued", s("queued"))
             .build()
             .map_err(defect)?;
-        let (entry_pk, entry_sk) = entry_key(&run.owner, run.id);
         let delete_entry = Delete::builder()
             .table_name(&self.table)
-            .key("pk", s(entry_pk))
-            .key("sk", s(entry_sk))
+            .set_key(Some(entry(&run.owner, run.id)))
             .build()
             .map_err(defect)?;
         let mut items = vec![
@@ -1026,24 +1031,21 @@ impl RunStore for DynamoStore {
                 .set_expression_attribute_values(Some(update_values(run.version)));
             // A write to an item that a transaction holds is refused; it is
             // sent again, as transactions are.
-            let mut attempt = 1;
-            loop {
-                return match put.clone().send().await {
-                    Ok(_) => {
-                        *run = next;
-                        Ok(())
-                    }
-                    Err(error) => match error.as_service_error() {
-                        Some(PutItemError::ConditionalCheckFailedException(_)) => Err(StoreError::Conflict),
-                        Some(PutItemError::TransactionConflictException(_)) if attempt < TRANSACT_ATTEMPTS => {
-                            tokio::time::sleep(transact_backoff(attempt)).await;
-                            attempt += 1;
-                            continue;
-                        }
-                        _ => Err(unavailable(error)),
-                    },
-                };
-            }
+            let held = |error: &SdkError<PutItemError>| {
+                matches!(error.as_service_error(), Some(PutItemError::TransactionConflictException(_)))
+            };
+            return match resent(|| put.clone().send(), held).await {
+                Ok(_) => {
+                    *run = next;
+                    Ok(())
+                }
+                Err(error)
+                    if matches!(error.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) =>
+                {
+                    Err(StoreError::Conflict)
+                }
+                Err(error) => Err(unavailable(error)),
+            };
         }
         let mut events = events;
         let mut written = self.update_in_transaction(run, &next, &events).await;
