@@ -718,6 +718,24 @@ async fn stream_event(aws: &Aws) -> aws_lambda_events::event::dynamodb::Event {
 
 /// The delivery queue's waiting messages, as the Lambda event SQS would
 /// send (receipt handles and receive counts included).
+/// A webhook endpoint for `run.created` at the receiver's `path`, which
+/// verifies with the endpoint's secret and answers as `settings` say; the
+/// endpoint as created.
+async fn subscribe_to_run_created(
+    aws: &Aws,
+    receiver: &Arc<support::receiver::Receiver>,
+    path: &'static str,
+    mut settings: Value,
+) -> Value {
+    let body = json!({"url": receiver.url(path), "events": ["run.created"]});
+    let (status, endpoint) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
+    assert_eq!(status, 201, "{endpoint}");
+    settings["secrets"] = json!([endpoint["secret"]]);
+    let receiver = receiver.clone();
+    tokio::task::spawn_blocking(move || receiver.configure(path, settings)).await.unwrap();
+    endpoint
+}
+
 async fn delivery_event(aws: &Aws, queue_url: &str) -> SqsEvent {
     let received = aws
         .sqs
@@ -901,12 +919,7 @@ async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_a
     let aws = Aws::with(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")]).await;
     let queue = aws.services.webhook_queue.clone().unwrap();
     let deliverer = aws.services.services.deliverer();
-    let body = json!({"url": receiver.url("held"), "events": ["run.created"]});
-    let (status, endpoint) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
-    assert_eq!(status, 201, "{endpoint}");
-    let secret = endpoint["secret"].clone();
-    let configured = receiver.clone();
-    tokio::task::spawn_blocking(move || configured.configure("held", json!({"secrets": [secret]}))).await.unwrap();
+    let endpoint = subscribe_to_run_created(&aws, &receiver, "held", json!({})).await;
     let owner = Owner::parse("dev").unwrap();
     // The notifier's message for a run's run.created, as SQS hands it over.
     let message_for = |run: &Value| -> SqsEvent {
@@ -1000,14 +1013,7 @@ async fn two_messages_for_the_same_attempt_send_twice_under_one_id_and_queue_one
     let aws = Aws::with(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")]).await;
     let queue = aws.services.webhook_queue.clone().unwrap();
     let deliverer = aws.services.services.deliverer();
-    let body = json!({"url": receiver.url("twice"), "events": ["run.created"]});
-    let (status, endpoint) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
-    assert_eq!(status, 201, "{endpoint}");
-    let secret = endpoint["secret"].clone();
-    let configured = receiver.clone();
-    tokio::task::spawn_blocking(move || configured.configure("twice", json!({"secrets": [secret], "status": 503})))
-        .await
-        .unwrap();
+    let endpoint = subscribe_to_run_created(&aws, &receiver, "twice", json!({"status": 503})).await;
     let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "a"}))).await;
     let (_, failures) = aws.deliver().await;
     assert!(failures.is_empty(), "a worker took the run: its run.created is not held");
