@@ -341,28 +341,13 @@ pub enum AwsError {
 }
 
 impl AwsError {
-    fn response(self) -> (u16, &'static str) {
+    fn response(self) -> (u16, String) {
         match self {
-            AwsError::Throttling => (
-                400,
-                r#"{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"injected by a test"}"#,
-            ),
-            AwsError::ServerError => (
-                500,
-                r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected by a test"}"#,
-            ),
-            AwsError::TransactionConflict => (
-                400,
-                concat!(
-                    r#"{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","#,
-                    r#""message":"Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict, None]","#,
-                    r#""CancellationReasons":[{"Code":"TransactionConflict","Message":"Transaction is ongoing for the item"},{"Code":"None"}]}"#,
-                ),
-            ),
-            AwsError::WriteConflict => (
-                400,
-                r#"{"__type":"com.amazonaws.dynamodb.v20120810#TransactionConflictException","message":"injected by a test"}"#,
-            ),
+            AwsError::Throttling => dynamodb_error(400, "ThrottlingException", ""),
+            AwsError::ServerError => dynamodb_error(500, "InternalServerError", ""),
+            // As when another transaction held the first of two items.
+            AwsError::TransactionConflict => canceled(2, "TransactionConflict", |position| position == 0),
+            AwsError::WriteConflict => dynamodb_error(400, "TransactionConflictException", ""),
         }
     }
 }
@@ -474,10 +459,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for AwsErrorInterce
             AwsError::Throttling | AwsError::ServerError => true,
         };
         let picked = applies && self.plan.next(operation) != Fault::None;
-        let answer = picked.then(|| {
-            let (status, body) = self.error.response();
-            (status, body.to_owned())
-        });
+        let answer = picked.then(|| self.error.response());
         set_answer(cfg, |answers| answers.error = answer);
         if picked && matches!(self.error, AwsError::TransactionConflict | AwsError::WriteConflict) {
             empty_request(context);
@@ -559,9 +541,10 @@ impl std::fmt::Debug for CapacityModel {
     }
 }
 
-fn dynamodb_error(kind: &str, extra: &str) -> (u16, String) {
-    let message = "modelled by a test";
-    (400, format!(r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{kind}","message":"{message}"{extra}}}"#))
+/// A DynamoDB error response of this status and kind, with `extra` fields.
+fn dynamodb_error(status: u16, kind: &str, extra: &str) -> (u16, String) {
+    let message = "injected by a test";
+    (status, format!(r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{kind}","message":"{message}"{extra}}}"#))
 }
 
 /// The items a write request touches (`pk`/`sk` keys), and the partitions of
@@ -689,7 +672,7 @@ fn canceled(count: usize, code: &str, at: impl Fn(usize) -> bool) -> (u16, Strin
     let reasons: Vec<String> = (0..count)
         .map(|position| if at(position) { format!(r#"{{"Code":"{code}"}}"#) } else { r#"{"Code":"None"}"#.to_owned() })
         .collect();
-    dynamodb_error("TransactionCanceledException", &format!(r#","CancellationReasons":[{}]"#, reasons.join(",")))
+    dynamodb_error(400, "TransactionCanceledException", &format!(r#","CancellationReasons":[{}]"#, reasons.join(",")))
 }
 
 impl aws_smithy_runtime_api::client::interceptors::Intercept for CapacityModel {
@@ -723,7 +706,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for CapacityModel {
                     Some(if transaction {
                         canceled(held.len(), "TransactionConflict", |position| held[position])
                     } else {
-                        dynamodb_error("TransactionConflictException", "")
+                        dynamodb_error(400, "TransactionConflictException", "")
                     })
                 }
                 Err(Refusal::Throttled(position)) => {
@@ -731,7 +714,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for CapacityModel {
                     Some(if transaction {
                         canceled(touched.len(), "ThrottlingError", |at| at == position)
                     } else {
-                        dynamodb_error("ProvisionedThroughputExceededException", "")
+                        dynamodb_error(400, "ProvisionedThroughputExceededException", "")
                     })
                 }
             }
