@@ -243,6 +243,14 @@ impl RunStore for FaultyStore {
         faulty(self.plan.as_ref(), "active_runs", store_fault, self.inner.active_runs(owner)).await
     }
 
+    async fn settle_counts(
+        &self,
+        now: Timestamp,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<crate::store::Settled, StoreError> {
+        faulty(self.plan.as_ref(), "settle_counts", store_fault, self.inner.settle_counts(now, deadline)).await
+    }
+
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
         faulty(self.plan.as_ref(), "get", store_fault, self.inner.get(owner, run_id)).await
     }
@@ -338,13 +346,16 @@ pub enum AwsError {
     /// `400 TransactionConflictException`, for `PutItem` calls only: a
     /// single write to an item a transaction holds. The call has no effect.
     WriteConflict,
+    /// `500 InternalServerError` for a call that never arrived (a dropped
+    /// connection, a crash before the send): the call has no effect.
+    NotDelivered,
 }
 
 impl AwsError {
     fn response(self) -> (u16, String) {
         match self {
             AwsError::Throttling => dynamodb_error(400, "ThrottlingException", ""),
-            AwsError::ServerError => dynamodb_error(500, "InternalServerError", ""),
+            AwsError::ServerError | AwsError::NotDelivered => dynamodb_error(500, "InternalServerError", ""),
             // As when another transaction held the first of two items.
             AwsError::TransactionConflict => canceled(2, "TransactionConflict", |position| position == 0),
             AwsError::WriteConflict => dynamodb_error(400, "TransactionConflictException", ""),
@@ -456,12 +467,14 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for AwsErrorInterce
         let applies = match self.error {
             AwsError::TransactionConflict => operation == "TransactWriteItems",
             AwsError::WriteConflict => operation == "PutItem",
-            AwsError::Throttling | AwsError::ServerError => true,
+            AwsError::Throttling | AwsError::ServerError | AwsError::NotDelivered => true,
         };
         let picked = applies && self.plan.next(operation) != Fault::None;
         let answer = picked.then(|| self.error.response());
         set_answer(cfg, |answers| answers.error = answer);
-        if picked && matches!(self.error, AwsError::TransactionConflict | AwsError::WriteConflict) {
+        if picked
+            && matches!(self.error, AwsError::TransactionConflict | AwsError::WriteConflict | AwsError::NotDelivered)
+        {
             empty_request(context);
         }
         Ok(())

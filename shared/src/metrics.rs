@@ -328,6 +328,14 @@ impl RunStore for MeasuredStore {
         self.inner.active_runs(owner).await
     }
 
+    async fn settle_counts(
+        &self,
+        now: Timestamp,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<crate::store::Settled, StoreError> {
+        self.inner.settle_counts(now, deadline).await
+    }
+
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
         self.inner.get(owner, run_id).await
     }

@@ -120,6 +120,13 @@ impl RunStore for Observed {
     async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
         self.inner.active_runs(owner).await
     }
+    async fn settle_counts(
+        &self,
+        now: Timestamp,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<agent_runs_shared::store::Settled, StoreError> {
+        self.inner.settle_counts(now, deadline).await
+    }
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
         self.inner.get(owner, run_id).await
     }

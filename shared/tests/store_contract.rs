@@ -127,6 +127,16 @@ async fn insert_refuses_past_the_active_run_limit(store: &dyn RunStore) {
     assert!(store.undo_create(&runs[1], None).await.unwrap());
     assert!(matches!(store.insert(&mut fourth, None, 2).await.unwrap(), InsertOutcome::Inserted));
     assert_eq!(store.active_runs(&owner("busy")).await.unwrap(), 2);
+    // At the limit, a repeated idempotency key still finds its run.
+    let mut keyed = new_run("busy", 4, 24);
+    let outcome = store.insert(&mut keyed, Some(&claim("at-limit", "request", T0 + 4)), 3).await.unwrap();
+    assert!(matches!(outcome, InsertOutcome::Inserted));
+    let mut again = new_run("busy", 5, 25);
+    match store.insert(&mut again, Some(&claim("at-limit", "request", T0 + 5)), 3).await.unwrap() {
+        InsertOutcome::IdempotencyKeyTaken(record) => assert_eq!(record.run_id, keyed.id),
+        other => panic!("a replay at the limit is answered as one: {other:?}"),
+    }
+    assert_eq!(store.active_runs(&owner("busy")).await.unwrap(), 3);
 }
 
 /// A create is undone only while its run is exactly as inserted: a run a
@@ -815,19 +825,110 @@ async fn dynamodb_store_keeps_the_contract() {
         store.update(run).await.unwrap();
     }
     for item in 0..2 {
-        let count = client
-            .get_item()
-            .table_name(&table)
-            .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(format!("ACTIVE#pairs#{item}")))
-            .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("ACTIVE".into()))
-            .consistent_read(true)
-            .send()
-            .await
-            .unwrap()
-            .item
-            .unwrap();
-        assert_eq!(count["active"].as_n().unwrap(), "0", "item {item}");
+        let count = count_item(&client, &table, "pairs", item).await.expect("the item is there until its recount");
+        assert!(!count.contains_key("runs"), "item {item} counts no run: {count:?}");
     }
+}
+
+/// Item `item` of the owner's active-run count, as stored.
+async fn count_item(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    owner: &str,
+    item: u32,
+) -> Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+    client
+        .get_item()
+        .table_name(table)
+        .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(format!("ACTIVE#{owner}#{item}")))
+        .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("ACTIVE".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+}
+
+/// A DynamoDB store whose calls of `operation` never arrive (each answered
+/// 500, as a dropped connection would be), on the same table.
+async fn undelivered(operation: &'static str, table: &str) -> DynamoStore {
+    use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, Fault, OnCalls};
+    let sdk = emulator::sdk_config().await;
+    let plan = OnCalls::from(operation, 1, Fault::FailBefore);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
+        .interceptor(AwsErrorInterceptor::new(plan, AwsError::NotDelivered))
+        .build();
+    DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(config), table)
+}
+
+/// The active-run count is written apart from the runs, so no two creates
+/// or ends conflict on it; a crash between a run's write and its count's
+/// leaves a place taken, which the recount gives back, and only that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_places_a_crash_left_taken_are_given_back_by_the_recount() {
+    if emulator::without_emulator("dynamodb_places_a_crash_left_taken_are_given_back_by_the_recount") {
+        return;
+    }
+    let sdk = emulator::sdk_config().await;
+    let table = emulator::create_table(&sdk).await;
+    let client = aws_sdk_dynamodb::Client::new(&sdk);
+    let store = DynamoStore::new(client.clone(), table.clone());
+    let crashes = owner("crashes");
+    let active = || store.active_runs(&crashes);
+    let at = |minutes: u64| Timestamp::from_millis((T0 + minutes * 60_000) as i64);
+
+    // An end whose giving back never arrives: the run ended, its place is taken.
+    let mut ended = new_run("crashes", 0, 1);
+    insert(&store, &mut ended).await;
+    ended.cancel(at(0)).unwrap();
+    undelivered("UpdateItem", &table).await.update(&mut ended).await.unwrap();
+    assert_eq!(store.get(&owner("crashes"), ended.id).await.unwrap().unwrap().status, RunStatus::Canceled);
+    // A create whose run never arrives: its place is taken, no run exists.
+    let mut lost = new_run("crashes", 0, 2);
+    let failed = undelivered("TransactWriteItems", &table).await.insert(&mut lost, None, 1_000).await;
+    assert!(matches!(failed, Err(StoreError::Unavailable(_))), "{failed:?}");
+    assert!(store.get(&owner("crashes"), lost.id).await.unwrap().is_none());
+    // A run that goes on, and one whose transaction was refused each time
+    // it was sent (nothing written): its place went back at once.
+    let mut live = new_run("crashes", 0, 3);
+    insert(&store, &mut live).await;
+    let conflicted = {
+        use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, Fault, OnCalls};
+        let plan = OnCalls::from("TransactWriteItems", 1, Fault::FailBefore);
+        let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .interceptor(AwsErrorInterceptor::new(plan, AwsError::TransactionConflict))
+            .build();
+        DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(config), table.clone())
+    };
+    assert!(conflicted.insert(&mut new_run("crashes", 0, 4), None, 1_000).await.is_err());
+    assert_eq!(active().await.unwrap(), 3, "the ended run's place, the lost create's and the live run's");
+
+    // Not yet due: nothing is checked.
+    assert_eq!(store.settle_counts(at(5), None).await.unwrap().items, 0);
+    // Due: the ended run's place goes back; the lost create's stays while
+    // its create could still be under way.
+    let settled = store.settle_counts(at(11), None).await.unwrap();
+    assert_eq!((settled.given_back, settled.unfinished), (1, false), "{settled:?}");
+    assert_eq!(active().await.unwrap(), 2);
+    let settled = store.settle_counts(at(22), None).await.unwrap();
+    assert_eq!(settled.given_back, 1, "the create is over: {settled:?}");
+    assert_eq!(active().await.unwrap(), 1, "the live run keeps its place");
+    assert_eq!(store.settle_counts(at(33), None).await.unwrap().given_back, 0, "the live run keeps it on every pass");
+    assert_eq!(active().await.unwrap(), 1);
+    live.cancel(at(34)).unwrap();
+    store.update(&mut live).await.unwrap();
+    assert_eq!(active().await.unwrap(), 0);
+    // Items that count nothing go at their recount.
+    store.settle_counts(at(60), None).await.unwrap();
+    let items = client
+        .scan()
+        .table_name(&table)
+        .filter_expression("begins_with(pk, :count)")
+        .expression_attribute_values(":count", aws_sdk_dynamodb::types::AttributeValue::S("ACTIVE#crashes#".into()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(items.count, 0, "{:?}", items.items);
 }
 
 #[tokio::test]
@@ -963,7 +1064,7 @@ async fn to_layout_before_shards(client: &aws_sdk_dynamodb::Client, table: &str,
             (Some(("RUN", run_id)), "CKPT") => Some(format!("CKPT#{run_id}")),
             (Some(("IDEM", rest)), _) => Some(format!("IDEM#{}", rest.rsplit_once('#').unwrap().1)),
             (Some(("ACTIVE", _)), _) => {
-                active += item["active"].as_n().unwrap().parse::<i64>().unwrap();
+                active += item.get("runs").map_or(0, |runs| runs.as_ss().unwrap().len()) as i64;
                 None
             }
             (Some(("OWNER", rest)), _) if rest.contains('#') => None,
@@ -1047,4 +1148,40 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
     store.update(&mut queued).await.unwrap();
     assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 1);
     assert_eq!(store.migrate_layout(1_000).await.unwrap(), Migrated::default(), "a second pass finds nothing left");
+
+    // The layout before the count held its runs' ids: a number on each item.
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let counts = client
+        .scan()
+        .table_name(&table)
+        .filter_expression("begins_with(pk, :count)")
+        .expression_attribute_values(":count", AttributeValue::S("ACTIVE#before#".into()))
+        .send()
+        .await
+        .unwrap()
+        .items
+        .unwrap_or_default();
+    assert!(!counts.is_empty());
+    for item in &counts {
+        let counted = item.get("runs").map_or(0, |runs| runs.as_ss().unwrap().len());
+        client
+            .update_item()
+            .table_name(&table)
+            .key("pk", item["pk"].clone())
+            .key("sk", item["sk"].clone())
+            .update_expression("SET active = :counted REMOVE runs")
+            .expression_attribute_values(":counted", AttributeValue::N(counted.to_string()))
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 0, "numbers are not counts any more");
+    let migrated = store.migrate_layout(1_000).await.unwrap();
+    assert_eq!(migrated, Migrated { counters: counts.len(), ..Migrated::default() });
+    assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 1, "counted anew from the run not ended");
+    big = store.get(&owner("before"), big.id).await.unwrap().unwrap();
+    big.cancel(Timestamp::from_millis(T0 as i64 + 30)).unwrap();
+    store.update(&mut big).await.unwrap();
+    assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 0);
+    assert_eq!(store.migrate_layout(1_000).await.unwrap(), Migrated::default());
 }

@@ -314,10 +314,16 @@ async fn each_operation_keeps_its_aws_call_budget() {
     let aws = Aws::new().await;
     let create = Some(json!({"input": "budget"}));
     let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", create.clone()).await;
-    assert_eq!(aws.calls.take(), ["GetItem", "TransactWriteItems", "SendMessage"], "cold: one key lookup");
+    // A place on the owner's count (a single write, apart from the run's
+    // transaction, so no two creates conflict), then the run.
+    assert_eq!(
+        aws.calls.take(),
+        ["GetItem", "UpdateItem", "TransactWriteItems", "SendMessage"],
+        "cold: one key lookup"
+    );
 
     aws.invoke(Operation::Create, "POST", "/v1/agent/runs", create.clone()).await;
-    assert_eq!(aws.calls.take(), ["TransactWriteItems", "SendMessage"], "warm: no key lookup");
+    assert_eq!(aws.calls.take(), ["UpdateItem", "TransactWriteItems", "SendMessage"], "warm: no key lookup");
 
     let get = format!("/v1/agent/runs/{}", id(&run));
     aws.invoke(Operation::Get, "GET", &get, None).await;
@@ -343,25 +349,30 @@ async fn each_operation_keeps_its_aws_call_budget() {
     let request = lambda_http::request::from_str(&event.to_string()).unwrap();
     let response = aws.api.handle_as(Some(Operation::Create), into_api_request(request)).await;
     assert_eq!(response.status(), 201);
-    assert_eq!(aws.calls.take(), ["TransactWriteItems", "SendMessage"]);
-    // A replay reads the record and the run. The run is not claimed yet, so
+    assert_eq!(aws.calls.take(), ["UpdateItem", "TransactWriteItems", "SendMessage"]);
+    // A replay gives back the place it took, reads the record and the run. The run is not claimed yet, so
     // the first request could still undo it: the replay pins it with a
     // write (which that undo refuses) and sends it again.
     let request = lambda_http::request::from_str(&event.to_string()).unwrap();
     let response = aws.api.handle_as(Some(Operation::Create), into_api_request(request)).await;
     assert_eq!(response.headers()["idempotent-replayed"], "true");
-    assert_eq!(aws.calls.take(), ["TransactWriteItems", "GetItem", "GetItem", "PutItem", "SendMessage"]);
-    // Once pinned, a replay only reads.
+    let (place, give_back) = ("UpdateItem", "UpdateItem");
+    assert_eq!(
+        aws.calls.take(),
+        [place, "TransactWriteItems", give_back, "GetItem", "GetItem", "PutItem", "SendMessage"]
+    );
+    // Once pinned, a replay only reads (and takes a place and gives it back).
     let request = lambda_http::request::from_str(&event.to_string()).unwrap();
     let response = aws.api.handle_as(Some(Operation::Create), into_api_request(request)).await;
     assert_eq!(response.headers()["idempotent-replayed"], "true");
-    assert_eq!(aws.calls.take(), ["TransactWriteItems", "GetItem", "GetItem"]);
+    assert_eq!(aws.calls.take(), [place, "TransactWriteItems", give_back, "GetItem", "GetItem"]);
 
     let cancel = format!("/v1/agent/runs/{}/cancel", id(&run));
     aws.invoke(Operation::Cancel, "POST", &cancel, None).await;
-    assert_eq!(aws.calls.take(), ["GetItem", "TransactWriteItems"], "read, then the terminal write with the counter");
+    assert_eq!(aws.calls.take(), ["GetItem", "TransactWriteItems", give_back], "read, the terminal write, the count");
 
-    // The worker, per echo run: read and claim, then the terminal write; the
+    // The worker, per echo run: read and claim, then the terminal write and
+    // the giving back of its place on the count; the
     // canceled run's message costs one read and is dropped, and so does the
     // replay's second message for the pinned run (or, should the two meet
     // in one batch, a read and a claim that loses).
@@ -374,7 +385,7 @@ async fn each_operation_keeps_its_aws_call_budget() {
         .len();
     aws.calls.take();
     assert_eq!(echo_runs, 2);
-    assert!((3 * echo_runs + 2..=3 * echo_runs + 4).contains(&worker_calls.len()), "{worker_calls:?}");
+    assert!((4 * echo_runs + 2..=4 * echo_runs + 4).contains(&worker_calls.len()), "{worker_calls:?}");
     // The claim and the terminal write are transactions (each carries its
     // event); a claim that loses to the other message's is a PutItem-free try.
     let transactions = worker_calls.iter().filter(|call| *call == "TransactWriteItems").count();
@@ -452,14 +463,16 @@ async fn dynamodb_throttling_is_retried_then_answered_503_and_nothing_is_lost() 
     throttling.set_share(0.0);
     let (status, after) = aws.invoke(Operation::Get, "GET", &path, None).await;
     assert_eq!((status, after["status"].as_str()), (200, Some("queued")), "the run accepted before is still there");
-    // The throttled create's write had reached the table before its answer
-    // was replaced: like a timeout, a 503 from create leaves the outcome
-    // unknown. The run is kept and queued (the sweeper sends it), and a
-    // client retrying with an Idempotency-Key gets it back rather than a second one.
+    // The throttled create's first write, its place on the owner's count,
+    // reached the table before its answer was replaced: like a timeout, a 503
+    // leaves that outcome unknown, so the place stays taken (never a run
+    // without one) and the run was not written. The recount gives the place
+    // back once the create is surely over.
     let (_, listed) = aws.invoke(Operation::List, "GET", "/v1/agent/runs", None).await;
     let statuses: Vec<&str> =
         listed["data"].as_array().unwrap().iter().map(|run| run["status"].as_str().unwrap()).collect();
-    assert_eq!(statuses, ["queued", "queued"]);
+    assert_eq!(statuses, ["queued"]);
+    assert_eq!(aws.active_runs().await, 2, "the run's place and the refused create's");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -644,7 +657,11 @@ async fn transaction_conflicts_that_persist_answer_503() {
     let (status, body) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "no"}))).await;
     assert_eq!((status, body["error"]["code"].as_str()), (503, Some("unavailable")), "{body}");
     let calls = aws.calls.take();
-    assert_eq!(calls, [&["GetItem"][..], &["TransactWriteItems"; 6]].concat(), "the key, six sends, no message");
+    assert_eq!(
+        calls,
+        [&["GetItem", "UpdateItem"][..], &["TransactWriteItems"; 6], &["UpdateItem"]].concat(),
+        "the key, a place, six sends, the place given back, no message"
+    );
     conflicts.fail_next(0);
     assert!(aws.listed_ids().await.is_empty());
     assert_eq!(aws.active_runs().await, 0);

@@ -24,6 +24,7 @@ pub async fn run_sweeper() -> Result<(), super::Error> {
             "enqueued": report.enqueued,
             "failed": report.failed,
             "skipped": report.skipped,
+            "given_back": report.given_back,
             "unfinished": report.unfinished,
         }))
     }))

@@ -16,8 +16,9 @@ use crate::domain::{
 pub use crate::domain::{InboxEntry, Run};
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if, conflict_backoff};
 pub use dynamodb::{
-    APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, Migrated,
-    NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, STATUS_INDEX, decode_stream_event,
+    ABANDONED_CREATE, APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES,
+    MAX_CHECKPOINT_BYTES, Migrated, NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, RECOUNT_EVERY, STATUS_INDEX,
+    decode_stream_event,
 };
 pub use sqlite::{Durability, SqliteStore};
 
@@ -122,6 +123,17 @@ pub struct BatchWriteError {
     pub error: StoreError,
 }
 
+/// What a [`RunStore::settle_counts`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// Items of counts checked.
+    pub items: usize,
+    /// Places given back.
+    pub given_back: usize,
+    /// It stopped at its deadline; the items left stay due.
+    pub unfinished: bool,
+}
+
 /// A run whose `due_at` has come, for the sweeper; also its position for
 /// paging through many of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,6 +183,19 @@ pub trait RunStore: Send + Sync + 'static {
     /// against. Never below zero, and equal to the true number, unless a
     /// write path forgot the count.
     async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError>;
+
+    /// Where the count of active runs is written apart from the runs
+    /// (DynamoDB): gives back the places on it that no run holds any more,
+    /// those of runs that ended and of creates that died before writing
+    /// their run, which a crash between the two writes leaves taken. Stores
+    /// that write the count with the run have nothing to settle.
+    async fn settle_counts(
+        &self,
+        _now: Timestamp,
+        _deadline: Option<std::time::Instant>,
+    ) -> Result<Settled, StoreError> {
+        Ok(Settled::default())
+    }
 
     /// A strongly consistent read.
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError>;

@@ -25,6 +25,9 @@ pub struct SweepReport {
     pub warned: usize,
     /// Runs this pass could not handle; tried again next pass.
     pub skipped: usize,
+    /// Places on owners' active-run counts given back (see
+    /// [`RunStore::settle_counts`]).
+    pub given_back: usize,
     /// The pass stopped at its deadline; the next one goes on (the runs
     /// handled so far are no longer due).
     pub unfinished: bool,
@@ -106,9 +109,20 @@ impl Sweeper {
             if last_page {
                 // A whole pass: forget runs that are no longer due.
                 crate::lock(&self.failing).retain(|key, _| skipped.contains(key));
-                return Ok(report);
+                break;
             }
         }
+        match self.runs.settle_counts(until, deadline).await {
+            Ok(settled) => {
+                report.given_back = settled.given_back;
+                report.unfinished = settled.unfinished;
+            }
+            // Places left taken only make the limit stricter until a later pass.
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), "sweeper could not settle the active-run counts")
+            }
+        }
+        Ok(report)
     }
 
     async fn sweep_one(&self, due: &DueRun) -> Result<SweepAction, SweepError> {

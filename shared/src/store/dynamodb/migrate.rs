@@ -6,10 +6,10 @@
 use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem};
 
 use super::{
-    CHECKPOINT_APART, DynamoStore, Item, TransactFailure, counter_pk, counter_shard, decode_run, defect, entry,
-    idempotency_pk, run_items, s, text, unavailable,
+    CHECKPOINT_APART, COUNT_SK, DynamoStore, Item, RUN_SK, TransactFailure, count_item, counter_shard, decode_run,
+    defect, entry, idempotency_pk, run_items, s, text, unavailable,
 };
-use crate::domain::Owner;
+use crate::domain::{Clock, Owner, SystemClock};
 use crate::store::StoreError;
 
 /// What one pass of [`DynamoStore::migrate_layout`] did.
@@ -34,10 +34,11 @@ fn legacy_owner(item: &Item) -> Option<Owner> {
 
 impl DynamoStore {
     /// Moves every item of the old layout to its new keys, each run in one
-    /// transaction with its list entry, its checkpoint and its part of the
-    /// active-run count (counted anew from the runs that are not terminal,
-    /// rather than copied, on the items of the stack's limit `max_active`);
-    /// the old count goes last. Safe to run again: it
+    /// transaction with its list entry and its checkpoint, each on its item
+    /// of the active-run count under the stack's limit `max_active`. Then
+    /// the count is counted anew from the runs not ended (rather than
+    /// copied), which also turns the counts a later layout kept as numbers
+    /// into their runs' ids; the old counts go last. Safe to run again: it
     /// moves only what is left, and a run that changed while being moved is
     /// skipped for the next pass. Meant for a stopped stack: a function of
     /// this version does not find an unmoved run.
@@ -60,19 +61,45 @@ impl DynamoStore {
             };
             migrated.skipped += usize::from(!moved);
         }
-        // The old counts, once their runs count on the new shards.
-        if migrated.skipped == 0 {
-            for owner in counters {
-                self.client
-                    .delete_item()
-                    .table_name(&self.table)
-                    .key("pk", s(format!("OWNER#{owner}")))
-                    .key("sk", s("ACTIVE"))
-                    .send()
-                    .await
-                    .map_err(unavailable)?;
-                migrated.counters += 1;
+        // Counts kept as numbers: one under `OWNER#<owner>`, or one on each
+        // item of the count.
+        let numbers = self
+            .scan_filtered("begins_with(pk, :count) AND attribute_exists(active)", [(":count", s("ACTIVE#"))])
+            .await?;
+        if migrated.skipped > 0 || (counters.is_empty() && numbers.is_empty()) {
+            return Ok(migrated);
+        }
+        // Counted anew, once every run is moved: each run not ended takes
+        // its place on the item it records; then the numbers go.
+        let now = SystemClock.now();
+        for item in self.scan_kind(RUN_SK).await? {
+            let run = decode_run(item)?;
+            if !run.status.is_terminal() {
+                self.take_place(&run.owner, count_item(&run), u32::MAX, run.id, now).await?;
             }
+        }
+        for owner in counters {
+            self.client
+                .delete_item()
+                .table_name(&self.table)
+                .key("pk", s(format!("OWNER#{owner}")))
+                .key("sk", s(COUNT_SK))
+                .send()
+                .await
+                .map_err(unavailable)?;
+            migrated.counters += 1;
+        }
+        for item in numbers {
+            self.client
+                .update_item()
+                .table_name(&self.table)
+                .key("pk", s(text(&item, "pk")?))
+                .key("sk", s(COUNT_SK))
+                .update_expression("REMOVE active")
+                .send()
+                .await
+                .map_err(unavailable)?;
+            migrated.counters += 1;
         }
         Ok(migrated)
     }
@@ -100,8 +127,7 @@ impl DynamoStore {
             let json = text(&checkpoint, "checkpoint")?;
             run.checkpoint = Some(serde_json::from_str(json).map_err(|_| defect("malformed stored checkpoint"))?);
         }
-        let count_item = counter_shard(run.id, max_active);
-        run.count_item = Some(count_item);
+        run.count_item = Some(counter_shard(run.id, max_active));
         let (run_item, checkpoint_item) = run_items(&run)?;
         let put = |item: Item, condition: Option<&str>| -> Result<TransactWriteItem, StoreError> {
             let put = Put::builder()
@@ -130,14 +156,10 @@ impl DynamoStore {
         if let Some(checkpoint) = checkpoint_item {
             items.push(put(checkpoint, None)?);
         }
-        if !run.status.is_terminal() {
-            let count = self.counter((counter_pk(&run.owner, count_item), "ACTIVE"), "active", 1, None)?;
-            items.push(TransactWriteItem::builder().update(count).build());
-        }
         match self.transact(items).await {
             Ok(()) => Ok(true),
             Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
-            Err(TransactFailure::Store(error)) => Err(error),
+            Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => Err(error),
         }
     }
 
@@ -166,7 +188,7 @@ impl DynamoStore {
         match self.transact(items).await {
             Ok(()) => Ok(true),
             Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
-            Err(TransactFailure::Store(error)) => Err(error),
+            Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => Err(error),
         }
     }
 }

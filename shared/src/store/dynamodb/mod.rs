@@ -6,7 +6,7 @@
 //! | a run's large checkpoint | `RUN#<run_id>` | `CKPT` |
 //! | a run's event | `RUN#<run_id>` | `EV#<seq, 12 digits>` |
 //! | the owner's list entry of a run | `OWNER#<owner>#<shard>` | `RUN#<run_id>` |
-//! | an item of the owner's active-run count | `ACTIVE#<owner>#<0..255>` | `ACTIVE` |
+//! | an item of the owner's active-run count (the ids of the runs it counts) | `ACTIVE#<owner>#<0..255>` | `ACTIVE` |
 //! | idempotency record | `IDEM#<owner>#<sha256 of the key>` | `IDEM` |
 //! | API key | `KEY#<sha256 hex of the key>` | `KEY` |
 //! | agent definition | `AGENT#<name>` | `AGENT` |
@@ -18,7 +18,13 @@
 //! A run's shard is its id's random bits modulo [`OWNER_SHARDS`], its item
 //! of the count those bits modulo up to [`COUNTER_SHARDS`]: no key that an
 //! owner's creates and ends write takes more than a small share of them,
-//! however busy the owner (docs/design.md, "A busy tenant"). Runs
+//! however busy the owner (docs/design.md, "A busy tenant"). The count is
+//! written by single writes apart from any transaction, so no two creates
+//! or ends can conflict: a place is taken before the run is written and
+//! given back after it ends, and the sweeper gives back, within
+//! [`RECOUNT_EVERY`], the places a crash between the two writes left
+//! taken (items of a count carry `gsi2pk = RECOUNT#<n>`, `gsi2sk = <time of
+//! their next recount>` for it). Runs
 //! also carry `gsi1pk = OWNER#<owner>#STATUS#<status>#<shard>`, `gsi1sk =
 //! RUN#<run_id>` (the status filter) and, while not terminal, `gsi2pk =
 //! DUE#<shard>`, `gsi2sk = <due time>#<run_id>#<owner>` (the sweeper's
@@ -50,9 +56,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -66,8 +74,8 @@ pub use webhooks::{NOTIFIED_EVENT_PREFIX, decode_stream_event};
 use super::record::StoredRun;
 use super::{
     AgentStore, BatchWriteError, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage,
-    InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent,
-    StoredKey,
+    InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, Settled, StoreError,
+    StoredEvent, StoredKey,
 };
 use crate::domain::{
     AgentDefinition, Approval, ApprovalId, ApprovalStatus, Event, EventData, KeyId, Owner, RunId, RunStatus, Scopes,
@@ -117,6 +125,15 @@ const RUNS_PER_COUNTER: u32 = 8;
 /// Tries of a create on other shards of the active-run count when the
 /// first one it tried is full.
 const COUNTER_RETRIES: usize = 3;
+/// The attribute of an item of the count that holds its runs' ids.
+const COUNTED_RUNS: &str = "runs";
+const COUNT_SK: &str = "ACTIVE";
+/// How often each item of a count is checked against its runs.
+pub const RECOUNT_EVERY: Duration = Duration::from_secs(10 * 60);
+/// A place on the count taken this long ago for a run that does not exist
+/// is given back: its create is over, since no Lambda invocation lives
+/// longer than 15 minutes.
+pub const ABANDONED_CREATE: Duration = Duration::from_secs(15 * 60);
 
 /// Larger checkpoints live in their own item.
 pub const INLINE_CHECKPOINT_BYTES: usize = 32 * 1024;
@@ -126,6 +143,11 @@ pub const MAX_CHECKPOINT_BYTES: usize = 350_000;
 const CHECKPOINT_APART: &str = "checkpoint_apart";
 
 const TERMINAL: [&str; 3] = ["succeeded", "failed", "canceled"];
+
+/// A projection expression and the attribute names it stands for.
+type Projection = (&'static str, &'static [(&'static str, &'static str)]);
+/// A run's key and status.
+const STATUS_ONLY: Projection = ("pk, #status", &[("#status", "status")]);
 
 /// Every write of a run: still the version read, and not ended.
 const UPDATE_CONDITION: &str = "version = :expected AND NOT (#status IN (:t0, :t1, :t2))";
@@ -216,6 +238,23 @@ fn counter_cap(limit: u32, shard: u32) -> u32 {
 /// first and its end gives back to.
 fn counter_shard(run_id: RunId, limit: u32) -> u32 {
     (run_id.ulid().random() % u128::from(counter_shards(limit))) as u32
+}
+
+/// The item of the count that `run`'s create took (runs from before items
+/// were recorded: their own item under the default limit).
+fn count_item(run: &Run) -> u32 {
+    run.count_item.unwrap_or_else(|| counter_shard(run.id, super::DEFAULT_MAX_ACTIVE_RUNS))
+}
+
+/// The ids an item of the count holds.
+fn counted_runs(item: &Item) -> Vec<String> {
+    item.get(COUNTED_RUNS).and_then(|runs| runs.as_ss().ok()).cloned().unwrap_or_default()
+}
+
+/// The due index partition where item `item` of any owner's count waits
+/// for its recount.
+fn recount_pk(item: u32) -> String {
+    format!("RECOUNT#{}", item % DUE_SHARDS)
 }
 
 fn due_sk(due_at: Timestamp, run_id: RunId, owner: &Owner) -> String {
@@ -472,6 +511,10 @@ fn cancellation(error: &SdkError<TransactWriteItemsError>) -> Option<Cancellatio
 enum TransactFailure {
     /// These items' conditions were false (`true` at their positions).
     ConditionsFailed(Vec<bool>),
+    /// Canceled for conflicts or throttling each time it was sent: nothing
+    /// was written.
+    Refused(StoreError),
+    /// It may or may not have been written (a timeout, an outage).
     Store(StoreError),
 }
 
@@ -582,7 +625,6 @@ impl DynamoStore {
             items.push(TransactWriteItem::builder().put(put).build());
         }
         if next.status.is_terminal() {
-            items.push(TransactWriteItem::builder().update(self.release_active(run)?).build());
             // The run's checkpoint item, if it ever had one, is no longer needed.
             let delete = Delete::builder()
                 .table_name(&self.table)
@@ -611,7 +653,7 @@ impl DynamoStore {
         let keys =
             wanted.iter().map(|run_id| Item::from([("pk".into(), s(run_pk(*run_id))), ("sk".into(), s(RUN_SK))]));
         let mut runs = HashMap::with_capacity(wanted.len());
-        for item in self.batch_get(keys.collect()).await? {
+        for item in self.batch_get(keys.collect(), None).await? {
             let run = decode_run(item)?;
             // A run is found by its id alone: another owner's is not there.
             if run.owner == *owner {
@@ -621,18 +663,22 @@ impl DynamoStore {
         Ok(runs)
     }
 
-    /// The items of these keys that exist, read consistently, by
-    /// `BatchGetItem`s of up to 100 keys.
-    async fn batch_get(&self, keys: Vec<Item>) -> Result<Vec<Item>, StoreError> {
+    /// The items of these keys that exist (only the attributes `projection`
+    /// names, when given), read consistently, by `BatchGetItem`s of up to
+    /// 100 keys.
+    async fn batch_get(&self, keys: Vec<Item>, projection: Option<Projection>) -> Result<Vec<Item>, StoreError> {
         let mut found = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(100) {
-            let mut request = Some(
-                aws_sdk_dynamodb::types::KeysAndAttributes::builder()
-                    .set_keys(Some(chunk.to_vec()))
-                    .consistent_read(true)
-                    .build()
-                    .map_err(defect)?,
-            );
+            let mut request = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
+                .set_keys(Some(chunk.to_vec()))
+                .consistent_read(true);
+            if let Some((expression, names)) = projection {
+                request = request.projection_expression(expression);
+                for (name, attribute) in names {
+                    request = request.expression_attribute_names(*name, *attribute);
+                }
+            }
+            let mut request = Some(request.build().map_err(defect)?);
             for attempt in 0..8u32 {
                 let Some(keys) = request.take() else { break };
                 if attempt > 0 {
@@ -670,34 +716,209 @@ impl DynamoStore {
         &self.table
     }
 
-    /// Takes one of the owner's active runs on `shard` of the count, on the
-    /// condition that it holds fewer than its share of `limit`.
-    fn take_active(&self, owner: &Owner, shard: u32, limit: u32) -> Result<Update, StoreError> {
-        self.counter((counter_pk(owner, shard), "ACTIVE"), "active", 1, Some(u64::from(counter_cap(limit, shard))))
+    /// Takes a place on item `item` of the owner's count for `run_id`, if
+    /// the item counts fewer than `cap` runs (or this one already: a resend).
+    /// `false` when it is full. The item's first place sets its recount.
+    async fn take_place(
+        &self,
+        owner: &Owner,
+        item: u32,
+        cap: u32,
+        run_id: RunId,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        if cap == 0 {
+            return Ok(false);
+        }
+        let taken = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(counter_pk(owner, item)))
+            .key("sk", s(COUNT_SK))
+            .update_expression(
+                "ADD #runs :run SET gsi2pk = if_not_exists(gsi2pk, :recount), gsi2sk = if_not_exists(gsi2sk, :at)",
+            )
+            .condition_expression("attribute_not_exists(#runs) OR size(#runs) < :cap OR contains(#runs, :id)")
+            .expression_attribute_names("#runs", COUNTED_RUNS)
+            .expression_attribute_values(":run", AttributeValue::Ss(vec![run_id.to_string()]))
+            .expression_attribute_values(":id", s(run_id.to_string()))
+            .expression_attribute_values(":cap", n(cap))
+            .expression_attribute_values(":recount", s(recount_pk(item)))
+            .expression_attribute_values(":at", s(now.plus(RECOUNT_EVERY).to_rfc3339()))
+            .send()
+            .await;
+        match taken {
+            Ok(_) => Ok(true),
+            Err(error)
+                if matches!(error.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) =>
+            {
+                Ok(false)
+            }
+            Err(error) => Err(unavailable(error)),
+        }
     }
 
-    /// Gives back the active run `run` took, to the item its create took, so
-    /// each item counts exactly the unended runs that took it.
-    fn release_active(&self, run: &Run) -> Result<Update, StoreError> {
-        let item = run.count_item.unwrap_or_else(|| counter_shard(run.id, super::DEFAULT_MAX_ACTIVE_RUNS));
-        self.counter((counter_pk(&run.owner, item), "ACTIVE"), "active", -1, None)
+    /// A place on the owner's count for a new run: on the run's own item,
+    /// else on up to [`COUNTER_RETRIES`] others with room, read all at once
+    /// and tried in random order. `None` when none has room.
+    async fn take_a_place(&self, run: &Run, limit: u32) -> Result<Option<u32>, StoreError> {
+        let own = counter_shard(run.id, limit);
+        if self.take_place(&run.owner, own, counter_cap(limit, own), run.id, run.created_at).await? {
+            return Ok(Some(own));
+        }
+        let counts = self.active_by_shard(&run.owner).await?;
+        let mut with_room: Vec<u32> = (0..COUNTER_SHARDS)
+            .filter(|item| *item != own && counts[*item as usize] < i64::from(counter_cap(limit, *item)))
+            .collect();
+        rand::seq::SliceRandom::shuffle(with_room.as_mut_slice(), &mut rand::rng());
+        for item in with_room.into_iter().take(COUNTER_RETRIES) {
+            if self.take_place(&run.owner, item, counter_cap(limit, item), run.id, run.created_at).await? {
+                return Ok(Some(item));
+            }
+        }
+        Ok(None)
     }
 
-    /// The owner's active runs on each shard of the count.
+    /// Gives back the place `run` took on its owner's count. Safe to repeat.
+    async fn give_back_place(&self, run: &Run) -> Result<(), StoreError> {
+        let given_back = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(counter_pk(&run.owner, count_item(run))))
+            .key("sk", s(COUNT_SK))
+            .update_expression("DELETE #runs :run")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#runs", COUNTED_RUNS)
+            .expression_attribute_values(":run", AttributeValue::Ss(vec![run.id.to_string()]))
+            .send()
+            .await;
+        match given_back {
+            Ok(_) => Ok(()),
+            Err(error)
+                if matches!(error.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    /// [`Self::give_back_place`] after the run's last write: on failure the
+    /// place is left to the recount, as a crash would leave it.
+    async fn give_back_or_leave(&self, run: &Run) {
+        if let Err(error) = self.give_back_place(run).await {
+            tracing::warn!(run_id = %run.id, error = %crate::error_chain(&error), "a run's place on its owner's count is left to the recount");
+        }
+    }
+
+    /// The owner's active runs on each item of the count.
     async fn active_by_shard(&self, owner: &Owner) -> Result<Vec<i64>, StoreError> {
         let keys = (0..COUNTER_SHARDS)
-            .map(|shard| Item::from([("pk".into(), s(counter_pk(owner, shard))), ("sk".into(), s("ACTIVE"))]))
+            .map(|shard| Item::from([("pk".into(), s(counter_pk(owner, shard))), ("sk".into(), s(COUNT_SK))]))
             .collect();
         let mut counts = vec![0; COUNTER_SHARDS as usize];
-        for item in self.batch_get(keys).await? {
+        for item in self.batch_get(keys, None).await? {
             let shard = text(&item, "pk")?.rsplit('#').next().and_then(|shard| shard.parse::<usize>().ok());
-            let count = item.get("active").and_then(|value| value.as_n().ok()).and_then(|count| count.parse().ok());
-            match (shard, count) {
-                (Some(shard), Some(count)) if shard < counts.len() => counts[shard] = count,
+            match shard {
+                Some(shard) if shard < counts.len() => counts[shard] = counted_runs(&item).len() as i64,
                 _ => return Err(defect("malformed active-run count")),
             }
         }
         Ok(counts)
+    }
+
+    /// The record of the claim's idempotency key, unless there is none or
+    /// it expired by the claim's time.
+    async fn idempotency_record(
+        &self,
+        owner: &Owner,
+        claim: &IdempotencyClaim,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let Some(record) = self.get_item(idempotency_pk(owner, &claim.key_hash), "IDEM".into()).await? else {
+            return Ok(None);
+        };
+        let expires_at = record.get("expires_at").and_then(|value| value.as_n().ok()).and_then(|n| n.parse().ok());
+        if expires_at.is_none_or(|expires_at: i64| expires_at <= claim.created_at.millis() / 1_000) {
+            return Ok(None);
+        }
+        let run_id = text(&record, "run_id")?.parse().map_err(|_| defect("malformed run id in idempotency record"))?;
+        let request_hash = text(&record, "request_hash")?.to_owned();
+        Ok(Some(IdempotencyRecord { request_hash, run_id }))
+    }
+
+    /// Checks one item of a count against its runs: gives back the places
+    /// of runs that ended and of creates that never wrote their run, and
+    /// sets the next recount (or deletes the item once it counts nothing).
+    /// How many places were given back.
+    async fn recount(&self, key: Item, now: Timestamp) -> Result<usize, StoreError> {
+        let Some(item) = self.get_item(text(&key, "pk")?.to_owned(), COUNT_SK.into()).await? else {
+            return Ok(0);
+        };
+        let counted = counted_runs(&item);
+        let ids: Vec<RunId> = counted.iter().filter_map(|id| id.parse().ok()).collect();
+        let keys = ids.iter().map(|id| Item::from([("pk".into(), s(run_pk(*id))), ("sk".into(), s(RUN_SK))]));
+        let mut statuses = HashMap::with_capacity(ids.len());
+        for run in self.batch_get(keys.collect(), Some(STATUS_ONLY)).await? {
+            statuses.insert(text(&run, "pk")?.to_owned(), text(&run, "status")?.to_owned());
+        }
+        let abandoned = now.millis().saturating_sub(ABANDONED_CREATE.as_millis() as i64);
+        let stale: Vec<String> = counted
+            .iter()
+            .filter(|id| match id.parse::<RunId>() {
+                Ok(run_id) => match statuses.get(&run_pk(run_id)) {
+                    Some(status) => TERMINAL.contains(&status.as_str()),
+                    None => (run_id.ulid().timestamp_ms() as i64) < abandoned,
+                },
+                // Not a run's id: nothing can ever give it back.
+                Err(_) => true,
+            })
+            .cloned()
+            .collect();
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key.clone()))
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":at", s(now.plus(RECOUNT_EVERY).to_rfc3339()))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew);
+        update = if stale.is_empty() {
+            update.update_expression("SET gsi2sk = :at")
+        } else {
+            update
+                .update_expression("SET gsi2sk = :at DELETE #runs :stale")
+                .expression_attribute_names("#runs", COUNTED_RUNS)
+                .expression_attribute_values(":stale", AttributeValue::Ss(stale.clone()))
+        };
+        let updated = match update.send().await {
+            Ok(output) => output.attributes.unwrap_or_default(),
+            Err(error)
+                if matches!(error.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) =>
+            {
+                return Ok(0);
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        if counted_runs(&updated).is_empty() {
+            // Unless a create took a place meanwhile.
+            let deleted = self
+                .client
+                .delete_item()
+                .table_name(&self.table)
+                .set_key(Some(key))
+                .condition_expression("attribute_not_exists(#runs)")
+                .expression_attribute_names("#runs", COUNTED_RUNS)
+                .send()
+                .await;
+            if let Err(error) = deleted
+                && !matches!(error.as_service_error(), Some(DeleteItemError::ConditionalCheckFailedException(_)))
+            {
+                return Err(unavailable(error));
+            }
+        }
+        Ok(stale.len())
     }
 
     /// Adds `delta` to the number `attribute` of the item `key`, on the
@@ -733,7 +954,8 @@ impl DynamoStore {
         };
         match cancellation(&error) {
             Some(Cancellation::ConditionsFailed(failed)) => Err(TransactFailure::ConditionsFailed(failed)),
-            _ => Err(TransactFailure::Store(unavailable(error))),
+            Some(Cancellation::Retryable) => Err(TransactFailure::Refused(unavailable(error))),
+            None => Err(TransactFailure::Store(unavailable(error))),
         }
     }
 
@@ -837,30 +1059,27 @@ impl RunStore for DynamoStore {
         idempotency: Option<&IdempotencyClaim>,
         max_active: u32,
     ) -> Result<InsertOutcome, StoreError> {
-        if max_active == 0 {
+        // The place first: a run never exists uncounted (a crash before the
+        // run is written leaves a place the recount gives back).
+        let Some(item) = (if max_active == 0 { None } else { self.take_a_place(run, max_active).await? }) else {
+            // A replay of an idempotency key is answered as one all the same.
+            if let Some(claim) = idempotency
+                && let Some(record) = self.idempotency_record(&run.owner, claim).await?
+            {
+                return Ok(InsertOutcome::IdempotencyKeyTaken(record));
+            }
             return Ok(InsertOutcome::TooManyActiveRuns);
-        }
-        let mut written = run.clone();
-        let events = written.take_events();
-        // The item of the count taken, and the run (which records it).
-        let count_and_run = |written: &mut Run, item: u32| -> Result<[TransactWriteItem; 2], StoreError> {
-            written.count_item = Some(item);
-            let put_run = Put::builder()
-                .table_name(&self.table)
-                .set_item(Some(run_item(written)?))
-                .condition_expression("attribute_not_exists(pk)")
-                .build()
-                .map_err(defect)?;
-            Ok([
-                TransactWriteItem::builder().update(self.take_active(&written.owner, item, max_active)?).build(),
-                TransactWriteItem::builder().put(put_run).build(),
-            ])
         };
-        let put_entry =
-            Put::builder().table_name(&self.table).set_item(Some(entry(&run.owner, run.id))).build().map_err(defect)?;
-        // The count's item and the run go first: both are swapped for
-        // another item's when the count's is full.
-        let mut items = count_and_run(&mut written, counter_shard(run.id, max_active))?.to_vec();
+        let mut written = run.clone();
+        written.count_item = Some(item);
+        let events = written.take_events();
+        let put_run = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(run_item(&written)?))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(defect)?;
+        let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
         if let Some(claim) = idempotency {
             let record = Put::builder()
                 .table_name(&self.table)
@@ -878,57 +1097,39 @@ impl RunStore for DynamoStore {
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().put(record).build());
         }
-        // After the idempotency record, whose place the outcome is read from.
+        let put_entry =
+            Put::builder().table_name(&self.table).set_item(Some(entry(&run.owner, run.id))).build().map_err(defect)?;
         items.push(TransactWriteItem::builder().put(put_entry).build());
         for event in &events {
             items.push(event_put(&self.table, &written, event)?);
         }
-        let mut other_shards: Option<Vec<u32>> = None;
-        let failed = loop {
-            let failed = match self.transact(items.clone()).await {
-                Ok(()) => {
-                    *run = written;
-                    return Ok(InsertOutcome::Inserted);
-                }
-                Err(TransactFailure::ConditionsFailed(failed)) => failed,
-                Err(TransactFailure::Store(error)) => return Err(error),
-            };
-            let only_count_full = failed.first() == Some(&true) && !failed.iter().skip(1).any(|failed| *failed);
-            if !only_count_full {
-                break failed;
+        let failed = match self.transact(items).await {
+            Ok(()) => {
+                *run = written;
+                return Ok(InsertOutcome::Inserted);
             }
-            // The shard tried is full: the others are read, and those with
-            // room tried in random order. 429 only when none has any.
-            if other_shards.is_none() {
-                let counts = self.active_by_shard(&run.owner).await?;
-                let mut with_room: Vec<u32> = (0..COUNTER_SHARDS)
-                    .filter(|shard| counts[*shard as usize] < i64::from(counter_cap(max_active, *shard)))
-                    .collect();
-                rand::seq::SliceRandom::shuffle(with_room.as_mut_slice(), &mut rand::rng());
-                with_room.truncate(COUNTER_RETRIES);
-                other_shards = Some(with_room);
+            Err(TransactFailure::ConditionsFailed(failed)) => failed,
+            Err(TransactFailure::Refused(error)) => {
+                self.give_back_or_leave(&written).await;
+                return Err(error);
             }
-            let Some(shard) = other_shards.as_mut().and_then(Vec::pop) else {
-                return Ok(InsertOutcome::TooManyActiveRuns);
-            };
-            let [count, put_run] = count_and_run(&mut written, shard)?;
-            (items[0], items[1]) = (count, put_run);
+            // The run may have been written all the same (a timeout): its
+            // place stays, for the run or, should it not exist, the recount.
+            Err(TransactFailure::Store(error)) => return Err(error),
         };
-        if failed.get(1) == Some(&true) && self.get_item(run_pk(run.id), RUN_SK.into()).await?.is_some() {
+        if failed.first() == Some(&true) && self.get_item(run_pk(run.id), RUN_SK.into()).await?.is_some() {
             // A fresh id is only ever taken by this very write: an earlier
             // send of it landed though its answer was lost (a timeout).
             *run = written;
             return Ok(InsertOutcome::Inserted);
         }
-        if let (Some(claim), Some(true)) = (idempotency, failed.get(2)) {
+        self.give_back_or_leave(&written).await;
+        if let (Some(claim), Some(true)) = (idempotency, failed.get(1)) {
             let record = self
-                .get_item(idempotency_pk(&run.owner, &claim.key_hash), "IDEM".into())
+                .idempotency_record(&run.owner, claim)
                 .await?
                 .ok_or_else(|| defect("idempotency record vanished"))?;
-            let run_id =
-                text(&record, "run_id")?.parse().map_err(|_| defect("malformed run id in idempotency record"))?;
-            let request_hash = text(&record, "request_hash")?.to_owned();
-            return Ok(InsertOutcome::IdempotencyKeyTaken(IdempotencyRecord { request_hash, run_id }));
+            return Ok(InsertOutcome::IdempotencyKeyTaken(record));
         }
         Err(defect(format!("a new run's id was already taken: {}", run.id)))
     }
@@ -951,7 +1152,6 @@ impl RunStore for DynamoStore {
             .map_err(defect)?;
         let mut items = vec![
             TransactWriteItem::builder().delete(delete_run).build(),
-            TransactWriteItem::builder().update(self.release_active(run)?).build(),
             TransactWriteItem::builder().delete(delete_entry).build(),
         ];
         if let Some(key_hash) = idempotency_key_hash {
@@ -976,15 +1176,52 @@ impl RunStore for DynamoStore {
             items.push(TransactWriteItem::builder().delete(delete).build());
         }
         match self.transact(items).await {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.give_back_or_leave(run).await;
+                Ok(true)
+            }
             // The run moved on (or is gone): nothing may be undone.
             Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
-            Err(TransactFailure::Store(error)) => Err(error),
+            Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => Err(error),
         }
     }
 
     async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
         Ok(self.active_by_shard(owner).await?.iter().sum())
+    }
+
+    async fn settle_counts(&self, now: Timestamp, deadline: Option<std::time::Instant>) -> Result<Settled, StoreError> {
+        let mut settled = Settled::default();
+        for shard in 0..DUE_SHARDS {
+            let query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(DUE_INDEX)
+                .key_condition_expression("gsi2pk = :recount AND gsi2sk <= :now")
+                .expression_attribute_values(":recount", s(format!("RECOUNT#{shard}")))
+                .expression_attribute_values(":now", s(now.to_rfc3339()));
+            // Each item due is checked once: the index may still show it
+            // due after its next recount is set.
+            let mut start = None;
+            loop {
+                let output = query.clone().set_exclusive_start_key(start).send().await.map_err(unavailable)?;
+                for entry in output.items.unwrap_or_default() {
+                    if deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
+                        settled.unfinished = true;
+                        return Ok(settled);
+                    }
+                    let key = Item::from([("pk".into(), s(text(&entry, "pk")?)), ("sk".into(), s(COUNT_SK))]);
+                    settled.given_back += self.recount(key, now).await?;
+                    settled.items += 1;
+                }
+                start = output.last_evaluated_key;
+                if start.is_none() {
+                    break;
+                }
+            }
+        }
+        Ok(settled)
     }
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
@@ -1075,13 +1312,28 @@ impl RunStore for DynamoStore {
                 written = self.update_in_transaction(run, &next, &events).await;
             }
         }
+        if next.status.is_terminal() {
+            match &written {
+                Ok(()) => self.give_back_or_leave(&next).await,
+                // This very write may have landed though its answer was lost
+                // (and its resend then found its condition gone): a run that
+                // ended, by any write, has no place to keep.
+                Err(_) => {
+                    let stored = self.get_item(run_pk(run.id), RUN_SK.into()).await;
+                    let status = stored.ok().flatten().and_then(|item| text(&item, "status").ok().map(str::to_owned));
+                    if status.is_some_and(|status| TERMINAL.contains(&status.as_str())) {
+                        self.give_back_or_leave(&next).await;
+                    }
+                }
+            }
+        }
         match written {
             Ok(()) => {
                 *run = next;
                 Ok(())
             }
             Err(TransactFailure::ConditionsFailed(_)) => Err(StoreError::Conflict),
-            Err(TransactFailure::Store(error)) => Err(error),
+            Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => Err(error),
         }
     }
 
@@ -1117,12 +1369,14 @@ impl RunStore for DynamoStore {
                 let items = writes[start..end].iter_mut().flat_map(|(_, _, items)| std::mem::take(items)).collect();
                 match self.transact(items).await {
                     Ok(()) => {
+                        let ended = writes[start..end].iter().filter(|(_, next, _)| next.status.is_terminal());
+                        futures_util::future::join_all(ended.map(|(_, next, _)| self.give_back_or_leave(next))).await;
                         for (index, next, _) in &writes[start..end] {
                             runs[*index] = next.clone();
                         }
                     }
                     Err(TransactFailure::ConditionsFailed(_)) => return Err(failed(StoreError::Conflict)),
-                    Err(TransactFailure::Store(error)) => return Err(failed(error)),
+                    Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => return Err(failed(error)),
                 }
             }
             start = end;

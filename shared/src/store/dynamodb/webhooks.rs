@@ -222,7 +222,7 @@ impl WebhookStore for DynamoStore {
             Ok(()) => Ok(true),
             Err(TransactFailure::ConditionsFailed(failed)) if failed.first() == Some(&true) => Ok(false),
             Err(TransactFailure::ConditionsFailed(_)) => Err(defect("a new webhook id was already taken")),
-            Err(TransactFailure::Store(error)) => Err(error),
+            Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => Err(error),
         }
     }
 
@@ -262,7 +262,7 @@ impl WebhookStore for DynamoStore {
         match self.transact(items).await {
             Ok(()) => Ok(true),
             Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
-            Err(TransactFailure::Store(error)) => Err(error),
+            Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => Err(error),
         }
     }
 
