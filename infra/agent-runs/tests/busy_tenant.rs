@@ -24,6 +24,7 @@ use agent_runs_shared::faults::{CapacityLimits, CapacityModel};
 use agent_runs_shared::lambda::{from_api_response, handle_batch, into_api_request};
 use agent_runs_shared::store::{ABANDONED_CREATE, KeyStore, ListRequest, RECOUNT_EVERY, RunStore};
 use serde_json::{Value, json};
+use support::events::sqs_event;
 use tokio::sync::{Mutex, watch};
 
 /// DynamoDB's 1,000 write units a second, scaled down fifty times: the
@@ -40,21 +41,6 @@ fn create_event(key: &str) -> lambda_http::Request {
     event["headers"]["authorization"] = format!("Bearer {key}").into();
     event["body"] = json!({"input": "busy"}).to_string().into();
     lambda_http::request::from_str(&event.to_string()).unwrap()
-}
-
-fn sqs_event(bodies: &[String]) -> aws_lambda_events::event::sqs::SqsEvent {
-    let fixture: Value = serde_json::from_str(include_str!("fixtures/sqs-event.json")).unwrap();
-    let records: Vec<Value> = bodies
-        .iter()
-        .enumerate()
-        .map(|(i, body)| {
-            let mut record = fixture["Records"][0].clone();
-            record["messageId"] = i.to_string().into();
-            record["body"] = body.clone().into();
-            record
-        })
-        .collect();
-    serde_json::from_value(json!({ "Records": records })).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,11 +123,12 @@ async fn a_busy_tenant_sees_no_throttle_or_conflict() {
                     return;
                 }
                 let (_stop_sender, stop) = watch::channel(false);
-                let response = handle_batch(&worker, queue.as_ref(), sqs_event(&bodies), &stop).await;
+                let response = handle_batch(&worker, queue.as_ref(), sqs_event(bodies.clone()), &stop).await;
                 *failures.lock().await += response.batch_item_failures.len();
                 // SQS would redeliver a failed message; it is sent again at once.
                 for failure in response.batch_item_failures {
-                    retry.push(bodies[failure.item_identifier.parse::<usize>().unwrap()].clone());
+                    let index = failure.item_identifier.trim_start_matches("message-").parse::<usize>().unwrap();
+                    retry.push(bodies[index].clone());
                 }
             }
         }));

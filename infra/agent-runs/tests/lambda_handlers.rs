@@ -27,6 +27,7 @@ use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterce
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
 use serde_json::{Value, json};
+use support::events::sqs_event;
 use tokio::sync::watch;
 
 /// Records the name of every AWS operation the clients send.
@@ -207,21 +208,6 @@ impl Aws {
         let response = handle_batch(&self.worker, self.services.services.adapters.queue.as_ref(), event, &stop).await;
         response.batch_item_failures.into_iter().map(|failure| failure.item_identifier).collect()
     }
-}
-
-fn sqs_event(bodies: Vec<String>) -> SqsEvent {
-    let fixture: Value = serde_json::from_str(include_str!("fixtures/sqs-event.json")).unwrap();
-    let records: Vec<Value> = bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, body)| {
-            let mut record = fixture["Records"][0].clone();
-            record["messageId"] = format!("message-{i}").into();
-            record["body"] = body.into();
-            record
-        })
-        .collect();
-    serde_json::from_value(json!({ "Records": records })).unwrap()
 }
 
 fn id(run: &Value) -> &str {

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod events;
 pub mod otlp;
 pub mod receiver;
 
