@@ -392,6 +392,7 @@ fn dynamodb_operation(
         Some("UpdateItem") => "UpdateItem",
         Some("DeleteItem") => "DeleteItem",
         Some("Query") => "Query",
+        Some("BatchGetItem") => "BatchGetItem",
         Some("TransactWriteItems") => "TransactWriteItems",
         _ => "other",
     }

@@ -931,6 +931,64 @@ async fn dynamodb_places_a_crash_left_taken_are_given_back_by_the_recount() {
     assert_eq!(items.count, 0, "{:?}", items.items);
 }
 
+/// An item of a count the recount cannot read is left due for the next
+/// pass; the pass goes on rather than failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_items_the_recount_cannot_read_stay_due_for_the_next_pass() {
+    if emulator::without_emulator("dynamodb_items_the_recount_cannot_read_stay_due_for_the_next_pass") {
+        return;
+    }
+    let sdk = emulator::sdk_config().await;
+    let table = emulator::create_table(&sdk).await;
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table.clone());
+    let gives_nothing_back = undelivered("UpdateItem", &table).await;
+    for i in 0..3 {
+        let mut run = new_run("unreadable", i, 10 + u128::from(i));
+        insert(&store, &mut run).await;
+        run.cancel(Timestamp::from_millis(T0 as i64 + 5)).unwrap();
+        gives_nothing_back.update(&mut run).await.unwrap();
+    }
+    assert_eq!(store.active_runs(&owner("unreadable")).await.unwrap(), 3, "ended, their places left taken");
+    let later = Timestamp::from_millis(T0 as i64 + 11 * 60_000);
+    let unreadable = undelivered("BatchGetItem", &table).await;
+    let settled = unreadable.settle_counts(later, None).await.unwrap();
+    assert_eq!((settled.items, settled.given_back), (0, 0), "{settled:?}");
+    assert_eq!(store.active_runs(&owner("unreadable")).await.unwrap(), 3);
+    assert_eq!(store.settle_counts(later, None).await.unwrap().given_back, 3, "still due");
+    assert_eq!(store.active_runs(&owner("unreadable")).await.unwrap(), 0);
+}
+
+/// A batch of ends whose transaction landed though its answer was lost
+/// gives its runs' places back at once, as a single end does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_a_batch_of_ends_with_a_lost_answer_gives_its_places_back() {
+    if emulator::without_emulator("dynamodb_a_batch_of_ends_with_a_lost_answer_gives_its_places_back") {
+        return;
+    }
+    let sdk = emulator::sdk_config().await;
+    let table = emulator::create_table(&sdk).await;
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table.clone());
+    let mut runs = vec![new_run("batch-ends", 0, 1), new_run("batch-ends", 0, 2)];
+    for run in &mut runs {
+        insert(&store, run).await;
+        run.cancel(Timestamp::from_millis(T0 as i64 + 5)).unwrap();
+    }
+    assert_eq!(store.active_runs(&owner("batch-ends")).await.unwrap(), 2);
+    let answer_lost = {
+        use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, Fault, OnCalls};
+        let plan = OnCalls::from("TransactWriteItems", 1, Fault::FailBefore);
+        let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .interceptor(AwsErrorInterceptor::new(plan, AwsError::ServerError))
+            .build();
+        DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(config), table)
+    };
+    assert!(answer_lost.update_batch(&mut runs).await.is_err(), "its answer was lost");
+    for run in &runs {
+        assert_eq!(store.get(&owner("batch-ends"), run.id).await.unwrap().unwrap().status, RunStatus::Canceled);
+    }
+    assert_eq!(store.active_runs(&owner("batch-ends")).await.unwrap(), 0, "no place waits for the recount");
+}
+
 #[tokio::test]
 async fn sqlite_purges_expired_idempotency_records_as_new_ones_come_in() {
     let dir = tempfile::tempdir().unwrap();
@@ -1176,6 +1234,10 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
             .unwrap();
     }
     assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 0, "numbers are not counts any more");
+    // Until the migration, the recount keeps the numbers: the migration
+    // knows by them that the runs are to be counted anew.
+    let in_2100 = Timestamp::from_millis(4_102_444_800_000);
+    assert_eq!(store.settle_counts(in_2100, None).await.unwrap().items, counts.len());
     let migrated = store.migrate_layout(1_000).await.unwrap();
     assert_eq!(migrated, Migrated { counters: counts.len(), ..Migrated::default() });
     assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 1, "counted anew from the run not ended");

@@ -148,15 +148,24 @@ async fn a_queued_run_whose_message_was_lost_is_enqueued_after_a_minute() {
     assert_eq!(sweeper.sweep().await.unwrap().enqueued, 0, "not again until another minute passes");
 }
 
-/// The SQLite store, except that no write of one run goes through unless it
-/// ends the run, as with a record the store cannot encode.
-struct OneBrokenRun {
+/// The SQLite store, hampered: no write of the `broken` run goes through
+/// unless it ends the run (as with a record the store cannot encode), and
+/// each read of a run takes `slow_reads`. It counts the settlings of counts.
+struct Hampered {
     inner: Arc<dyn RunStore>,
-    broken: RunId,
+    broken: Option<RunId>,
+    slow_reads: Duration,
+    settlings: std::sync::atomic::AtomicUsize,
+}
+
+impl Hampered {
+    fn over(inner: Arc<dyn RunStore>) -> Hampered {
+        Hampered { inner, broken: None, slow_reads: Duration::ZERO, settlings: Default::default() }
+    }
 }
 
 #[async_trait::async_trait]
-impl RunStore for OneBrokenRun {
+impl RunStore for Hampered {
     async fn insert(
         &self,
         run: &mut Run,
@@ -171,11 +180,20 @@ impl RunStore for OneBrokenRun {
     async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
         self.inner.active_runs(owner).await
     }
+    async fn settle_counts(
+        &self,
+        now: Timestamp,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<agent_runs_shared::store::Settled, StoreError> {
+        self.settlings.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.settle_counts(now, deadline).await
+    }
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        tokio::time::sleep(self.slow_reads).await;
         self.inner.get(owner, run_id).await
     }
     async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
-        if run.id == self.broken && !run.status.is_terminal() {
+        if Some(run.id) == self.broken && !run.status.is_terminal() {
             return Err(StoreError::Defect("cannot encode run".into()));
         }
         self.inner.update(run).await
@@ -222,7 +240,7 @@ async fn one_run_the_sweeper_cannot_handle_blocks_no_other_and_is_failed_in_the_
     let broken = fixture.create("echo", "broken").await;
     fixture.clock.advance(Duration::from_millis(5));
     let healthy = fixture.create("echo", "healthy").await;
-    let store = Arc::new(OneBrokenRun { inner: fixture.store.clone(), broken: broken.run_id });
+    let store = Arc::new(Hampered { broken: Some(broken.run_id), ..Hampered::over(fixture.store.clone()) });
     let (queue, receiver) = InProcessQueue::new();
     let sweeper = Sweeper::new(store, Arc::new(queue), fixture.clock.clone(), fixture.policy.clone());
 
@@ -240,6 +258,23 @@ async fn one_run_the_sweeper_cannot_handle_blocks_no_other_and_is_failed_in_the_
     assert_eq!(run.status, RunStatus::Failed);
     assert!(run.error.unwrap().contains("could not be recovered"));
     assert_eq!(sweeper.sweep().await.unwrap(), Default::default(), "nothing is due any more");
+}
+
+/// A backlog of due runs larger than a pass never starves the recount of
+/// the active-run counts: it has its share of the pass's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_whose_due_runs_outlast_it_still_settles_the_counts() {
+    let fixture = Fixture::new();
+    for i in 0..20 {
+        fixture.create("echo", &format!("backlog {i}")).await;
+    }
+    let store = Arc::new(Hampered { slow_reads: Duration::from_millis(100), ..Hampered::over(fixture.store.clone()) });
+    let (queue, _receiver) = InProcessQueue::new();
+    let sweeper = Sweeper::new(store.clone(), Arc::new(queue), fixture.clock.clone(), fixture.policy.clone());
+    fixture.clock.advance(fixture.policy.requeue_after);
+    let report = sweeper.sweep_until(Some(std::time::Instant::now() + Duration::from_millis(800))).await.unwrap();
+    assert!(report.unfinished && report.enqueued < 20, "the backlog outlasts the pass: {report:?}");
+    assert_eq!(store.settlings.load(std::sync::atomic::Ordering::SeqCst), 1, "the counts were settled all the same");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,9 @@ use crate::store::{DueRun, RunKey, RunStore, StoreError, change_run_if};
 use tracing::Instrument;
 
 const PAGE: u32 = 100;
+/// The share of a pass's time its due runs may take when it has a
+/// deadline: the rest is the recount's, so neither's backlog starves the other.
+const DUE_RUNS_SHARE: f64 = 0.75;
 /// Passes in a row that may fail on one run before the run is failed.
 pub const MAX_SWEEP_FAILURES: u32 = 5;
 
@@ -75,15 +78,18 @@ impl Sweeper {
     pub async fn sweep_until(&self, deadline: Option<Instant>) -> Result<SweepReport, SweepError> {
         let mut report = SweepReport::default();
         let until = self.clock.now();
+        let started = Instant::now();
+        let due_deadline =
+            deadline.map(|deadline| started + deadline.saturating_duration_since(started).mul_f64(DUE_RUNS_SHARE));
         let mut after: Option<DueRun> = None;
         let mut skipped = HashSet::new();
-        loop {
+        'due: loop {
             let page = self.runs.due(until, after.as_ref(), PAGE).await?;
             let last_page = page.len() < PAGE as usize;
             for due in page {
-                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                if due_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                     report.unfinished = true;
-                    return Ok(report);
+                    break 'due;
                 }
                 let span = tracing::info_span!("sweep", run_id = %due.key.run_id, owner = %due.key.owner);
                 match self.sweep_one(&due).instrument(span).await {
@@ -115,7 +121,7 @@ impl Sweeper {
         match self.runs.settle_counts(until, deadline).await {
             Ok(settled) => {
                 report.given_back = settled.given_back;
-                report.unfinished = settled.unfinished;
+                report.unfinished |= settled.unfinished;
             }
             // Places left taken only make the limit stricter until a later pass.
             Err(error) => {

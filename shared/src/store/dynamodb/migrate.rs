@@ -6,8 +6,8 @@
 use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem};
 
 use super::{
-    CHECKPOINT_APART, COUNT_SK, DynamoStore, Item, RUN_SK, TransactFailure, count_item, counter_shard, decode_run,
-    defect, entry, idempotency_pk, run_items, s, text, unavailable,
+    CHECKPOINT_APART, COUNT_SK, DynamoStore, Item, LEGACY_COUNT, RUN_SK, TransactFailure, count_item, counter_shard,
+    decode_run, defect, entry, idempotency_pk, run_items, s, text, unavailable,
 };
 use crate::domain::{Clock, Owner, SystemClock};
 use crate::store::StoreError;
@@ -64,7 +64,10 @@ impl DynamoStore {
         // Counts kept as numbers: one under `OWNER#<owner>`, or one on each
         // item of the count.
         let numbers = self
-            .scan_filtered("begins_with(pk, :count) AND attribute_exists(active)", [(":count", s("ACTIVE#"))])
+            .scan_filtered(
+                &format!("begins_with(pk, :count) AND attribute_exists({LEGACY_COUNT})"),
+                [(":count", s("ACTIVE#"))],
+            )
             .await?;
         if migrated.skipped > 0 || (counters.is_empty() && numbers.is_empty()) {
             return Ok(migrated);
@@ -95,7 +98,7 @@ impl DynamoStore {
                 .table_name(&self.table)
                 .key("pk", s(text(&item, "pk")?))
                 .key("sk", s(COUNT_SK))
-                .update_expression("REMOVE active")
+                .update_expression(format!("REMOVE {LEGACY_COUNT}"))
                 .send()
                 .await
                 .map_err(unavailable)?;

@@ -128,6 +128,11 @@ const COUNTER_RETRIES: usize = 3;
 /// The attribute of an item of the count that holds its runs' ids.
 const COUNTED_RUNS: &str = "runs";
 const COUNT_SK: &str = "ACTIVE";
+/// The number an item of the count held before it held its runs' ids:
+/// only [`migrate`] reads it (and removes it).
+const LEGACY_COUNT: &str = "active";
+/// Items of counts recounted at once by a sweeper pass.
+const RECOUNTS_AT_ONCE: usize = 8;
 /// How often each item of a count is checked against its runs.
 pub const RECOUNT_EVERY: Duration = Duration::from_secs(10 * 60);
 /// A place on the count taken this long ago for a run that does not exist
@@ -813,6 +818,60 @@ impl DynamoStore {
         }
     }
 
+    /// A new run's writes: the run, its idempotency record, its list entry
+    /// and its events (taken from `written`).
+    fn create_items(
+        &self,
+        written: &mut Run,
+        idempotency: Option<&IdempotencyClaim>,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let events = written.take_events();
+        let put_run = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(run_item(written)?))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(defect)?;
+        let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
+        if let Some(claim) = idempotency {
+            let record = Put::builder()
+                .table_name(&self.table)
+                .item("pk", s(idempotency_pk(&written.owner, &claim.key_hash)))
+                .item("sk", s("IDEM"))
+                .item("request_hash", s(&claim.request_hash))
+                .item("run_id", s(written.id.to_string()))
+                .item("created_at", n(claim.created_at.millis()))
+                // DynamoDB's TTL wants seconds; reads compare it too, since
+                // TTL deletion lags by up to days.
+                .item("expires_at", n(claim.expires_at.millis() / 1_000))
+                .condition_expression("attribute_not_exists(pk) OR expires_at <= :now")
+                .expression_attribute_values(":now", n(claim.created_at.millis() / 1_000))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().put(record).build());
+        }
+        let put_entry = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(entry(&written.owner, written.id)))
+            .build()
+            .map_err(defect)?;
+        items.push(TransactWriteItem::builder().put(put_entry).build());
+        for event in &events {
+            items.push(event_put(&self.table, written, event)?);
+        }
+        Ok(items)
+    }
+
+    /// [`Self::give_back_or_leave`] if the stored run ended, by whatever
+    /// write: after a terminal write whose outcome is not known.
+    async fn give_back_if_ended(&self, run: &Run) {
+        let stored = self.get_item(run_pk(run.id), RUN_SK.into()).await;
+        let status = stored.ok().flatten().and_then(|item| text(&item, "status").ok().map(str::to_owned));
+        if status.is_some_and(|status| TERMINAL.contains(&status.as_str())) {
+            self.give_back_or_leave(run).await;
+        }
+    }
+
     /// The owner's active runs on each item of the count.
     async fn active_by_shard(&self, owner: &Owner) -> Result<Vec<i64>, StoreError> {
         let keys = (0..COUNTER_SHARDS)
@@ -901,15 +960,17 @@ impl DynamoStore {
             }
             Err(error) => return Err(unavailable(error)),
         };
-        if counted_runs(&updated).is_empty() {
-            // Unless a create took a place meanwhile.
+        if counted_runs(&updated).is_empty() && !updated.contains_key(LEGACY_COUNT) {
+            // Unless a create took a place meanwhile. A count kept as a
+            // number stays for the migration, which counts its runs anew.
             let deleted = self
                 .client
                 .delete_item()
                 .table_name(&self.table)
                 .set_key(Some(key))
-                .condition_expression("attribute_not_exists(#runs)")
+                .condition_expression("attribute_not_exists(#runs) AND attribute_not_exists(#legacy)")
                 .expression_attribute_names("#runs", COUNTED_RUNS)
+                .expression_attribute_names("#legacy", LEGACY_COUNT)
                 .send()
                 .await;
             if let Err(error) = deleted
@@ -1072,37 +1133,13 @@ impl RunStore for DynamoStore {
         };
         let mut written = run.clone();
         written.count_item = Some(item);
-        let events = written.take_events();
-        let put_run = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(run_item(&written)?))
-            .condition_expression("attribute_not_exists(pk)")
-            .build()
-            .map_err(defect)?;
-        let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
-        if let Some(claim) = idempotency {
-            let record = Put::builder()
-                .table_name(&self.table)
-                .item("pk", s(idempotency_pk(&run.owner, &claim.key_hash)))
-                .item("sk", s("IDEM"))
-                .item("request_hash", s(&claim.request_hash))
-                .item("run_id", s(run.id.to_string()))
-                .item("created_at", n(claim.created_at.millis()))
-                // DynamoDB's TTL wants seconds; reads compare it too, since
-                // TTL deletion lags by up to days.
-                .item("expires_at", n(claim.expires_at.millis() / 1_000))
-                .condition_expression("attribute_not_exists(pk) OR expires_at <= :now")
-                .expression_attribute_values(":now", n(claim.created_at.millis() / 1_000))
-                .build()
-                .map_err(defect)?;
-            items.push(TransactWriteItem::builder().put(record).build());
-        }
-        let put_entry =
-            Put::builder().table_name(&self.table).set_item(Some(entry(&run.owner, run.id))).build().map_err(defect)?;
-        items.push(TransactWriteItem::builder().put(put_entry).build());
-        for event in &events {
-            items.push(event_put(&self.table, &written, event)?);
-        }
+        let items = match self.create_items(&mut written, idempotency) {
+            Ok(items) => items,
+            Err(error) => {
+                self.give_back_or_leave(&written).await;
+                return Err(error);
+            }
+        };
         let failed = match self.transact(items).await {
             Ok(()) => {
                 *run = written;
@@ -1192,28 +1229,45 @@ impl RunStore for DynamoStore {
 
     async fn settle_counts(&self, now: Timestamp, deadline: Option<std::time::Instant>) -> Result<Settled, StoreError> {
         let mut settled = Settled::default();
-        for shard in 0..DUE_SHARDS {
+        // From a shard picked at random, so that a pass cut short at its
+        // deadline does not leave the same shards behind each time.
+        let first = rand::rng().random_range(0..DUE_SHARDS);
+        for shard in (0..DUE_SHARDS).map(|at| (first + at) % DUE_SHARDS) {
             let query = self
                 .client
                 .query()
                 .table_name(&self.table)
                 .index_name(DUE_INDEX)
                 .key_condition_expression("gsi2pk = :recount AND gsi2sk <= :now")
-                .expression_attribute_values(":recount", s(format!("RECOUNT#{shard}")))
+                .expression_attribute_values(":recount", s(recount_pk(shard)))
                 .expression_attribute_values(":now", s(now.to_rfc3339()));
             // Each item due is checked once: the index may still show it
             // due after its next recount is set.
             let mut start = None;
             loop {
                 let output = query.clone().set_exclusive_start_key(start).send().await.map_err(unavailable)?;
+                let mut keys = Vec::new();
                 for entry in output.items.unwrap_or_default() {
+                    keys.push(Item::from([("pk".into(), s(text(&entry, "pk")?)), ("sk".into(), s(COUNT_SK))]));
+                }
+                for keys in keys.chunks(RECOUNTS_AT_ONCE) {
                     if deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
                         settled.unfinished = true;
                         return Ok(settled);
                     }
-                    let key = Item::from([("pk".into(), s(text(&entry, "pk")?)), ("sk".into(), s(COUNT_SK))]);
-                    settled.given_back += self.recount(key, now).await?;
-                    settled.items += 1;
+                    let recounts = keys.iter().map(|key| self.recount(key.clone(), now));
+                    for outcome in futures_util::future::join_all(recounts).await {
+                        match outcome {
+                            Ok(given_back) => {
+                                settled.given_back += given_back;
+                                settled.items += 1;
+                            }
+                            // It stays due: the next pass tries it again.
+                            Err(error) => {
+                                tracing::warn!(error = %crate::error_chain(&error), "an item of an active-run count could not be recounted")
+                            }
+                        }
+                    }
                 }
                 start = output.last_evaluated_key;
                 if start.is_none() {
@@ -1318,13 +1372,7 @@ impl RunStore for DynamoStore {
                 // This very write may have landed though its answer was lost
                 // (and its resend then found its condition gone): a run that
                 // ended, by any write, has no place to keep.
-                Err(_) => {
-                    let stored = self.get_item(run_pk(run.id), RUN_SK.into()).await;
-                    let status = stored.ok().flatten().and_then(|item| text(&item, "status").ok().map(str::to_owned));
-                    if status.is_some_and(|status| TERMINAL.contains(&status.as_str())) {
-                        self.give_back_or_leave(&next).await;
-                    }
-                }
+                Err(_) => self.give_back_if_ended(&next).await,
             }
         }
         match written {
@@ -1375,8 +1423,15 @@ impl RunStore for DynamoStore {
                             runs[*index] = next.clone();
                         }
                     }
-                    Err(TransactFailure::ConditionsFailed(_)) => return Err(failed(StoreError::Conflict)),
-                    Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => return Err(failed(error)),
+                    Err(failure) => {
+                        // As in `update`: the write may have landed all the same.
+                        let ended = writes[start..end].iter().filter(|(_, next, _)| next.status.is_terminal());
+                        futures_util::future::join_all(ended.map(|(_, next, _)| self.give_back_if_ended(next))).await;
+                        return Err(failed(match failure {
+                            TransactFailure::ConditionsFailed(_) => StoreError::Conflict,
+                            TransactFailure::Store(error) | TransactFailure::Refused(error) => error,
+                        }));
+                    }
                 }
             }
             start = end;
