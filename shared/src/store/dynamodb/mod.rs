@@ -125,6 +125,9 @@ const RUNS_PER_COUNTER: u32 = 8;
 /// Tries of a create on other shards of the active-run count when the
 /// first one it tried is full.
 const COUNTER_RETRIES: usize = 3;
+/// Items of the count a create reads when its own is full: a few, so that
+/// refused creates at the limit do not read every item (docs/design.md).
+const COUNTER_SAMPLE: usize = 32;
 /// The attribute of an item of the count that holds its runs' ids.
 const COUNTED_RUNS: &str = "runs";
 const COUNT_SK: &str = "ACTIVE";
@@ -765,19 +768,21 @@ impl DynamoStore {
     }
 
     /// A place on the owner's count for a new run: on the run's own item,
-    /// else on up to [`COUNTER_RETRIES`] others with room, read all at once
-    /// and tried in random order. `None` when none has room.
+    /// else on up to [`COUNTER_RETRIES`] others with room among
+    /// [`COUNTER_SAMPLE`] read at random, tried in random order. `None` when
+    /// none has room.
     async fn take_a_place(&self, run: &Run, limit: u32) -> Result<Option<u32>, StoreError> {
         let own = counter_shard(run.id, limit);
         if self.take_place(&run.owner, own, counter_cap(limit, own), run.id, run.created_at).await? {
             return Ok(Some(own));
         }
-        let counts = self.active_by_shard(&run.owner).await?;
-        let mut with_room: Vec<u32> = (0..COUNTER_SHARDS)
-            .filter(|item| *item != own && counts[*item as usize] < i64::from(counter_cap(limit, *item)))
-            .collect();
-        rand::seq::SliceRandom::shuffle(with_room.as_mut_slice(), &mut rand::rng());
-        for item in with_room.into_iter().take(COUNTER_RETRIES) {
+        let mut sample: Vec<u32> = (0..counter_shards(limit)).filter(|item| *item != own).collect();
+        rand::seq::SliceRandom::shuffle(sample.as_mut_slice(), &mut rand::rng());
+        sample.truncate(COUNTER_SAMPLE);
+        let counts = self.active_on(&run.owner, &sample).await?;
+        let with_room =
+            sample.into_iter().zip(counts).filter(|(item, count)| *count < i64::from(counter_cap(limit, *item)));
+        for (item, _) in with_room.take(COUNTER_RETRIES) {
             if self.take_place(&run.owner, item, counter_cap(limit, item), run.id, run.created_at).await? {
                 return Ok(Some(item));
             }
@@ -872,20 +877,17 @@ impl DynamoStore {
         }
     }
 
-    /// The owner's active runs on each item of the count.
-    async fn active_by_shard(&self, owner: &Owner) -> Result<Vec<i64>, StoreError> {
-        let keys = (0..COUNTER_SHARDS)
-            .map(|shard| Item::from([("pk".into(), s(counter_pk(owner, shard))), ("sk".into(), s(COUNT_SK))]))
+    /// The owner's active runs on each of these items of the count.
+    async fn active_on(&self, owner: &Owner, items: &[u32]) -> Result<Vec<i64>, StoreError> {
+        let keys = items
+            .iter()
+            .map(|item| Item::from([("pk".into(), s(counter_pk(owner, *item))), ("sk".into(), s(COUNT_SK))]))
             .collect();
-        let mut counts = vec![0; COUNTER_SHARDS as usize];
+        let mut counted = HashMap::with_capacity(items.len());
         for item in self.batch_get(keys, None).await? {
-            let shard = text(&item, "pk")?.rsplit('#').next().and_then(|shard| shard.parse::<usize>().ok());
-            match shard {
-                Some(shard) if shard < counts.len() => counts[shard] = counted_runs(&item).len() as i64,
-                _ => return Err(defect("malformed active-run count")),
-            }
+            counted.insert(text(&item, "pk")?.to_owned(), counted_runs(&item).len() as i64);
         }
-        Ok(counts)
+        Ok(items.iter().map(|item| counted.get(&counter_pk(owner, *item)).copied().unwrap_or(0)).collect())
     }
 
     /// The record of the claim's idempotency key, unless there is none or
@@ -1224,7 +1226,8 @@ impl RunStore for DynamoStore {
     }
 
     async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
-        Ok(self.active_by_shard(owner).await?.iter().sum())
+        let items: Vec<u32> = (0..COUNTER_SHARDS).collect();
+        Ok(self.active_on(owner, &items).await?.iter().sum())
     }
 
     async fn settle_counts(&self, now: Timestamp, deadline: Option<std::time::Instant>) -> Result<Settled, StoreError> {
