@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agent_runs_shared::agents::AgentRegistry;
 use agent_runs_shared::domain::{
@@ -155,7 +155,8 @@ struct Hampered {
     inner: Arc<dyn RunStore>,
     broken: Option<RunId>,
     slow_reads: Duration,
-    settlings: std::sync::atomic::AtomicUsize,
+    /// The time each settling had left before its deadline.
+    settlings: std::sync::Mutex<Vec<Duration>>,
 }
 
 impl Hampered {
@@ -185,7 +186,8 @@ impl RunStore for Hampered {
         now: Timestamp,
         deadline: Option<std::time::Instant>,
     ) -> Result<agent_runs_shared::store::Settled, StoreError> {
-        self.settlings.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let left = deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
+        self.settlings.lock().unwrap().push(left);
         self.inner.settle_counts(now, deadline).await
     }
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
@@ -265,16 +267,19 @@ async fn one_run_the_sweeper_cannot_handle_blocks_no_other_and_is_failed_in_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_whose_due_runs_outlast_it_still_settles_the_counts() {
     let fixture = Fixture::new();
-    for i in 0..20 {
+    for i in 0..40 {
         fixture.create("echo", &format!("backlog {i}")).await;
     }
     let store = Arc::new(Hampered { slow_reads: Duration::from_millis(100), ..Hampered::over(fixture.store.clone()) });
     let (queue, _receiver) = InProcessQueue::new();
     let sweeper = Sweeper::new(store.clone(), Arc::new(queue), fixture.clock.clone(), fixture.policy.clone());
     fixture.clock.advance(fixture.policy.requeue_after);
-    let report = sweeper.sweep_until(Some(std::time::Instant::now() + Duration::from_millis(800))).await.unwrap();
-    assert!(report.unfinished && report.enqueued < 20, "the backlog outlasts the pass: {report:?}");
-    assert_eq!(store.settlings.load(std::sync::atomic::Ordering::SeqCst), 1, "the counts were settled all the same");
+    // 40 reads of 100 ms outlast a pass of 2 s, whose due runs have 1.5 s.
+    let report = sweeper.sweep_until(Some(Instant::now() + Duration::from_secs(2))).await.unwrap();
+    assert!(report.unfinished && report.enqueued < 40, "the backlog outlasts the pass: {report:?}");
+    let settlings = store.settlings.lock().unwrap().clone();
+    assert_eq!(settlings.len(), 1, "the counts were settled all the same");
+    assert!(settlings[0] > Duration::ZERO, "with time left for them: {settlings:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -318,7 +318,7 @@ fn functions_that_write_runs_may_make_every_call_a_run_write_makes() {
 
 /// The functions that read several items at once may: a list reads its
 /// page's runs, the inbox its entries' runs, a create whose own item of the
-/// active-run count is full reads all of them, the sweeper the runs an item
+/// active-run count is full reads up to 32 others, the sweeper the runs an item
 /// of a count holds places for (the emulator does not enforce IAM, so only
 /// this test sees a missing permission).
 #[test]

@@ -248,6 +248,15 @@ fn counter_shard(run_id: RunId, limit: u32) -> u32 {
     (run_id.ulid().random() % u128::from(counter_shards(limit))) as u32
 }
 
+/// The items a create whose own item `own` found full reads: up to
+/// [`COUNTER_SAMPLE`] others of those in use under `limit`, at random.
+fn count_sample(own: u32, limit: u32) -> Vec<u32> {
+    let mut sample: Vec<u32> = (0..counter_shards(limit)).filter(|item| *item != own).collect();
+    rand::seq::SliceRandom::shuffle(sample.as_mut_slice(), &mut rand::rng());
+    sample.truncate(COUNTER_SAMPLE);
+    sample
+}
+
 /// The item of the count that `run`'s create took (runs from before items
 /// were recorded: their own item under the default limit).
 fn count_item(run: &Run) -> u32 {
@@ -776,9 +785,7 @@ impl DynamoStore {
         if self.take_place(&run.owner, own, counter_cap(limit, own), run.id, run.created_at).await? {
             return Ok(Some(own));
         }
-        let mut sample: Vec<u32> = (0..counter_shards(limit)).filter(|item| *item != own).collect();
-        rand::seq::SliceRandom::shuffle(sample.as_mut_slice(), &mut rand::rng());
-        sample.truncate(COUNTER_SAMPLE);
+        let sample = count_sample(own, limit);
         let counts = self.active_on(&run.owner, &sample).await?;
         let with_room =
             sample.into_iter().zip(counts).filter(|(item, count)| *count < i64::from(counter_cap(limit, *item)));
@@ -1786,6 +1793,24 @@ mod tests {
 
     fn event(seq: u64) -> StoredEvent {
         StoredEvent { seq, kind: "output.appended".into(), at: Timestamp::from_millis(0), data: "{}".into() }
+    }
+
+    /// A full item's create reads every other item in use where there are
+    /// few, else a different random 32 each time, never its own.
+    #[test]
+    fn a_create_whose_own_item_is_full_reads_a_random_few_of_the_others() {
+        for limit in [1, 16, 271, 272, 1_000, 50_000] {
+            let items = counter_shards(limit);
+            for own in [0, items - 1] {
+                let sample = count_sample(own, limit);
+                assert_eq!(sample.len(), (items as usize - 1).min(COUNTER_SAMPLE), "limit {limit}");
+                assert!(sample.iter().all(|item| *item != own && *item < items), "limit {limit}: {sample:?}");
+                let distinct: std::collections::HashSet<_> = sample.iter().collect();
+                assert_eq!(distinct.len(), sample.len());
+            }
+        }
+        let seen: std::collections::HashSet<u32> = (0..200).flat_map(|_| count_sample(0, 1_000)).collect();
+        assert_eq!(seen.len(), 124, "over many creates every other item in use is read");
     }
 
     /// The count's items hold the limit exactly between them, at least
