@@ -94,11 +94,15 @@ fn kill_9_during_a_load_of_mixed_runs_then_every_accepted_run_completes() {
     let key = server.dev_key.clone().unwrap();
     let base = server.base.clone();
     let client_key = key.clone();
-    // A client creating runs as fast as it can until the server dies.
+    // A client creating runs until the server dies, paced: unpaced, a fast
+    // machine accepted ~700 runs in the 800 ms, and an approved run, queued
+    // again behind that backlog on 2 workers, waited close to the 60 s
+    // below (a flake in CI). Paced, the backlog is at most ~160 runs.
     let client = std::thread::spawn(move || {
         let http = support::http_client().build().unwrap();
         let mut accepted = Vec::new();
         for i in 0.. {
+            std::thread::sleep(Duration::from_millis(5));
             let (agent, input, ..) = MIXED[i % MIXED.len()];
             let sent = http
                 .post(format!("{base}/v1/agent/runs"))
