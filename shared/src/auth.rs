@@ -84,8 +84,11 @@ pub struct Principal {
 pub struct Authenticator {
     keys: Arc<dyn KeyStore>,
     cache_ttl: Duration,
-    cache: Arc<Mutex<HashMap<[u8; 32], (Principal, Instant)>>>,
+    cache: Arc<Mutex<HashMap<KeyHash, (Principal, Instant)>>>,
 }
+
+/// The SHA-256 of an API key, which the cache is keyed by.
+type KeyHash = [u8; 32];
 
 impl Authenticator {
     /// A zero `cache_ttl` asks the store every time, so a revocation is

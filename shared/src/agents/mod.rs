@@ -99,8 +99,11 @@ struct DefinedAgents {
     runtime: Option<Arc<llm::LlmRuntime>>,
     cache_for: Duration,
     known: Mutex<HashMap<String, Instant>>,
-    built: Mutex<HashMap<String, (Instant, Arc<dyn Agent>)>>,
+    built: Mutex<HashMap<String, BuiltAgent>>,
 }
+
+/// A defined agent as built, and when.
+type BuiltAgent = (Instant, Arc<dyn Agent>);
 
 impl AgentRegistry {
     /// `echo` and `script`, with `default` used when a run names none.

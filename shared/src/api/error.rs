@@ -184,7 +184,8 @@ mod tests {
 
     #[test]
     fn every_error_has_its_status_code_and_headers() {
-        let cases: Vec<(ApiError, u16, &str, Option<(&str, &str)>)> = vec![
+        type Header<'a> = Option<(&'a str, &'a str)>;
+        let cases: Vec<(ApiError, u16, &str, Header)> = vec![
             (ApiError::invalid("input", "bad"), 400, "invalid_request", None),
             (ApiError::Unauthorized, 401, "unauthorized", Some(("www-authenticate", "Bearer"))),
             (ApiError::run_not_found(), 404, "not_found", None),

@@ -141,6 +141,26 @@ impl fmt::Display for Owner {
     }
 }
 
+/// Makes ids whose ULIDs are monotonic within this process, so ids made in
+/// the same millisecond still sort in the order they were made.
+pub struct IdGenerator {
+    generator: std::sync::Mutex<ulid::Generator>,
+}
+
+impl Default for IdGenerator {
+    fn default() -> Self {
+        Self { generator: std::sync::Mutex::new(ulid::Generator::new()) }
+    }
+}
+
+impl IdGenerator {
+    pub fn ulid_at(&self, now: Timestamp) -> Ulid {
+        let at = now.to_system_time();
+        let mut generator = crate::lock(&self.generator);
+        generator.generate_from_datetime(at).unwrap_or_else(|_| Ulid::from_datetime(at))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,25 +193,5 @@ mod tests {
         assert!(Owner::parse("a b").is_err());
         assert!(Owner::parse("a#b").is_err());
         assert!(Owner::parse(&"a".repeat(129)).is_err());
-    }
-}
-
-/// Makes ids whose ULIDs are monotonic within this process, so ids made in
-/// the same millisecond still sort in the order they were made.
-pub struct IdGenerator {
-    generator: std::sync::Mutex<ulid::Generator>,
-}
-
-impl Default for IdGenerator {
-    fn default() -> Self {
-        Self { generator: std::sync::Mutex::new(ulid::Generator::new()) }
-    }
-}
-
-impl IdGenerator {
-    pub fn ulid_at(&self, now: Timestamp) -> Ulid {
-        let at = now.to_system_time();
-        let mut generator = crate::lock(&self.generator);
-        generator.generate_from_datetime(at).unwrap_or_else(|_| Ulid::from_datetime(at))
     }
 }
