@@ -12,6 +12,7 @@ use agent_runs_shared::domain::{
     AgentDefinition, ApprovalId, ApprovalStatus, Decision, DecisionRequest, EventData, ExecutionPolicy, KeyId, Owner,
     Run, RunId, RunStatus, Scope, Scopes, Timestamp,
 };
+use agent_runs_shared::faults::AwsError;
 use agent_runs_shared::store::{
     AgentStore, DueRun, Durability, DynamoStore, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore,
     ListRequest, Migrated, RunStore, SqliteStore, StoreError, StoredKey,
@@ -733,9 +734,7 @@ async fn dynamodb_store_keeps_the_contract() {
     if emulator::without_emulator("dynamodb_store_keeps_the_contract") {
         return;
     }
-    let sdk = emulator::sdk_config().await;
-    let table = emulator::create_table(&sdk).await;
-    let client = aws_sdk_dynamodb::Client::new(&sdk);
+    let (client, table) = fresh_table().await;
     let store = DynamoStore::new(client.clone(), table.clone());
     run_contract(Arc::new(store.clone()), &store, &store).await;
 
@@ -851,13 +850,25 @@ async fn count_item(
 
 /// A DynamoDB store whose calls of `operation` never arrive (each answered
 /// 500, as a dropped connection would be), on the same table.
+/// A new table on the emulator, made as template.yaml makes it, and a
+/// client of the emulator.
+async fn fresh_table() -> (aws_sdk_dynamodb::Client, String) {
+    let sdk = emulator::sdk_config().await;
+    let table = emulator::create_table(&sdk).await;
+    (aws_sdk_dynamodb::Client::new(&sdk), table)
+}
+
 async fn undelivered(operation: &'static str, table: &str) -> DynamoStore {
-    use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, Fault, OnCalls};
+    failing(operation, AwsError::NotDelivered, table).await
+}
+
+/// A store on `table` whose every call of `operation` is answered `error`.
+async fn failing(operation: &'static str, error: AwsError, table: &str) -> DynamoStore {
+    use agent_runs_shared::faults::{AwsErrorInterceptor, Fault, OnCalls};
     let sdk = emulator::sdk_config().await;
     let plan = OnCalls::from(operation, 1, Fault::FailBefore);
-    let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
-        .interceptor(AwsErrorInterceptor::new(plan, AwsError::NotDelivered))
-        .build();
+    let config =
+        aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(AwsErrorInterceptor::new(plan, error)).build();
     DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(config), table)
 }
 
@@ -869,9 +880,7 @@ async fn dynamodb_places_a_crash_left_taken_are_given_back_by_the_recount() {
     if emulator::without_emulator("dynamodb_places_a_crash_left_taken_are_given_back_by_the_recount") {
         return;
     }
-    let sdk = emulator::sdk_config().await;
-    let table = emulator::create_table(&sdk).await;
-    let client = aws_sdk_dynamodb::Client::new(&sdk);
+    let (client, table) = fresh_table().await;
     let store = DynamoStore::new(client.clone(), table.clone());
     let crashes = owner("crashes");
     let active = || store.active_runs(&crashes);
@@ -892,14 +901,7 @@ async fn dynamodb_places_a_crash_left_taken_are_given_back_by_the_recount() {
     // it was sent (nothing written): its place went back at once.
     let mut live = new_run("crashes", 0, 3);
     insert(&store, &mut live).await;
-    let conflicted = {
-        use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, Fault, OnCalls};
-        let plan = OnCalls::from("TransactWriteItems", 1, Fault::FailBefore);
-        let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
-            .interceptor(AwsErrorInterceptor::new(plan, AwsError::TransactionConflict))
-            .build();
-        DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(config), table.clone())
-    };
+    let conflicted = failing("TransactWriteItems", AwsError::TransactionConflict, &table).await;
     assert!(conflicted.insert(&mut new_run("crashes", 0, 4), None, 1_000).await.is_err());
     assert_eq!(active().await.unwrap(), 3, "the ended run's place, the lost create's and the live run's");
 
@@ -938,9 +940,8 @@ async fn dynamodb_items_the_recount_cannot_read_stay_due_for_the_next_pass() {
     if emulator::without_emulator("dynamodb_items_the_recount_cannot_read_stay_due_for_the_next_pass") {
         return;
     }
-    let sdk = emulator::sdk_config().await;
-    let table = emulator::create_table(&sdk).await;
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table.clone());
+    let (client, table) = fresh_table().await;
+    let store = DynamoStore::new(client, table.clone());
     let gives_nothing_back = undelivered("UpdateItem", &table).await;
     for i in 0..3 {
         let mut run = new_run("unreadable", i, 10 + u128::from(i));
@@ -965,23 +966,15 @@ async fn dynamodb_a_batch_of_ends_with_a_lost_answer_gives_its_places_back() {
     if emulator::without_emulator("dynamodb_a_batch_of_ends_with_a_lost_answer_gives_its_places_back") {
         return;
     }
-    let sdk = emulator::sdk_config().await;
-    let table = emulator::create_table(&sdk).await;
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table.clone());
+    let (client, table) = fresh_table().await;
+    let store = DynamoStore::new(client, table.clone());
     let mut runs = vec![new_run("batch-ends", 0, 1), new_run("batch-ends", 0, 2)];
     for run in &mut runs {
         insert(&store, run).await;
         run.cancel(Timestamp::from_millis(T0 as i64 + 5)).unwrap();
     }
     assert_eq!(store.active_runs(&owner("batch-ends")).await.unwrap(), 2);
-    let answer_lost = {
-        use agent_runs_shared::faults::{AwsError, AwsErrorInterceptor, Fault, OnCalls};
-        let plan = OnCalls::from("TransactWriteItems", 1, Fault::FailBefore);
-        let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
-            .interceptor(AwsErrorInterceptor::new(plan, AwsError::ServerError))
-            .build();
-        DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(config), table)
-    };
+    let answer_lost = failing("TransactWriteItems", AwsError::ServerError, &table).await;
     assert!(answer_lost.update_batch(&mut runs).await.is_err(), "its answer was lost");
     for run in &runs {
         assert_eq!(store.get(&owner("batch-ends"), run.id).await.unwrap().unwrap().status, RunStatus::Canceled);
@@ -1158,9 +1151,7 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
     if emulator::without_emulator("dynamodb_tables_of_the_layout_before_shards_are_moved_whole") {
         return;
     }
-    let sdk = emulator::sdk_config().await;
-    let table = emulator::create_table(&sdk).await;
-    let client = aws_sdk_dynamodb::Client::new(&sdk);
+    let (client, table) = fresh_table().await;
     let store = DynamoStore::new(client.clone(), table.clone());
     let policy = ExecutionPolicy::default();
     // A queued run with an idempotency key, a running one with a checkpoint
