@@ -53,7 +53,8 @@ pub async fn migrate(args: AwsMigrateArgs) -> Result<(), Error> {
     // The stack's limit (AGENT_RUNS_MAX_ACTIVE_RUNS) lays out the count.
     let limit = agent_runs_shared::config::Config::from_env()?.limits.max_active_runs;
     let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk_config().await), args.table);
-    let migrated = store.migrate_layout(limit).await?;
+    // An operator's tool: the whole cause (a missing table, no permission).
+    let migrated = store.migrate_layout(limit).await.map_err(|error| agent_runs_shared::error_chain(&error))?;
     println!(
         "moved {} runs and {} idempotency records, replaced {} active-run counts; {} items changed while moving",
         migrated.runs, migrated.idempotency_records, migrated.counters, migrated.skipped

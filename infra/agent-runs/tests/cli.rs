@@ -125,3 +125,28 @@ fn errors_say_what_went_wrong_and_exit_non_zero() {
     let wrong_key = cli_at(&server.base, Some("ark_wrong"), &["approvals", "list"]);
     assert!(stderr(&wrong_key).contains("HTTP 401"), "{}", stderr(&wrong_key));
 }
+
+/// `agent-runs aws-migrate` on a table of the current layout moves nothing;
+/// on a table that is not there it says so, with the service's reason.
+#[test]
+fn aws_migrate_moves_nothing_on_a_current_table_and_names_a_missing_one() {
+    if support::without_emulator("aws_migrate_moves_nothing_on_a_current_table_and_names_a_missing_one") {
+        return;
+    }
+    let resources = support::create_aws_resources();
+    let table = &resources.iter().find(|(name, _)| name == "AGENT_RUNS_TABLE").expect("aws-setup names the table").1;
+    let migrate = |table: &str| {
+        Command::new(BIN)
+            .args(["aws-migrate", "--table", table])
+            .envs(support::aws_env())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("the binary runs")
+    };
+    let current = migrate(table);
+    assert!(current.status.success(), "{}", stderr(&current));
+    assert!(stdout(&current).starts_with("moved 0 runs and 0 idempotency records"), "{}", stdout(&current));
+    let missing = migrate("no-such-table");
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("ResourceNotFoundException"), "{}", stderr(&missing));
+}
