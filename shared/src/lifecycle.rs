@@ -163,7 +163,21 @@ impl Lifecycle {
                 .created_by(created_by)
                 .with_budget(budget)
                 .with_trace(trace);
-            match self.runs.insert(&mut run, claim.as_ref(), self.max_active_runs).await? {
+            let inserted = match self.runs.insert(&mut run, claim.as_ref(), self.max_active_runs).await {
+                Ok(inserted) => inserted,
+                Err(error) => {
+                    if matches!(error, StoreError::Unavailable(_)) {
+                        // The run may be written all the same (a write that
+                        // timed out can land): sent now, it starts at once,
+                        // not at the sweeper's requeue. A worker drops a
+                        // message for a run that does not exist. (A write
+                        // the store refused wrote nothing: no message.)
+                        let _ = self.queue.enqueue(&RunMessage { run_id, owner: owner.clone() }).await;
+                    }
+                    return Err(error.into());
+                }
+            };
+            match inserted {
                 InsertOutcome::Inserted => {
                     let key_hash = claim.as_ref().map(|claim| claim.key_hash.as_str());
                     return self.enqueue_created(run, key_hash).await.map(Started::Created);

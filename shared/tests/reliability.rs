@@ -812,6 +812,28 @@ async fn a_create_whose_undo_fails_answers_by_what_the_store_holds() {
     }
 }
 
+/// A create whose write may have landed (its answer lost) is a 503, and its
+/// run is sent all the same: a landed run starts at once rather than at the
+/// sweeper's requeue a minute later; a message for a run never written is
+/// dropped by the worker.
+#[tokio::test(flavor = "current_thread")]
+async fn a_create_whose_write_may_have_landed_sends_its_run_all_the_same() {
+    use agent_runs_shared::faults::{Fault, OnCalls};
+    for (fault, landed) in [(Fault::FailAfter, true), (Fault::FailBefore, false)] {
+        let world = World::new().await;
+        let api = world.api(OnCalls::nth("insert", 1, fault));
+        let (status, reply) = world.call(&api, "POST", "/v1/agent/runs", json!({"input": "hi"}), None).await;
+        assert_eq!(status, 503, "{fault:?}: {reply}");
+        assert_eq!(world.all_runs().await.len(), usize::from(landed), "{fault:?}");
+        let messages = world.queue.receive();
+        assert_eq!(messages.len(), 1, "{fault:?}: sent without waiting for the sweeper");
+        let (_, stop) = watch::channel(false);
+        let outcome = world.worker(Arc::new(Healthy)).process(&messages[0].1, &stop).await.unwrap();
+        assert_eq!(outcome, if landed { Outcome::Succeeded } else { Outcome::Dropped }, "{fault:?}");
+        world.assert_active_count_is_true("after the lost answer").await;
+    }
+}
+
 /// Lets the first `ok` writes through, then fails every write until healed.
 struct WritesFailAfter {
     ok: std::sync::atomic::AtomicIsize,

@@ -160,7 +160,7 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
-            StoreError::Unavailable(source) => ApiError::Unavailable(source),
+            StoreError::Unavailable(source) | StoreError::Refused(source) => ApiError::Unavailable(source),
             StoreError::Conflict | StoreError::Defect(_) => ApiError::Internal(Box::new(error)),
         }
     }

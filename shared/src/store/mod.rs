@@ -31,8 +31,13 @@ pub enum StoreError {
     #[error("the item changed since it was read")]
     Conflict,
     /// The database could not be reached or is overloaded; safe to retry.
+    /// A write may have landed all the same (a timeout).
     #[error("the store is unavailable")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The database turned a write away each time it was sent (throttling,
+    /// conflicts): nothing was written; safe to retry.
+    #[error("the store refused the write")]
+    Refused(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Data that cannot be read back, or a bug.
     #[error("store defect: {0}")]
     Defect(String),

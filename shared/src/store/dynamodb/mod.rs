@@ -1024,7 +1024,7 @@ impl DynamoStore {
         };
         match cancellation(&error) {
             Some(Cancellation::ConditionsFailed(failed)) => Err(TransactFailure::ConditionsFailed(failed)),
-            Some(Cancellation::Retryable) => Err(TransactFailure::Refused(unavailable(error))),
+            Some(Cancellation::Retryable) => Err(TransactFailure::Refused(StoreError::Refused(Box::new(error)))),
             None => Err(TransactFailure::Store(unavailable(error))),
         }
     }
