@@ -25,6 +25,9 @@ pub const IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 /// taken; the key is free again then, so the create starts over, this
 /// many times at most.
 const CREATE_ATTEMPTS: usize = 3;
+/// How long a create whose write has an unknown outcome waits to send its
+/// run before answering `503` (a Lambda's 10 s may be mostly spent).
+const UNKNOWN_CREATE_SEND: Duration = Duration::from_secs(1);
 
 pub struct Lifecycle {
     runs: Arc<dyn RunStore>,
@@ -171,8 +174,15 @@ impl Lifecycle {
                         // timed out can land): sent now, it starts at once,
                         // not at the sweeper's requeue. A worker drops a
                         // message for a run that does not exist. (A write
-                        // the store refused wrote nothing: no message.)
-                        let _ = self.queue.enqueue(&RunMessage { run_id, owner: owner.clone() }).await;
+                        // the store refused wrote nothing: no message.) A
+                        // short wait, so the 503 still goes out in time.
+                        let message = RunMessage { run_id, owner: owner.clone() };
+                        match tokio::time::timeout(UNKNOWN_CREATE_SEND, self.queue.enqueue(&message)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) | Err(_) => {
+                                tracing::warn!(run_id = %run_id, "a create of unknown outcome could not send its run; the sweeper will, should it exist")
+                            }
+                        }
                     }
                     return Err(error.into());
                 }

@@ -902,7 +902,8 @@ async fn dynamodb_places_a_crash_left_taken_are_given_back_by_the_recount() {
     let mut live = new_run("crashes", 0, 3);
     insert(&store, &mut live).await;
     let conflicted = failing("TransactWriteItems", AwsError::TransactionConflict, &table).await;
-    assert!(conflicted.insert(&mut new_run("crashes", 0, 4), None, 1_000).await.is_err());
+    let refused = conflicted.insert(&mut new_run("crashes", 0, 4), None, 1_000).await;
+    assert!(matches!(refused, Err(StoreError::Refused(_))), "known to have written nothing: {refused:?}");
     assert_eq!(active().await.unwrap(), 3, "the ended run's place, the lost create's and the live run's");
 
     // Not yet due: nothing is checked.

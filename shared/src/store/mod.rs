@@ -34,8 +34,9 @@ pub enum StoreError {
     /// A write may have landed all the same (a timeout).
     #[error("the store is unavailable")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The database turned a write away each time it was sent (throttling,
-    /// conflicts): nothing was written; safe to retry.
+    /// The write surely did not happen: the database turned it away each
+    /// time it was sent (throttling, conflicts), or a call it depends on
+    /// failed before it was sent. Safe to retry.
     #[error("the store refused the write")]
     Refused(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Data that cannot be read back, or a bug.

@@ -286,6 +286,15 @@ fn unavailable<E: std::error::Error + Send + Sync + 'static>(error: E) -> StoreE
     StoreError::Unavailable(Box::new(error))
 }
 
+/// `error`, of a call made before a write was sent: the write surely did
+/// not happen.
+fn not_written(error: StoreError) -> StoreError {
+    match error {
+        StoreError::Unavailable(source) => StoreError::Refused(source),
+        other => other,
+    }
+}
+
 fn defect(what: impl std::fmt::Display) -> StoreError {
     StoreError::Defect(what.to_string())
 }
@@ -1130,11 +1139,14 @@ impl RunStore for DynamoStore {
         max_active: u32,
     ) -> Result<InsertOutcome, StoreError> {
         // The place first: a run never exists uncounted (a crash before the
-        // run is written leaves a place the recount gives back).
-        let Some(item) = (if max_active == 0 { None } else { self.take_a_place(run, max_active).await? }) else {
+        // run is written leaves a place the recount gives back). Until the
+        // run's transaction is sent, a failure surely wrote no run.
+        let place =
+            if max_active == 0 { None } else { self.take_a_place(run, max_active).await.map_err(not_written)? };
+        let Some(item) = place else {
             // A replay of an idempotency key is answered as one all the same.
             if let Some(claim) = idempotency
-                && let Some(record) = self.idempotency_record(&run.owner, claim).await?
+                && let Some(record) = self.idempotency_record(&run.owner, claim).await.map_err(not_written)?
             {
                 return Ok(InsertOutcome::IdempotencyKeyTaken(record));
             }
