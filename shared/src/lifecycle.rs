@@ -177,11 +177,9 @@ impl Lifecycle {
                         // the store refused wrote nothing: no message.) A
                         // short wait, so the 503 still goes out in time.
                         let message = RunMessage { run_id, owner: owner.clone() };
-                        match tokio::time::timeout(UNKNOWN_CREATE_SEND, self.queue.enqueue(&message)).await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(_)) | Err(_) => {
-                                tracing::warn!(run_id = %run_id, "a create of unknown outcome could not send its run; the sweeper will, should it exist")
-                            }
+                        let sent = tokio::time::timeout(UNKNOWN_CREATE_SEND, self.queue.enqueue(&message)).await;
+                        if !matches!(sent, Ok(Ok(()))) {
+                            tracing::warn!(run_id = %run_id, "a create of unknown outcome could not send its run; the sweeper will, should it exist");
                         }
                     }
                     return Err(error.into());
