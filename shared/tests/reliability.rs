@@ -834,6 +834,25 @@ async fn a_create_whose_write_may_have_landed_sends_its_run_all_the_same() {
     }
 }
 
+/// A create of unknown outcome whose send hangs still answers its 503: the
+/// send is given a short wait, not the whole request's time.
+#[tokio::test(flavor = "current_thread")]
+async fn a_create_of_unknown_outcome_whose_send_hangs_still_answers() {
+    use agent_runs_shared::faults::{Fault, OnCalls};
+    let world = World::new().await;
+    let hangs = std::future::pending::<()>();
+    let queue = Arc::new(SendThenFail {
+        inner: world.queue.clone(),
+        deliver: false,
+        during: Mutex::new(Some(Box::pin(hangs))),
+    });
+    let api = world.api_with_queue(OnCalls::nth("insert", 1, Fault::FailAfter), queue);
+    let call = world.call(&api, "POST", "/v1/agent/runs", json!({"input": "hi"}), None);
+    let (status, reply) = tokio::time::timeout(Duration::from_secs(10), call).await.expect("answered, not hung");
+    assert_eq!((status, reply["error"]["code"].as_str()), (503, Some("unavailable")));
+    assert_eq!(world.all_runs().await.len(), 1, "the run landed; the sweeper sends it");
+}
+
 /// Lets the first `ok` writes through, then fails every write until healed.
 struct WritesFailAfter {
     ok: std::sync::atomic::AtomicIsize,

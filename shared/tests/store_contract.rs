@@ -960,6 +960,29 @@ async fn dynamodb_items_the_recount_cannot_read_stay_due_for_the_next_pass() {
     assert_eq!(store.active_runs(&owner("unreadable")).await.unwrap(), 0);
 }
 
+/// A create whose place or key lookup fails before its run's transaction is
+/// sent is known to have written nothing (no message need go out for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_a_create_failing_before_its_transaction_is_refused() {
+    if emulator::without_emulator("dynamodb_a_create_failing_before_its_transaction_is_refused") {
+        return;
+    }
+    let (client, table) = fresh_table().await;
+    let store = DynamoStore::new(client, table.clone());
+    let mut unplaced = new_run("unplaced", 0, 1);
+    let failed = failing("UpdateItem", AwsError::ServerError, &table).await.insert(&mut unplaced, None, 1_000).await;
+    assert!(matches!(failed, Err(StoreError::Refused(_))), "{failed:?}");
+    assert!(store.get(&owner("unplaced"), unplaced.id).await.unwrap().is_none());
+    // At the limit, a repeated key is looked up: that read fails.
+    let mut first = new_run("unplaced", 1, 2);
+    assert!(matches!(store.insert(&mut first, None, 1).await.unwrap(), InsertOutcome::Inserted));
+    let mut again = new_run("unplaced", 2, 3);
+    let key = claim("key-1", "request", T0 + 2);
+    let failed = failing("GetItem", AwsError::ServerError, &table).await.insert(&mut again, Some(&key), 1).await;
+    assert!(matches!(failed, Err(StoreError::Refused(_))), "{failed:?}");
+    assert!(store.get(&owner("unplaced"), again.id).await.unwrap().is_none());
+}
+
 /// A batch of ends whose transaction landed though its answer was lost
 /// gives its runs' places back at once, as a single end does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
