@@ -7,14 +7,22 @@
 # the operations that need another scope, where every request of the
 # operation's method must get 403 forbidden naming the scope (whatever its
 # body: the scope is checked first, so the checks of accepted and rejected
-# data do not apply there). Called by
-# infra/test.sh after the build.
+# data do not apply there). Before those, a Python client generated from
+# the served document with openapi-python-client (pinned, in
+# .venv-openapi-client) must import and drive a run through create,
+# approve and succeeded (infra/openapi_client_test.py; with
+# OPENAPI_TS_CHECK=1 set, openapi-typescript's types are generated and
+# type-checked too, through npx). Called by infra/test.sh after the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ ! -x .venv-api/bin/st ] || ! .venv-api/bin/pip freeze 2>/dev/null | grep -qxF "schemathesis==4.32.5"; then
   python3 -m venv .venv-api
   .venv-api/bin/pip install --quiet --disable-pip-version-check -r infra/requirements-api.txt
+fi
+if [ ! -x .venv-openapi-client/bin/openapi-python-client ] || ! .venv-openapi-client/bin/pip freeze 2>/dev/null | grep -qxF "openapi-python-client==0.29.1"; then
+  python3 -m venv .venv-openapi-client
+  .venv-openapi-client/bin/pip install --quiet --disable-pip-version-check -r infra/requirements-openapi-client.txt
 fi
 
 work=$(mktemp -d)
@@ -26,6 +34,9 @@ trap 'kill "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 1 100); do grep -q "^Listening on" "$work/serve.out" && break; sleep 0.1; done
 key=$(sed -n 's/^ *export AGENT_RUNS_KEY=//p' "$work/serve.out")
 schema="http://127.0.0.1:$port/v1/openapi.json"
+
+echo "== a client generated from the document (openapi-python-client): create -> approve -> succeeded"
+AGENT_RUNS_URL="http://127.0.0.1:$port" AGENT_RUNS_KEY="$key" .venv-openapi-client/bin/python infra/openapi_client_test.py
 
 echo "== schemathesis: all phases (coverage, fuzzing, stateful), all checks, valid key"
 .venv-api/bin/st --no-color --config-file infra/schemathesis.toml run "$schema" \

@@ -117,6 +117,24 @@ impl Authenticator {
         Ok(principal)
     }
 
+    /// How long a verified key is trusted without a lookup.
+    pub fn cache_ttl(&self) -> Duration {
+        self.cache_ttl
+    }
+
+    /// Whether the key with this hash still stands, asked of the store past
+    /// the cache; a key found revoked is forgotten by the cache too.
+    pub async fn still_valid(&self, hash: &KeyHash) -> Result<bool, StoreError> {
+        let valid = self.keys.find_key(hash).await?.is_some_and(|stored| {
+            let matches: bool = stored.hash.ct_eq(hash).into();
+            matches && stored.revoked_at.is_none()
+        });
+        if !valid {
+            crate::lock(&self.cache).remove(hash);
+        }
+        Ok(valid)
+    }
+
     fn cached(&self, hash: &[u8; 32]) -> Option<Principal> {
         let cache = crate::lock(&self.cache);
         cache.get(hash).filter(|(_, at)| at.elapsed() < self.cache_ttl).map(|(principal, _)| principal.clone())

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::api::{ApiLimits, RateLimit};
+use crate::api::{ApiLimits, HoldLimits, RateLimit};
 use crate::domain::{ExecutionPolicy, MAX_TOOL_TIMEOUT_MS};
 use crate::store::MAX_CHECKPOINT_BYTES;
 use crate::telemetry::{Sampler, TracesConfig};
@@ -140,6 +140,7 @@ impl Config {
     pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let defaults = ExecutionPolicy::default();
         let rate = RateLimit::default();
+        let holds = HoldLimits::default();
         let mut config = Config {
             default_agent: read(&env, "AGENT_RUNS_DEFAULT_AGENT", "echo".to_owned())?,
             limits: ApiLimits {
@@ -147,6 +148,19 @@ impl Config {
                 rate: RateLimit {
                     per_second: read(&env, "AGENT_RUNS_RATE_LIMIT_PER_SECOND", rate.per_second)?,
                     burst: read(&env, "AGENT_RUNS_RATE_LIMIT_BURST", rate.burst)?,
+                },
+                holds: HoldLimits {
+                    per_owner: read(&env, "AGENT_RUNS_MAX_HELD_PER_OWNER", holds.per_owner)?,
+                    total: holds.total,
+                    stream_lifetime: Duration::from_secs(read(
+                        &env,
+                        "AGENT_RUNS_STREAM_MAX_SECS",
+                        holds.stream_lifetime.as_secs(),
+                    )?),
+                    max_wait: Duration::from_secs(
+                        read(&env, "AGENT_RUNS_MAX_WAIT_SECS", holds.max_wait.as_secs())?
+                            .min(crate::api::MAX_WAIT_SECS),
+                    ),
                 },
             },
             policy: ExecutionPolicy {
@@ -214,6 +228,9 @@ impl Config {
                     "must be at least {MIN_WORKER_DEADLINE_MARGIN_MS}: a tool call in flight at the stop is let finish, and may take {MAX_TOOL_TIMEOUT_MS} ms"
                 ),
             });
+        }
+        if config.limits.holds.stream_lifetime < Duration::from_secs(1) {
+            return Err(ConfigError { name: "AGENT_RUNS_STREAM_MAX_SECS", problem: "must be at least 1".into() });
         }
         if config.policy.max_attempts == 0 {
             return Err(ConfigError { name: "AGENT_RUNS_MAX_ATTEMPTS", problem: "must be at least 1".into() });

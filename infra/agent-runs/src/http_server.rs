@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_runs_shared::api::{
-    Api, ApiError, BodyTimedOut, BodyTooLarge, CanStream, EventStream, MAX_BODY_BYTES, asks_for_event_stream,
+    Api, ApiError, BodyCutShort, BodyTimedOut, BodyTooLarge, CanStream, EventStream, MAX_BODY_BYTES,
+    asks_for_event_stream,
 };
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -68,7 +69,12 @@ async fn into_api_request(request: Request<Incoming>, timeout: Duration) -> Requ
         match tokio::time::timeout(timeout, Limited::new(body, MAX_BODY_BYTES).collect()).await {
             Ok(Ok(collected)) => Some(collected.to_bytes()),
             Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => None,
-            Ok(Err(_)) => Some(Bytes::new()),
+            Ok(Err(_)) => {
+                // The connection ended (or broke) before the body's declared
+                // length arrived: never act on a part of a request.
+                parts.extensions.insert(BodyCutShort);
+                Some(Bytes::new())
+            }
             Err(_) => {
                 parts.extensions.insert(BodyTimedOut);
                 Some(Bytes::new())
@@ -97,18 +103,21 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimit
             // The rest of an oversized or stalled body is never read: tell
             // the client not to send another request on this connection.
             let extensions = request.extensions();
-            let unread_body = extensions.get::<BodyTooLarge>().is_some() || extensions.get::<BodyTimedOut>().is_some();
+            let unread_body = extensions.get::<BodyTooLarge>().is_some()
+                || extensions.get::<BodyTimedOut>().is_some()
+                || extensions.get::<BodyCutShort>().is_some();
             if asks_for_event_stream(request.headers()) {
                 request.extensions_mut().insert(CanStream);
             }
             // Its own task: a client that goes away mid-request must not cut
             // an operation off between its writes (a create stored but not
             // yet queued would wait for the sweeper); a panic is a 500.
-            let response = match tokio::spawn(async move { api.handle(request).await }).await {
+            let mut response = match tokio::spawn(async move { api.handle(request).await }).await {
                 Ok(response) => response,
                 Err(_) => ApiError::Internal("the request's task panicked".into()).into_response(),
             };
-            let stream = response.extensions().get::<EventStream>().cloned();
+            // Taken out, so what the stream holds is given back with its body.
+            let stream = response.extensions_mut().remove::<EventStream>();
             let mut response = response.map(|body| match stream {
                 // A run's events as Server-Sent Events: the stream is the body.
                 Some(stream) => Either::Right(BodyExt::boxed_unsync(StreamBody::new(

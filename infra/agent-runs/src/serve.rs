@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// Connections open at once; beyond them new ones wait to be accepted.
     #[arg(long, env = "AGENT_RUNS_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
+    /// Event streams and waiting polls held at once, all owners together
+    /// (default: half the connections, so ordinary requests always have
+    /// the other half).
+    #[arg(long, env = "AGENT_RUNS_MAX_HELD", value_parser = clap::value_parser!(u32).range(1..))]
+    max_held: Option<u32>,
     /// Serve Prometheus metrics at http://<this address>/metrics, apart from
     /// the API (no key; keep it on a private address). Off when not set.
     #[arg(long, env = "AGENT_RUNS_METRICS_ADDR")]
@@ -86,7 +91,9 @@ pub async fn shutdown_signal() {
 
 pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     init_logging();
-    let config = Config::from_env()?;
+    let mut config = Config::from_env()?;
+    let half_the_connections = u32::try_from(args.max_connections / 2).unwrap_or(u32::MAX).max(1);
+    config.limits.holds.total = args.max_held.unwrap_or(half_the_connections);
     let durability = if args.sqlite_sync == "full" { Durability::Full } else { Durability::Process };
     let store = SqliteStore::open_for_serving(db, durability).map_err(|error| error_chain(&error))?;
 

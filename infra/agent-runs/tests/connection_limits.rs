@@ -138,6 +138,36 @@ fn a_body_that_stalls_is_answered_408_in_the_error_format_and_the_connection_clo
     server.create(&key, serde_json::json!({"input": "on time"}));
 }
 
+/// A body cut short (its connection's write side closed before the
+/// declared length arrived) is refused `400` and changes nothing: never
+/// executed as if it were empty.
+#[test]
+fn a_body_cut_short_is_refused_and_changes_nothing() {
+    let server = Server::start();
+    let key = server.dev_key.clone().unwrap();
+    let run = server.create_script(&key, "approve Wait here");
+    let id = run["id"].as_str().unwrap().to_owned();
+    server.wait_for_status(&key, &id, "awaiting_approval");
+
+    let mut stream = connect(&server);
+    let head = format!(
+        "POST /v1/agent/runs/{id}/cancel HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 50\r\n\r\n{{\"a\": 1, "
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let (received, _) = read_to_close(&mut stream);
+    let text = String::from_utf8(received).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a whole response");
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("Content-Length"), "{body}");
+
+    let after = server.get(&key, &format!("/v1/agent/runs/{id}")).expect_status(200).clone();
+    assert_eq!(after["status"], "awaiting_approval", "the cut-short cancel changed the run: {after}");
+}
+
 #[test]
 fn beyond_the_connection_cap_a_connection_waits_until_one_closes() {
     let server = Server::start_with(&[("AGENT_RUNS_MAX_CONNECTIONS", "2"), ("AGENT_RUNS_HEADER_TIMEOUT_SECS", "60")]);

@@ -181,6 +181,24 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
     assert_eq!(binaries, expected);
 }
 
+/// A held long-poll is one execution for its whole wait: the events
+/// function holds it for less than on the embedded server, within its own
+/// reserved executions, so it can never take the concurrency others need.
+#[test]
+fn the_events_function_holds_long_polls_briefly_within_its_own_reserved_concurrency() {
+    let template = template();
+    let events = &template["Resources"]["EventsFunction"]["Properties"];
+    let max_wait: u64 =
+        events["Environment"]["Variables"]["AGENT_RUNS_MAX_WAIT_SECS"].as_str().unwrap().parse().unwrap();
+    assert!(max_wait < 20, "held {max_wait} s, as long as the embedded server");
+    let timeout = events["Timeout"].as_u64().unwrap();
+    assert!(timeout > max_wait + 5 && timeout < 30, "timeout {timeout} s: the wait and a read, under API Gateway's 30 s");
+    let reserved = format!("{:?}", events["ReservedConcurrentExecutions"]);
+    assert!(reserved.contains("EventsConcurrency"), "no reserved concurrency: {reserved}");
+    let parameter = &template["Parameters"]["EventsConcurrency"];
+    assert!(parameter["Default"].as_u64().unwrap() > 0, "reserved by default");
+}
+
 /// The binary a function of the template runs.
 fn binary(function: &Value) -> &str {
     function["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap()

@@ -11,9 +11,10 @@ use http::{HeaderValue, Request, StatusCode, header};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::holds::{Hold, KeyCheck};
 use super::query::{page_size, parameters, whole_number};
 use super::response::json_response;
-use super::{ApiError, ApiResponse, parse_run_id};
+use super::{Api, ApiError, ApiResponse, parse_run_id};
 use crate::domain::{Owner, RunId, RunStatus};
 use crate::store::{EventPage, RunStore, StoredEvent};
 use crate::views::{EventPageView, EventView};
@@ -48,6 +49,12 @@ pub struct EventStream {
     after: u64,
     /// The run had ended when the stream began: its log is complete.
     ended: bool,
+    /// The stream ends then; the client resumes with its Last-Event-ID.
+    ends_at: Instant,
+    /// The stream ends when its key no longer stands.
+    key: Option<KeyCheck>,
+    /// The owner's share of held requests, given back with the stream.
+    _hold: Option<Arc<Hold>>,
 }
 
 struct EventsQuery {
@@ -92,11 +99,12 @@ fn wants_stream<B>(request: &Request<B>) -> bool {
 }
 
 pub(super) async fn handle(
-    runs: &Arc<dyn RunStore>,
+    api: &Api,
     owner: &Owner,
     run_id: &str,
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {
+    let runs = &api.runs;
     let query = parse_query(request.uri().query())?;
     let run_id = parse_run_id(run_id)?;
     let run = runs.get(owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
@@ -130,20 +138,43 @@ pub(super) async fn handle(
         return Ok(response);
     }
     if stream {
+        let hold = api.holds.take(owner)?;
         let mut response = http::Response::new(Bytes::new());
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        response.extensions_mut().insert(EventStream { runs: runs.clone(), run_id, after, ended });
+        response.extensions_mut().insert(EventStream {
+            runs: runs.clone(),
+            run_id,
+            after,
+            ended,
+            ends_at: Instant::now() + api.holds.limits().stream_lifetime,
+            key: api.key_check(request),
+            _hold: Some(Arc::new(hold)),
+        });
         return Ok(response);
     }
-    let deadline = Instant::now() + query.wait;
+    // Held only while the run can still log something, for at most what
+    // this deployment allows.
+    let wait = if ended { Duration::ZERO } else { query.wait.min(api.holds.limits().max_wait) };
+    let (_hold, mut key) =
+        if wait.is_zero() { (None, None) } else { (Some(api.holds.take(owner)?), api.key_check(request)) };
+    let deadline = Instant::now() + wait;
     let mut waiting = Waiting::new(runs.as_ref(), run_id);
     let page = loop {
         waiting.mark_read();
         let page = runs.events(run_id, after, query.limit).await?;
-        if !page.events.is_empty() || ended || !waiting.until(deadline).await {
+        if !page.events.is_empty() || ended {
             break page;
+        }
+        let wake = key.as_ref().map_or(deadline, |key| key.due_at().min(deadline));
+        if !waiting.until(wake).await && Instant::now() >= deadline {
+            break page;
+        }
+        if let Some(key) = &mut key
+            && !key.still_valid().await
+        {
+            return Err(ApiError::Unauthorized);
         }
     };
     Ok(json_response(StatusCode::OK, &page_view(run_id, after, &page)?))
@@ -227,8 +258,9 @@ impl EventStream {
     /// last one, so a slow client holds at most a page; a client that goes
     /// away drops the stream, and nothing else waits on it.
     ///
-    /// It also ends when `closing` turns true (the server is shutting down;
-    /// the client reconnects with its Last-Event-ID).
+    /// It also ends when `closing` turns true (the server is shutting down),
+    /// at its `ends_at`, and when its key no longer stands; the client
+    /// reconnects with its Last-Event-ID.
     pub fn frames(self, closing: watch::Receiver<bool>) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
         struct State {
             stream: EventStream,
@@ -243,7 +275,13 @@ impl EventStream {
             State { stream: self, waiting, closing, ready: VecDeque::new(), done: false, last_sent: Instant::now() };
         futures_util::stream::unfold(state, |mut state| async move {
             loop {
-                if *state.closing.borrow() {
+                if *state.closing.borrow() || Instant::now() >= state.stream.ends_at {
+                    return None;
+                }
+                if let Some(key) = &mut state.stream.key
+                    && !key.still_valid().await
+                {
+                    tracing::info!(run_id = %state.stream.run_id, "event stream ended: its API key no longer stands");
                     return None;
                 }
                 if let Some(frame) = state.ready.pop_front() {
@@ -253,7 +291,7 @@ impl EventStream {
                 if state.done {
                     return None;
                 }
-                let EventStream { runs, run_id, after, ended } = &mut state.stream;
+                let EventStream { runs, run_id, after, ended, .. } = &mut state.stream;
                 state.waiting.mark_read();
                 let page = match runs.events(*run_id, *after, STREAM_PAGE).await {
                     Ok(page) => page,
@@ -286,9 +324,12 @@ impl EventStream {
                     return None;
                 }
                 let heartbeat_at = state.last_sent + HEARTBEAT;
+                // Woken for the key's next check and the stream's end too.
+                let key_due = state.stream.key.as_ref().map_or(heartbeat_at, KeyCheck::due_at);
+                let wake = heartbeat_at.min(key_due).min(state.stream.ends_at);
                 let mut closing = state.closing.clone();
                 tokio::select! {
-                    woken = state.waiting.until(heartbeat_at) => {
+                    woken = state.waiting.until(wake) => {
                         if !woken && Instant::now() >= heartbeat_at {
                             state.ready.push_back(Bytes::from_static(b": keep-alive\n\n"));
                         }
@@ -318,7 +359,9 @@ mod tests {
         let owner = Owner::parse("acme").unwrap();
         let mut run = Run::new(id, owner, "echo".into(), "hi".into(), Default::default(), &ExecutionPolicy::default());
         store.insert(&mut run, None, 10).await.unwrap();
-        let stream = EventStream { runs: store.clone(), run_id: id, after: 0, ended: false };
+        let ends_at = Instant::now() + Duration::from_secs(3600);
+        let stream =
+            EventStream { runs: store.clone(), run_id: id, after: 0, ended: false, ends_at, key: None, _hold: None };
         let (close, closing) = watch::channel(false);
         let mut frames = Box::pin(stream.clone().frames(closing.clone()));
         let first = String::from_utf8(frames.next().await.unwrap().to_vec()).unwrap();

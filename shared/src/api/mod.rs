@@ -14,6 +14,7 @@ mod error;
 mod events;
 mod extend;
 mod get;
+mod holds;
 mod inbox;
 mod list;
 pub mod openapi;
@@ -31,7 +32,8 @@ use tracing::Instrument;
 
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
-pub use events::{CanStream, EventStream, asks_for_event_stream};
+pub use events::{CanStream, EventStream, MAX_WAIT_SECS, asks_for_event_stream};
+pub use holds::HoldLimits;
 pub use rate_limit::RateLimit;
 pub use response::ApiResponse;
 pub use routes::{Operation, ROUTES};
@@ -62,16 +64,27 @@ pub struct BodyTooLarge;
 #[derive(Debug, Clone, Copy)]
 pub struct BodyTimedOut;
 
+/// Set by the server when the connection ended before the body's declared
+/// length arrived; the request is answered `400` and changes nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyCutShort;
+
 /// Limits on what one owner may do.
 #[derive(Debug, Clone)]
 pub struct ApiLimits {
     pub max_active_runs: u32,
     pub rate: RateLimit,
+    /// Event streams and long-polls.
+    pub holds: HoldLimits,
 }
 
 impl Default for ApiLimits {
     fn default() -> Self {
-        Self { max_active_runs: crate::store::DEFAULT_MAX_ACTIVE_RUNS, rate: RateLimit::default() }
+        Self {
+            max_active_runs: crate::store::DEFAULT_MAX_ACTIVE_RUNS,
+            rate: RateLimit::default(),
+            holds: HoldLimits::default(),
+        }
     }
 }
 
@@ -84,6 +97,7 @@ pub struct Api {
     clock: Arc<dyn Clock>,
     ids: IdGenerator,
     rate_limiter: RateLimiter,
+    holds: Arc<holds::Holds>,
     openapi: Bytes,
     webhooks: Arc<dyn WebhookStore>,
     webhook_allow_private: bool,
@@ -118,6 +132,7 @@ impl Api {
             clock,
             ids: IdGenerator::default(),
             rate_limiter,
+            holds: holds::Holds::new(limits.holds),
             openapi,
             webhooks,
             webhook_allow_private,
@@ -247,6 +262,12 @@ impl Api {
         if request.extensions().get::<BodyTimedOut>().is_some() {
             return Err(ApiError::RequestTimeout);
         }
+        if request.extensions().get::<BodyCutShort>().is_some() {
+            return Err(ApiError::invalid(
+                None,
+                "The request body ended before the length its Content-Length header declares. Send the whole body.",
+            ));
+        }
         let owner = &principal.owner;
         let run_id = params.get("run_id");
         if !run_id.is_empty() {
@@ -259,7 +280,7 @@ impl Api {
             Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
             Operation::Decide => decide::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
             Operation::Extend => extend::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
-            Operation::Events => events::handle(&self.runs, owner, run_id, &request).await,
+            Operation::Events => events::handle(self, owner, run_id, &request).await,
             Operation::Inbox => inbox::handle(self.runs.as_ref(), owner, request.uri().query()).await,
             Operation::DecideBatch => batch::handle(self, &principal, &request).await,
             Operation::CreateWebhook => webhooks::create(self, owner, &request).await,
@@ -275,6 +296,12 @@ impl Api {
                 webhooks::deliveries(self, owner, params.get("webhook_id"), request.uri().query()).await
             }
         }
+    }
+
+    /// The request's key, to be checked again while the request is held.
+    fn key_check(&self, request: &Request<Bytes>) -> Option<holds::KeyCheck> {
+        let value = request.headers().get(header::AUTHORIZATION)?;
+        bearer_token(value.as_bytes()).map(|secret| holds::KeyCheck::new(&self.auth, secret))
     }
 
     async fn authenticate(&self, request: &Request<Bytes>) -> Result<Principal, ApiError> {

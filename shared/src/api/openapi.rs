@@ -105,7 +105,11 @@ fn operation(id: &str, summary: &str, parameters: Value, body: Option<Value>, mu
 
 /// A decision's body; `extra` adds the required properties a batch
 /// element has (a list, not an object, whose key order would depend on a
-/// `serde_json` feature).
+/// `serde_json` feature). One object, with "`arguments` exactly with edit"
+/// as `if`/`then`/`else`: client generators (openapi-python-client,
+/// openapi-typescript) ignore those and see one model, while a `oneOf` of
+/// partial objects made openapi-python-client emit a model twice and
+/// generate a client that fails at import. Validators still apply the rule.
 fn decision_schema(extra: &[(&str, Value)]) -> Value {
     let mut schema = json!({
         "type": "object",
@@ -114,13 +118,12 @@ fn decision_schema(extra: &[(&str, Value)]) -> Value {
         "properties": {
             "decision": {"type": "string", "enum": ["approve", "reject", "edit"], "description": "edit: approve with `arguments` in place of the proposed ones (tool_call approvals only; checked against the tool's JSON Schema)."},
             "comment": {"type": ["string", "null"], "maxLength": MAX_COMMENT_CHARS, "description": "A reject's comment reaches the model as the reason."},
-            "arguments": {"type": ["object", "null"], "description": format!("With edit only: the arguments to call the tool with, at most {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON.")},
+            "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": format!("With edit, and only with edit (required there): the arguments to call the tool with, at most {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON.")},
             "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-fA-F]{64}$", "description": "The approval's arguments_sha256 as the person saw it; another value is 409 and nothing changes."}
         },
-        "oneOf": [
-            {"properties": {"decision": {"enum": ["approve", "reject"]}, "arguments": {"type": "null"}}},
-            {"required": ["arguments"], "properties": {"decision": {"const": "edit"}, "arguments": {"type": "object"}}}
-        ]
+        "if": {"properties": {"decision": {"const": "edit"}}},
+        "then": {"required": ["arguments"], "properties": {"arguments": {"type": "object"}}},
+        "else": {"properties": {"arguments": {"type": "null"}}}
     });
     for (name, property) in extra {
         schema["properties"][*name] = property.clone();
@@ -265,9 +268,9 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
             "kind": {"type": "string", "enum": [ApprovalKind::Action.as_str(), ApprovalKind::ToolCall.as_str()], "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly."},
             "action": {"type": "string", "description": "In plain words, what approving does."},
             "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
-            "arguments": {"type": ["object", "null"], "description": "The arguments the model proposed."},
+            "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments the model proposed."},
             "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` as JSON with object keys sorted and no whitespace; send it with a decision to bind the decision to this exact call."},
-            "edited_arguments": {"type": ["object", "null"], "description": "The arguments a person approved instead (decision edit); the tool is called with these."},
+            "edited_arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments a person approved instead (decision edit); the tool is called with these."},
             "status": {"type": "string", "enum": approval_statuses},
             "requested_at": timestamp(false),
             "resolved_at": timestamp(true),
@@ -552,7 +555,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "operationId": "getOpenApi",
                 "summary": "This document",
                 "security": [],
-                "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}}
+                "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object", "additionalProperties": true}}}}}
             }
         }),
     );
@@ -632,7 +635,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                         "run_id": {"type": "string", "pattern": format!("^run_{ULID}$")},
                         "type": {"type": "string", "enum": EVENT_TYPES},
                         "created_at": timestamp(false),
-                        "data": {"type": "object", "description": "By type: the run (run.created and the terminal ones), the approval (approval.*), attempt, approval_ids, text with truncated, and the rest as docs/api.md lists."}
+                        "data": {"type": "object", "additionalProperties": true, "description": "By type: the run (run.created and the terminal ones), the approval (approval.*), attempt, approval_ids, text with truncated, and the rest as docs/api.md lists."}
                     }
                 },
                 "EventList": {
