@@ -307,11 +307,13 @@ impl Lifecycle {
             Ok(writes.note(Transition::write_if(outcome != DecideOutcome::Unchanged, Some(outcome))))
         })
         .await?;
-        // This call's last decision whose answer was lost reads back as
-        // unchanged: the run, queued with nothing pending, is sent all the
-        // same (a repeated decision of another call sends nothing).
-        let requeued_unseen =
-            writes.may_have_landed && outcome == Some(DecideOutcome::Unchanged) && run.is_requeued_after_decisions();
+        // A decision already made (this call's, whose answer was lost, or an
+        // earlier request's answered 503 after it landed) reads back as
+        // unchanged: a run still queued with nothing pending is sent all the
+        // same, as a create's replay is. A duplicate message is dropped by
+        // the worker's claim; a missing one would leave the run to the
+        // sweeper's requeue a minute later.
+        let requeued_unseen = outcome == Some(DecideOutcome::Unchanged) && run.is_requeued_after_decisions();
         if outcome.is_none() {
             return Err(ChangeError::Refused(DecideRefused::Expired));
         }
@@ -381,6 +383,12 @@ impl Lifecycle {
                     outcome = outcome.max(decided);
                 }
                 if outcome == DecideOutcome::Unchanged {
+                    // Decided already (by this batch, whose answer was lost,
+                    // or by an earlier one answered 503): sent again while
+                    // it waits for a worker, as a single decision is.
+                    if next.is_requeued_after_decisions() {
+                        progress.to_send.push(next.id);
+                    }
                     // A write whose answer was lost reads back as a repeat:
                     // the run moved on since the first read and every
                     // decision stands as this batch's key made it.
@@ -393,9 +401,6 @@ impl Lifecycle {
                             })
                         });
                         progress.wrote |= ours && read_first.is_some_and(|version| next.version > version);
-                        if next.is_requeued_after_decisions() {
-                            progress.to_send.push(next.id);
-                        }
                     }
                     done.push(position);
                     progress.recorded.push(next);

@@ -66,13 +66,15 @@ fn in_v6(address: Ipv6Addr, (network, prefix): (Ipv6Addr, u8)) -> bool {
 }
 
 /// The IPv4 address an IPv6 address stands for, where one does: IPv4-mapped
-/// (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`, deprecated), NAT64
+/// (`::ffff:a.b.c.d`), IPv4-translated (`::ffff:0:a.b.c.d`, RFC 2765's
+/// SIIT), IPv4-compatible (`::a.b.c.d`, deprecated), NAT64
 /// (`64:ff9b::a.b.c.d`, which a NAT64 gateway translates) and 6to4
 /// (`2002:aabb:ccdd::`).
 fn embedded_v4(address: Ipv6Addr) -> Option<Ipv4Addr> {
     let bits = u128::from(address);
     let low = Ipv4Addr::from((bits & 0xffff_ffff) as u32);
     if in_v6(address, (Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96))
+        || in_v6(address, (Ipv6Addr::new(0, 0, 0, 0, 0xffff, 0, 0, 0), 96))
         || in_v6(address, (Ipv6Addr::UNSPECIFIED, 96))
         || in_v6(address, (Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96))
     {
@@ -188,6 +190,10 @@ mod tests {
             "::ffff:169.254.169.254",
             "::ffff:10.0.0.1",
             "::ffff:0.0.0.0",
+            "::ffff:0:7f00:1",
+            "::ffff:0:127.0.0.1",
+            "::ffff:0:10.0.0.1",
+            "::ffff:0:169.254.169.254",
             "::127.0.0.1",
             "::10.1.2.3",
             "64:ff9b::10.0.0.1",
@@ -220,6 +226,7 @@ mod tests {
             "2606:4700:4700::1111",
             "2a00:1450:4001:80b::200e",
             "::ffff:8.8.8.8",
+            "::ffff:0:8.8.8.8",
             "64:ff9b::8.8.8.8",
             "2002:808:808::1",
         ] {
@@ -236,6 +243,7 @@ mod tests {
             "http://2130706433/x",
             "http://[::1]/x",
             "http://[::ffff:127.0.0.1]:9001/x",
+            "https://[::ffff:0:7f00:1]/",
             "http://169.254.169.254/latest/meta-data/",
             "http://[fd00:ec2::254]/latest",
             "http://localhost:9001/2018-06-01/runtime/invocation/next",

@@ -930,14 +930,45 @@ async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
     assert_eq!((status, run["status"].as_str()), (200, Some("queued")), "{run}");
     let sent = world.queue.receive();
     assert_eq!(sent.len(), 1, "the run is sent now, not a minute later by the sweeper");
-    // A repeated decision, whose own write never happened, sends nothing.
+    // A repeated decision while the run still waits for a worker sends it
+    // again; the worker runs it once and drops the duplicate.
     let (status, _) =
         world.call(&world.api(Arc::new(Healthy)), "POST", &path, json!({"decision": "approve"}), None).await;
     assert_eq!(status, 200);
-    assert!(world.queue.receive().is_empty(), "no message per repeated decision");
+    let again = world.queue.receive();
+    assert_eq!(again.len(), 1, "a repeat sends the queued run again");
+    let (_stop, stop) = watch::channel(false);
+    let worker = world.worker(Arc::new(Healthy));
+    assert_eq!(worker.process(&sent[0].1, &stop).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(worker.process(&again[0].1, &stop).await.unwrap(), Outcome::Dropped);
+    // Once the run has moved on, a repeat sends nothing.
+    let (status, _) =
+        world.call(&world.api(Arc::new(Healthy)), "POST", &path, json!({"decision": "approve"}), None).await;
+    assert_eq!(status, 200);
+    assert!(world.queue.receive().is_empty(), "no message for a run that has moved on");
+    world.assert_active_count_is_true("after the run").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_decision_answered_503_after_it_landed_is_sent_by_its_retry() {
+    use agent_runs_shared::faults::{Fault, OnCalls};
+    let world = World::new().await;
+    let (id, approval) = awaiting_run(&world).await;
+    let path = format!("/v1/agent/runs/{id}/approvals/{approval}");
+    // The decision's write lands, but the store answers with an error: 503.
+    let api = world.api(OnCalls::nth("update", 1, Fault::FailAfter));
+    let (status, _) = world.call(&api, "POST", &path, json!({"decision": "approve"}), None).await;
+    assert_eq!(status, 503);
+    assert_eq!(world.run(id).await.status, RunStatus::Queued, "the decision landed");
+    assert!(world.queue.receive().is_empty(), "a failed request sends nothing");
+    // The client's retry finds the decision made and the run waiting: sent now.
+    let (status, run) =
+        world.call(&world.api(Arc::new(Healthy)), "POST", &path, json!({"decision": "approve"}), None).await;
+    assert_eq!((status, run["status"].as_str()), (200, Some("queued")), "{run}");
+    let sent = world.queue.receive();
+    assert_eq!(sent.len(), 1, "the retry sends the run, not the sweeper a minute later");
     let (_stop, stop) = watch::channel(false);
     assert_eq!(world.worker(Arc::new(Healthy)).process(&sent[0].1, &stop).await.unwrap(), Outcome::Succeeded);
-    world.assert_active_count_is_true("after the run").await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -964,9 +995,12 @@ async fn a_batch_whose_answer_was_lost_still_sends_its_runs_once() {
     let mut expected = vec![first, second];
     expected.sort();
     assert_eq!(sent, expected);
-    let (status, _) = world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/approvals/batch", body, None).await;
+    // Repeated while the runs wait for a worker (as after a 503 whose
+    // write landed), the batch sends them again.
+    let (status, _) =
+        world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/approvals/batch", body.clone(), None).await;
     assert_eq!(status, 200);
-    assert!(world.queue.receive().is_empty(), "a repeated batch sends nothing");
+    assert_eq!(world.queue.receive().len(), 2, "a repeated batch sends its waiting runs again");
     for run_id in [first, second] {
         let run = world.run(run_id).await;
         let resumed =

@@ -170,6 +170,7 @@ async fn private_addresses_and_plain_http_are_refused_at_delivery_without_a_conn
         "https://[fe80::1]/x",
         "https://[fd00:ec2::254]/x",
         "https://[::ffff:169.254.169.254]/x",
+        "https://[::ffff:0:7f00:1]/x",
         "https://224.0.0.1/x",
         "https://localhost/x",
         "http://example.com/x",

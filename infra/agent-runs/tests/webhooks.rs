@@ -238,6 +238,7 @@ fn endpoint_rules_bad_input_and_owners() {
         "https://[::1]/hook",
         "https://[fd00:ec2::254]/hook",
         "https://[::ffff:10.0.0.1]/hook",
+        "https://[::ffff:0:7f00:1]/",
         "https://localhost/hook",
     ] {
         refused(json!({"url": private, "events": events}), "url", "non-public");
