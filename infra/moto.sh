@@ -2,13 +2,15 @@
 
 MOTO_VERSION=5.2.5
 
-# Installs the pinned moto server (and the test receiver's webhook library)
-# into .venv once.
+# Installs the pinned moto server (and the tests' other Python libraries)
+# into .venv, again whenever a pin of infra/requirements-test.txt is missing.
 install_moto() {
-  local installed
+  local installed pin missing=""
   installed=$(.venv/bin/pip freeze 2>/dev/null || true)
-  if [ ! -x .venv/bin/moto_server ] || ! grep -qxF "moto==$MOTO_VERSION" <<< "$installed" \
-      || ! grep -qxF "standardwebhooks==1.1.0" <<< "$installed"; then
+  for pin in $(grep -o '^[A-Za-z0-9_.-]*==[^ ]*' "$(dirname "${BASH_SOURCE[0]}")/requirements-test.txt" | sed 's/\[[^]]*\]//'); do
+    grep -qixF "$pin" <<< "$installed" || missing=yes
+  done
+  if [ ! -x .venv/bin/moto_server ] || ! grep -qxF "moto==$MOTO_VERSION" <<< "$installed" || [ -n "$missing" ]; then
     python3 -m venv .venv
     .venv/bin/pip install --quiet --disable-pip-version-check -r infra/requirements-test.txt
   fi

@@ -43,6 +43,8 @@ echo "== moto server on 127.0.0.1:$port"
 export AGENT_RUNS_TEST_AWS_ENDPOINT="http://127.0.0.1:$port"
 # The webhook tests' receiver verifies deliveries with standardwebhooks (in .venv).
 export AGENT_RUNS_TEST_WEBHOOK_PYTHON="$PWD/.venv/bin/python"
+# The digest test compares with an independent RFC 8785 implementation (in .venv).
+export AGENT_RUNS_TEST_PYTHON="$PWD/.venv/bin/python"
 cargo test --workspace --locked "$@"
 echo "== reliability counts"
 cat target/tmp/reliability-*.txt 2> /dev/null || true

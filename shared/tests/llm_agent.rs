@@ -12,7 +12,7 @@ use agent_runs_shared::agents::AgentRegistry;
 use agent_runs_shared::agents::llm::{LlmRuntime, RetryPolicy};
 use agent_runs_shared::domain::{
     AgentDefinition, ApprovalKind, ApprovalStatus, Budget, Clock, Decision, DecisionRequest, ExecutionPolicy,
-    IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage,
+    IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage, canonical_json,
 };
 use agent_runs_shared::faults::{Fault, FaultPlan, OnCalls};
 use agent_runs_shared::queue::RunMessage;
@@ -440,12 +440,13 @@ async fn the_step_limit_fails_the_run_clearly() {
 
 #[tokio::test]
 async fn malformed_arguments_go_back_to_the_model_and_no_tool_is_called() {
-    let fixture = Fixture::with(|document| document["max_steps"] = json!(5), 256 * 1024).await;
+    let fixture = Fixture::with(|document| document["max_steps"] = json!(6), 256 * 1024).await;
     fixture.stand_in.script(vec![
         tool_call("call_1", "lookup", "{not json"),
         tool_call("call_2", "lookup", r#"{"id": 7}"#),
         tool_call("call_3", "delete_branch", r#"{}"#),
         tool_call("call_4", "no_such_tool", r#"{}"#),
+        tool_call("call_5", "delete_branch", r#"{"branch": "old", "account": 12345678901234567891}"#),
         text("I give up."),
     ]);
     let message = fixture.create("Look up ticket 7").await;
@@ -458,6 +459,28 @@ async fn malformed_arguments_go_back_to_the_model_and_no_tool_is_called() {
     assert!(feedback[0].contains("not valid JSON"), "{}", feedback[0]);
     assert!(feedback[1].contains("schema") && feedback[1].contains("/id"), "{}", feedback[1]);
     assert!(feedback[2].contains("schema") && feedback[2].contains("branch"), "{}", feedback[2]);
+    // A number a browser would read as another is never put to a person.
+    let inexact = messages(&fixture, 5).last().unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(inexact.contains("12345678901234567891") && inexact.contains("string"), "{inexact}");
+}
+
+/// The tool receives the approved arguments as the text the digest covers
+/// (RFC 8785), digit for digit: what the person was shown and approved.
+#[tokio::test]
+async fn an_approved_call_sends_the_tool_exactly_the_text_the_digest_covers() {
+    let fixture = Fixture::new().await;
+    let proposed = r#"{"branch": "old", "retries": 2.0, "after": 1e21, "ratio": 0.5e-6}"#;
+    fixture.stand_in.script(vec![tool_call("call_1", "delete_branch", proposed), text("Done.")]);
+    let message = fixture.create("Delete a branch").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    let run = fixture.run(&message).await;
+    let canonical = canonical_json(&run.approvals[0].call.as_ref().unwrap().arguments);
+    assert_eq!(canonical, r#"{"after":1e+21,"branch":"old","ratio":5e-7,"retries":2}"#);
+    fixture.decide(&message, Decision::Approve, None).await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    let calls = fixture.stand_in.tool_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].body, canonical);
 }
 
 #[tokio::test]

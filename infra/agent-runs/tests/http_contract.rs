@@ -1116,6 +1116,13 @@ fn a_defined_agent_is_managed_with_the_cli_and_waits_for_approval(target: Target
     let error = server.post(&second, &path, wrong).expect_error(400, "invalid_request").clone();
     assert_eq!(error["param"], "arguments");
     assert!(error["message"].as_str().unwrap().contains("/branch"), "{error}");
+    // A number a browser (or JCS) would read as another number is refused,
+    // so what a person sees, the digest and the tool's input stay one value.
+    let inexact: Value =
+        serde_json::from_str(r#"{"decision": "edit", "arguments": {"branch": 12345678901234567891}}"#).unwrap();
+    let error = server.post(&second, &path, inexact).expect_error(400, "invalid_request").clone();
+    assert_eq!(error["param"], "arguments");
+    assert!(error["message"].as_str().unwrap().contains("12345678901234567891"), "{error}");
     let stale = json!({"decision": "edit", "arguments": {"branch": "stale"}, "arguments_sha256": "ab".repeat(32)});
     server.post(&second, &path, stale).expect_error(409, "conflict");
     let extended =

@@ -192,7 +192,10 @@ fn the_events_function_holds_long_polls_briefly_within_its_own_reserved_concurre
         events["Environment"]["Variables"]["AGENT_RUNS_MAX_WAIT_SECS"].as_str().unwrap().parse().unwrap();
     assert!(max_wait < 20, "held {max_wait} s, as long as the embedded server");
     let timeout = events["Timeout"].as_u64().unwrap();
-    assert!(timeout > max_wait + 5 && timeout < 30, "timeout {timeout} s: the wait and a read, under API Gateway's 30 s");
+    assert!(
+        timeout > max_wait + 5 && timeout < 30,
+        "timeout {timeout} s: the wait and a read, under API Gateway's 30 s"
+    );
     let reserved = format!("{:?}", events["ReservedConcurrentExecutions"]);
     assert!(reserved.contains("EventsConcurrency"), "no reserved concurrency: {reserved}");
     let parameter = &template["Parameters"]["EventsConcurrency"];

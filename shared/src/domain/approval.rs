@@ -221,44 +221,42 @@ fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-/// JSON text with object keys sorted (by their UTF-8 bytes, which is code
-/// point order) and no whitespace; strings and numbers as `serde_json`
-/// writes them (non-ASCII characters as themselves, not escaped). Written
-/// here rather than by `serde_json::to_string`, whose key order depends on
-/// a feature another crate may turn on.
+/// The JSON text of `value` per RFC 8785, the JSON Canonicalization Scheme:
+/// object keys sorted by their UTF-16 code units, no whitespace, numbers as
+/// ECMAScript writes the IEEE 754 double they stand for, strings with only
+/// the escapes JSON requires. Approval digests cover this text, and a tool
+/// receives it, so any client can compute the digest with a JCS library.
 pub fn canonical_json(value: &Value) -> String {
-    let mut text = String::new();
-    write_canonical(value, &mut text);
-    text
+    serde_json_canonicalizer::to_string(value).expect("a JSON value always has a canonical form")
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
+/// The largest integer every JSON reader holds exactly (2^53 - 1: I-JSON,
+/// RFC 7493); JavaScript, and RFC 8785, read numbers as doubles.
+pub const MAX_EXACT_INTEGER: u64 = (1 << 53) - 1;
+
+/// Refuses an integer beyond +/-(2^53 - 1) anywhere in `value`: a reader of
+/// doubles (a browser, JCS) would see another number than the one written,
+/// so what a person is shown, what the digest covers and what the tool
+/// receives could differ. Says which one and what to do instead.
+pub fn check_exact_numbers(value: &Value) -> Result<(), String> {
     match value {
-        Value::Object(fields) => {
-            let mut sorted: Vec<_> = fields.iter().collect();
-            sorted.sort_unstable_by_key(|&(key, _)| key);
-            out.push('{');
-            for (index, (key, field)) in sorted.into_iter().enumerate() {
-                if index > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(field, out);
+        Value::Number(number) => {
+            let exact = match (number.as_u64(), number.as_i64()) {
+                (Some(unsigned), _) => unsigned <= MAX_EXACT_INTEGER,
+                (None, Some(signed)) => signed.unsigned_abs() <= MAX_EXACT_INTEGER,
+                (None, None) => true,
+            };
+            if exact {
+                Ok(())
+            } else {
+                Err(format!(
+                    "The integer {number} is beyond what every JSON reader holds exactly (+/-{MAX_EXACT_INTEGER}, I-JSON); send it as a string."
+                ))
             }
-            out.push('}');
         }
-        Value::Array(items) => {
-            out.push('[');
-            for (index, item) in items.iter().enumerate() {
-                if index > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
+        Value::Array(items) => items.iter().try_for_each(check_exact_numbers),
+        Value::Object(fields) => fields.values().try_for_each(check_exact_numbers),
+        _ => Ok(()),
     }
 }
 
@@ -266,12 +264,48 @@ fn write_canonical(value: &Value, out: &mut String) {
 mod tests {
     use super::*;
 
+    /// RFC 8785's own examples (section 3.2.2 and appendix B) and the cases
+    /// a plain `sort_keys` serializer gets wrong.
     #[test]
-    fn canonical_json_sorts_keys_at_every_depth_and_drops_whitespace() {
-        let value: Value =
-            serde_json::from_str(r#"{ "zeta": [ {"b": 1, "a": "é\n"} ], "alpha": null, "Mid": 2.5, "a": true }"#)
-                .unwrap();
-        assert_eq!(canonical_json(&value), r#"{"Mid":2.5,"a":true,"alpha":null,"zeta":[{"a":"é\n","b":1}]}"#);
+    fn canonical_json_is_rfc_8785() {
+        for (json, canonical) in [
+            (
+                r#"{"b": 1, "a": [1.5, -0, 0.0, 1e-7, 1e21, 1e+22, 100, 1E2]}"#,
+                r#"{"a":[1.5,0,0,1e-7,1e+21,1e+22,100,100],"b":1}"#,
+            ),
+            (
+                r#"[333333333.33333329, 5e-324, 0.000001, 9007199254740991]"#,
+                "[333333333.3333333,5e-324,0.000001,9007199254740991]",
+            ),
+            (
+                r#"{"\u20ac": "\u2028 \u00e9 \ud83d\ude00 \u0001\n\"\\/"}"#,
+                "{\"\u{20ac}\":\"\u{2028} \u{e9} \u{1f600} \\u0001\\n\\\"\\\\/\"}",
+            ),
+            // By UTF-16 code units, an astral character (a surrogate pair,
+            // 0xD83D...) sorts before U+E000; by code points it would not.
+            (
+                "{\"\u{e000}\": 1, \"\u{1f600}\": 2, \"a\": {\"z\": 1, \"Z\": 2}}",
+                "{\"a\":{\"Z\":2,\"z\":1},\"\u{1f600}\":2,\"\u{e000}\":1}",
+            ),
+        ] {
+            let value: Value = serde_json::from_str(json).unwrap();
+            assert_eq!(canonical_json(&value), canonical, "{json}");
+        }
+    }
+
+    #[test]
+    fn integers_beyond_2_to_the_53_are_refused_anywhere_in_the_arguments() {
+        for fine in [r#"{"a": 9007199254740991}"#, r#"{"a": -9007199254740991}"#, r#"{"a": [1e300, 1.5]}"#] {
+            assert_eq!(check_exact_numbers(&serde_json::from_str(fine).unwrap()), Ok(()), "{fine}");
+        }
+        for beyond in [
+            r#"{"account": 12345678901234567891}"#,
+            r#"{"a": [{"b": 9007199254740992}]}"#,
+            r#"{"a": -9007199254740992}"#,
+        ] {
+            let problem = check_exact_numbers(&serde_json::from_str(beyond).unwrap()).unwrap_err();
+            assert!(problem.contains("string"), "{problem}");
+        }
     }
 
     #[test]

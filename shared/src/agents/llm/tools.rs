@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::domain::ToolDefinition;
+use crate::domain::{ToolDefinition, canonical_json, check_exact_numbers};
 use crate::public_network::{self, NotPublic};
 
 /// A definition's tool with its compiled argument schema.
@@ -75,6 +75,8 @@ impl Tool {
         let text = if arguments.trim().is_empty() { "{}" } else { arguments };
         let value: Value = serde_json::from_str(text)
             .map_err(|error| format!("The arguments are not valid JSON ({error}); send a JSON object."))?;
+        check_exact_numbers(&value)
+            .map_err(|problem| format!("The arguments cannot be sent as they are: {problem}"))?;
         let problems: Vec<String> = self
             .schema
             .iter_errors(&value)
@@ -114,13 +116,13 @@ impl Tool {
             .timeout(Duration::from_millis(tool.timeout_ms))
             .header("Idempotency-Key", idempotency_key);
         if tool.method.has_body() {
-            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(arguments.to_string());
+            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(canonical_json(arguments));
         } else if let Value::Object(fields) = arguments {
             let pairs: Vec<(&str, String)> = fields
                 .iter()
                 .map(|(key, value)| match value {
                     Value::String(text) => (key.as_str(), text.clone()),
-                    other => (key.as_str(), other.to_string()),
+                    other => (key.as_str(), canonical_json(other)),
                 })
                 .collect();
             request = request.query(&pairs);
