@@ -1,13 +1,16 @@
 """The console in a real browser (headless Chromium via Selenium), against a
 running `agent-runs serve` that infra/agent-runs/tests/console.rs prepared:
 a script run awaiting approval whose action holds markup, a defined agent's
-run awaiting a tool call, and a script run to reject. Saves screenshots.
+run awaiting a tool call, a script run to reject, and a defined agent's run
+waiting on two calls of one model turn. Saves screenshots.
 
-Usage: console_test.py <base url> <key> <script run> <tool run> <reject run> <screenshot dir>
+Usage: console_test.py <base url> <key> <script run> <tool run> <reject run> <two-call run> <screenshot dir>
 """
 
+import json
 import sys
 import time
+import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -16,7 +19,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-base, key, script_run, tool_run, reject_run, shots = sys.argv[1:7]
+base, key, script_run, tool_run, reject_run, two_calls_run, shots = sys.argv[1:8]
 
 options = webdriver.ChromeOptions()
 options.binary_location = "/usr/bin/chromium"
@@ -37,6 +40,21 @@ def text_of(selector):
 
 def wait_text(selector, expected):
     wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, selector), expected))
+
+
+def get_run(run_id):
+    """The run as the API has it now."""
+    request = urllib.request.Request(f"{base}/v1/agent/runs/{run_id}", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request) as response:
+        return json.load(response)
+
+
+def approval_box(branch):
+    """The detail's approval of the call for `branch`."""
+    for box in driver.find_elements(By.CSS_SELECTOR, "#detail .approval"):
+        if f'"branch": "{branch}"' in box.find_element(By.CSS_SELECTOR, ".arguments").text:
+            return box
+    raise AssertionError(f"no approval for {branch}: " + text_of("#detail"))
 
 
 def open_run(run_id):
@@ -121,6 +139,45 @@ try:
     wait_text("#notice", "Recorded: reject.")
     wait_text("#detail", "not today")
 
+    # Two calls of one model turn wait at once: picked in the inbox, the
+    # second is highlighted, and `a` decides it, never the first.
+    driver.find_element(By.ID, "refresh").click()
+    wait_text("#list", two_calls_run)
+    entries = [entry for entry in driver.find_elements(By.CSS_SELECTOR, "#list li") if two_calls_run in entry.text]
+    assert len(entries) == 2, [entry.text for entry in entries]
+    next(entry for entry in entries if '"second"' in entry.text).click()
+    wait_text("#detail h2", two_calls_run)
+    wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#detail .approval[data-pending]")) == 2)
+    current = driver.find_element(By.CSS_SELECTOR, "#detail .approval.current")
+    assert '"second"' in current.text and '"first"' not in current.text, current.text
+    # What a person reads is the digest's JSON value, digit for digit.
+    shown = approval_box("first").find_element(By.CSS_SELECTOR, ".arguments").text
+    for number in ['"after": 1e+21', '"ratio": 5e-7', '"retries": 2\n']:
+        assert number in shown + "\n", shown
+    # A number no double holds, typed into an edit, is refused by the
+    # service as typed, never rounded by the browser first.
+    editor = current.find_element(By.CSS_SELECTOR, ".editor")
+    editor.clear()
+    editor.send_keys('{"branch": "second", "account": 12345678901234567891}')
+    current.find_element(By.CSS_SELECTOR, ".edit").click()
+    wait_text("#detail .approval.current .invalid", "12345678901234567891")
+    statuses = {a["arguments"]["branch"]: a["status"] for a in get_run(two_calls_run)["pending_approvals"]}
+    assert statuses == {"first": "pending", "second": "pending"}, statuses
+    driver.find_element(By.CSS_SELECTOR, "#detail h2").click()  # out of the editor, not into another approval
+    time.sleep(1.1)
+    body.send_keys("a")
+    deadline = time.time() + 10
+    while statuses["second"] == "pending" and time.time() < deadline:
+        time.sleep(0.2)
+        statuses = {a["arguments"]["branch"]: a["status"] for a in get_run(two_calls_run)["pending_approvals"]}
+    assert statuses == {"first": "pending", "second": "approved"}, statuses
+    driver.save_screenshot(f"{shots}/console-two-calls.png")
+    # The first, approved as shown: "Approve edited" with the editor untouched.
+    wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#detail .approval[data-pending]")) == 1)
+    approval_box("first").find_element(By.CSS_SELECTOR, ".edit").click()
+    wait_text("#notice", "Recorded: edit.")
+    wait_text("#detail h2", "succeeded")
+
     # The runs tab, and a phone-width window.
     driver.find_element(By.ID, "tab-runs").click()
     wait_text("#list", tool_run)
@@ -134,6 +191,7 @@ try:
     errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"
               and "status of 401" not in entry["message"] and "status of 400" not in entry["message"]]
     assert not errors, errors
-    print("console: key, inbox, markup as text, approve, edit with schema error, keyboard reject, phone width: ok")
+    print("console: key, inbox, markup as text, approve, edit with schema error, keyboard reject, "
+          "the picked one of two approvals, numbers as the digest has them, phone width: ok")
 finally:
     driver.quit()

@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use crate::domain::{
     Approval, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, Run, RunId, Timestamp, Usage,
-    WebhookEndpoint,
+    WebhookEndpoint, canonical_json,
 };
 use crate::telemetry;
 
@@ -47,7 +48,9 @@ pub struct ApprovalView<'a> {
     kind: &'static str,
     action: &'a str,
     tool: Option<&'a str>,
-    arguments: Option<&'a serde_json::Value>,
+    /// As the text the digest covers (RFC 8785), so every client reads the
+    /// very numbers and keys the digest and the tool see.
+    arguments: Option<Box<RawValue>>,
     arguments_sha256: Option<String>,
     status: &'static str,
     requested_at: String,
@@ -56,7 +59,11 @@ pub struct ApprovalView<'a> {
     expires_at: Option<String>,
     /// The key that decided it.
     resolved_by: Option<String>,
-    edited_arguments: Option<&'a serde_json::Value>,
+    edited_arguments: Option<Box<RawValue>>,
+}
+
+fn canonical(value: &serde_json::Value) -> Box<RawValue> {
+    RawValue::from_string(canonical_json(value)).expect("canonical JSON is JSON")
 }
 
 fn rfc3339(at: Option<Timestamp>) -> Option<String> {
@@ -70,7 +77,7 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             kind: approval.kind().as_str(),
             action: &approval.action,
             tool: approval.call.as_ref().map(|call| call.tool.as_str()),
-            arguments: approval.call.as_ref().map(|call| &call.arguments),
+            arguments: approval.call.as_ref().map(|call| canonical(&call.arguments)),
             arguments_sha256: approval.arguments_sha256(),
             status: approval.status.as_str(),
             requested_at: approval.requested_at.to_rfc3339(),
@@ -78,7 +85,7 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             comment: approval.comment.as_deref(),
             expires_at: rfc3339(approval.expires_at),
             resolved_by: approval.resolved_by.map(|key| key.to_string()),
-            edited_arguments: approval.edited_arguments.as_ref(),
+            edited_arguments: approval.edited_arguments.as_ref().map(canonical),
         }
     }
 }

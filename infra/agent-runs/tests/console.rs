@@ -61,9 +61,17 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let model = runtime.block_on(stand_in::StandIn::start());
+    // Turns in the order the runs ask: the tool run, the two-call run, then
+    // each once its approvals are decided.
+    let first_arguments = r#"{"branch":"first","retries":2.0,"after":1e21,"ratio":0.5e-6}"#;
     model.script(vec![
         stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
+        stand_in::reply(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "delete_branch", "arguments": first_arguments}},
+            {"id": "call_b", "type": "function", "function": {"name": "delete_branch", "arguments": r#"{"branch":"second"}"#}},
+        ]})),
         stand_in::text("Deleted."),
+        stand_in::text("Both deleted."),
     ]);
     let server = Server::start_on(Target::Embedded, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0")]);
     let key = server.dev_key.clone().unwrap();
@@ -77,14 +85,25 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     let tool_run = server.create(&key, json!({"agent": "janitor", "input": "Delete the old branch"}));
     let reject_run = server.create_script(&key, "approve Archive the logs");
     let id = |run: &Value| run["id"].as_str().unwrap().to_owned();
-    for run in [&script_run, &tool_run, &reject_run] {
+    server.wait_for_status(&key, &id(&tool_run), "awaiting_approval");
+    let two_calls_run = server.create(&key, json!({"agent": "janitor", "input": "Delete two branches"}));
+    for run in [&script_run, &reject_run, &two_calls_run] {
         server.wait_for_status(&key, &id(run), "awaiting_approval");
     }
     // Screenshots of the main screens (docs/console-*.png are copies of them).
     let shots = env!("CARGO_TARGET_TMPDIR");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../console_test.py");
     let output = Command::new(python)
-        .args([script, &server.base, &key, &id(&script_run), &id(&tool_run), &id(&reject_run), shots])
+        .args([
+            script,
+            &server.base,
+            &key,
+            &id(&script_run),
+            &id(&tool_run),
+            &id(&reject_run),
+            &id(&two_calls_run),
+            shots,
+        ])
         .output()
         .unwrap();
     let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
@@ -97,8 +116,18 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     let edited = server.wait_for_status(&key, &id(&tool_run), "succeeded");
     assert_eq!(edited["pending_approvals"][0]["edited_arguments"], json!({"branch": "older"}));
     let calls = model.tool_calls();
-    assert_eq!(calls.len(), 1);
     assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "older"}));
+    // Of two calls waiting at once, the one picked was approved by `a`; the
+    // other, approved as shown with its editor untouched, reached its tool
+    // as the very text its digest covers.
+    let both = server.wait_for_status(&key, &id(&two_calls_run), "succeeded");
+    let approvals = both["pending_approvals"].as_array().unwrap();
+    assert_eq!(approvals[1]["arguments"]["branch"], "second");
+    assert_eq!(approvals[1]["edited_arguments"], Value::Null, "decided by `a`, not edited: {both}");
+    assert_eq!(approvals[0]["edited_arguments"], approvals[0]["arguments"], "{both}");
+    assert_eq!(approvals[0]["arguments"], json!({"after": 1e21, "branch": "first", "ratio": 5e-7, "retries": 2}));
+    let bodies: Vec<&str> = calls.iter().skip(1).map(|call| call.body.as_str()).collect();
+    assert_eq!(bodies, [r#"{"after":1e+21,"branch":"first","ratio":5e-7,"retries":2}"#, r#"{"branch":"second"}"#]);
     let rejected = server.wait_for_status(&key, &id(&reject_run), "succeeded");
     assert_eq!(rejected["pending_approvals"][0]["comment"], "not today");
     assert_eq!(rejected["output"], "rejected: Archive the logs");

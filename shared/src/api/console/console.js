@@ -14,6 +14,7 @@ const state = {
   selected: -1,
   cursor: null,
   runId: null, // the run shown (or being loaded)
+  approvalId: null, // the approval the person picked in the inbox or clicked: the one a and r decide
   shown: "", // the signature of what the detail shows
   renderedAt: 0,
   follow: null, // aborts the events loop of the shown run
@@ -45,11 +46,13 @@ class ApiError extends Error {}
 async function api(path, options = {}) {
   const key = sessionStorage.getItem(KEY);
   const headers = Object.assign({ Authorization: "Bearer " + key }, options.headers || {});
-  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  // `text`: a JSON body sent as it is (see the edit in approvalView).
+  const payload = options.text !== undefined ? options.text : options.body === undefined ? undefined : JSON.stringify(options.body);
+  if (payload !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(BASE + path, {
     method: options.method || "GET",
     headers,
-    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+    body: payload,
     signal: options.signal,
   });
   if (options.raw) return response;
@@ -153,6 +156,9 @@ function select(index) {
   if (index < 0 || index >= state.items.length) return;
   state.selected = index;
   for (const node of $("list").children) node.classList.toggle("selected", node.dataset.index === String(index));
+  // An inbox entry is one approval: a and r decide exactly that one.
+  state.approvalId = state.view === "inbox" ? state.items[index].id : null;
+  markCurrent();
   showRun(runIdOf(state.items[index]));
 }
 
@@ -201,10 +207,32 @@ function renderRun(run) {
     events,
   ];
   detail.replaceChildren(...parts.filter((part) => part !== null));
+  markCurrent();
+}
+
+// The approval a and r act on: the one picked, or a run's only pending one.
+function currentApprovalId() {
+  if (state.approvalId) return state.approvalId;
+  const pending = document.querySelectorAll("#detail .approval[data-pending]");
+  return pending.length === 1 ? pending[0].dataset.approval : null;
+}
+
+function markCurrent() {
+  const current = currentApprovalId();
+  for (const box of document.querySelectorAll("#detail .approval")) {
+    const on = box.dataset.approval === current;
+    box.classList.toggle("current", on);
+    if (on) box.setAttribute("aria-current", "true");
+    else box.removeAttribute("aria-current");
+  }
 }
 
 function approvalView(run, approval) {
   const box = el("div", { class: "approval", "data-approval": approval.id });
+  box.addEventListener("click", () => {
+    state.approvalId = approval.id;
+    markCurrent();
+  });
   box.append(el("div", {}, status(approval.status), " ", el("strong", { class: "action" }, approval.action)));
   if (approval.kind === "tool_call") {
     box.append(el("div", { class: "meta" }, "tool " + approval.tool + " · sha256 " + approval.arguments_sha256.slice(0, 12) + "…"));
@@ -216,6 +244,7 @@ function approvalView(run, approval) {
   }
   if (approval.resolved_by) box.append(el("div", { class: "meta" }, "decided by " + approval.resolved_by + (approval.comment ? ": " + approval.comment : "")));
   if (approval.status !== "pending") return box;
+  box.dataset.pending = "";
   box.append(el("div", { class: "meta" }, "waiting " + ago(approval.requested_at) + (approval.expires_at ? " · expires " + approval.expires_at : "")));
   const comment = el("input", { class: "comment", placeholder: "comment (a rejection's reason reaches the model)" });
   const actions = el("div", { class: "actions" }, comment);
@@ -238,17 +267,27 @@ function approvalView(run, approval) {
   const decide = async (decision) => {
     const body = { decision, comment: comment.value || null };
     if (approval.arguments_sha256) body.arguments_sha256 = approval.arguments_sha256;
+    let text;
     if (decision === "edit") {
+      let parsed;
       try {
-        body.arguments = JSON.parse(editor.value);
+        parsed = JSON.parse(editor.value);
       } catch (error) {
         problem.textContent = "Not JSON: " + error.message;
         return;
       }
+      if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) {
+        problem.textContent = "The arguments must be a JSON object.";
+        return;
+      }
+      // The arguments go as typed, never through JSON.parse and back: a
+      // number no double holds would silently become another one. The
+      // service refuses such numbers with a message saying so.
+      text = JSON.stringify(body).slice(0, -1) + ',"arguments":' + editor.value + "}";
     }
     try {
       const path = "/v1/agent/runs/" + encodeURIComponent(run.id) + "/approvals/" + encodeURIComponent(approval.id);
-      const decided = await api(path, { method: "POST", body });
+      const decided = await api(path, text === undefined ? { method: "POST", body } : { method: "POST", text });
       notice("Recorded: " + decision + ".", true);
       renderRun(decided);
       if (state.view === "inbox") loadList(false, true);
@@ -402,9 +441,12 @@ document.addEventListener("DOMContentLoaded", () => {
     if (event.key === "j") select(state.selected + 1);
     else if (event.key === "k") select(state.selected - 1);
     else if ((event.key === "a" || event.key === "r") && Date.now() - state.renderedAt > 1000) {
-      // Never on a view that changed under the person's eyes a moment ago.
-      const button = document.querySelector("#detail .approval " + (event.key === "a" ? ".approve" : ".reject"));
+      // Never on a view that changed under the person's eyes a moment ago,
+      // and only on the approval the person picked (a run may wait on several).
+      const box = document.querySelector("#detail .approval.current[data-pending]");
+      const button = box && box.querySelector(event.key === "a" ? ".approve" : ".reject");
       if (button) button.click();
+      else notice("Pick the approval to decide first: select it in the inbox, or click it.");
     }
   });
   start();
