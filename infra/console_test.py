@@ -152,7 +152,7 @@ try:
     assert '"second"' in current.text and '"first"' not in current.text, current.text
     # What a person reads is the digest's JSON value, digit for digit.
     shown = approval_box("first").find_element(By.CSS_SELECTOR, ".arguments").text
-    for number in ['"after": 1e+21', '"ratio": 5e-7', '"retries": 2\n']:
+    for number in ['"tiny": 1.5e-300', '"ratio": 5e-7', '"retries": 2,']:
         assert number in shown + "\n", shown
     # A number no double holds, typed into an edit, is refused by the
     # service as typed, never rounded by the browser first.

@@ -229,8 +229,14 @@ impl Config {
                 ),
             });
         }
-        if config.limits.holds.stream_lifetime < Duration::from_secs(1) {
-            return Err(ConfigError { name: "AGENT_RUNS_STREAM_MAX_SECS", problem: "must be at least 1".into() });
+        if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&config.limits.holds.stream_lifetime) {
+            return Err(ConfigError { name: "AGENT_RUNS_STREAM_MAX_SECS", problem: "must be 1 to 86400".into() });
+        }
+        if config.limits.holds.per_owner == 0 {
+            return Err(ConfigError {
+                name: "AGENT_RUNS_MAX_HELD_PER_OWNER",
+                problem: "must be at least 1 (0 would refuse every stream and waiting poll)".into(),
+            });
         }
         if config.policy.max_attempts == 0 {
             return Err(ConfigError { name: "AGENT_RUNS_MAX_ATTEMPTS", problem: "must be at least 1".into() });
@@ -257,6 +263,13 @@ mod tests {
         };
         assert!(margin("10000").is_err(), "shorter than a tool call may take");
         assert_eq!(margin("200000").unwrap().worker_deadline_margin, Duration::from_secs(200));
+        let one = |name: &'static str, value: &'static str| {
+            Config::from_lookup(move |asked| (asked == name).then(|| value.into()))
+        };
+        assert!(one("AGENT_RUNS_MAX_HELD_PER_OWNER", "0").is_err());
+        assert!(one("AGENT_RUNS_STREAM_MAX_SECS", "0").is_err());
+        assert!(one("AGENT_RUNS_STREAM_MAX_SECS", "18446744073709551615").is_err(), "a lifetime past any clock");
+        assert_eq!(one("AGENT_RUNS_MAX_WAIT_SECS", "60").unwrap().limits.holds.max_wait, Duration::from_secs(20));
     }
 
     #[test]

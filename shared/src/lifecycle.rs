@@ -4,13 +4,13 @@
 //! last decision is in). `api/` parses requests into these calls and
 //! formats what they return.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::domain::{
     ApprovalId, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner,
-    Run, RunId, RunTrace, TransitionError,
+    Run, RunId, RunTrace, Timestamp, TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -36,7 +36,17 @@ pub struct Lifecycle {
     ids: IdGenerator,
     policy: ExecutionPolicy,
     max_active_runs: u32,
+    /// Runs sent again for decisions already made, and when (see
+    /// [`Lifecycle::send_again`]).
+    sent_again: Mutex<HashMap<RunId, Timestamp>>,
 }
+
+/// A run is sent again for a repeated decision at most this often by one
+/// process: repeating a decision cannot flood the queue.
+const SEND_AGAIN_SPACING: Duration = Duration::from_secs(10);
+/// Runs remembered as sent again; beyond it, those past their spacing are
+/// forgotten (all of them if none is).
+const SENT_AGAIN_CAPACITY: usize = 10_000;
 
 /// A run to start, as a client asked for it.
 pub struct NewRun {
@@ -116,6 +126,8 @@ struct BatchProgress {
     recorded: Vec<Run>,
     /// Runs to send to the queue (their last pending approval was decided).
     to_send: Vec<RunId>,
+    /// Runs found queued with every decision made: sent again.
+    to_send_again: Vec<RunId>,
     /// Whether the batch wrote anything.
     wrote: bool,
 }
@@ -148,7 +160,15 @@ impl Lifecycle {
         policy: ExecutionPolicy,
         max_active_runs: u32,
     ) -> Self {
-        Lifecycle { runs, queue, clock, ids: IdGenerator::default(), policy, max_active_runs }
+        Lifecycle {
+            runs,
+            queue,
+            clock,
+            ids: IdGenerator::default(),
+            policy,
+            max_active_runs,
+            sent_again: Mutex::default(),
+        }
     }
 
     pub async fn start(&self, new_run: NewRun) -> Result<Started, StartError> {
@@ -317,10 +337,33 @@ impl Lifecycle {
         if outcome.is_none() {
             return Err(ChangeError::Refused(DecideRefused::Expired));
         }
-        if requeued_unseen || outcome == Some(DecideOutcome::Requeued) {
+        if outcome == Some(DecideOutcome::Requeued) {
             self.send_resumed(&run).await;
+        } else if requeued_unseen {
+            self.send_again(&run).await;
         }
         Ok(run)
+    }
+
+    /// Sends a run whose decisions were already made (the answer of the
+    /// request that made them may have been lost), unless this process sent
+    /// it again moments ago.
+    async fn send_again(&self, run: &Run) {
+        let now = self.clock.now();
+        {
+            let mut sent = crate::lock(&self.sent_again);
+            if sent.get(&run.id).is_some_and(|at| now.since(*at) < SEND_AGAIN_SPACING) {
+                return;
+            }
+            if sent.len() >= SENT_AGAIN_CAPACITY {
+                sent.retain(|_, at| now.since(*at) < SEND_AGAIN_SPACING);
+                if sent.len() >= SENT_AGAIN_CAPACITY {
+                    sent.clear();
+                }
+            }
+            sent.insert(run.id, now);
+        }
+        self.send_resumed(run).await;
     }
 
     /// Queues a run its last decision resumed; should the send fail, the
@@ -340,9 +383,13 @@ impl Lifecycle {
     pub async fn decide_batch(&self, runs: Vec<(Run, Vec<BatchDecision>)>) -> Result<Vec<Run>, BatchRefused> {
         let mut progress = BatchProgress::default();
         let result = self.record_batch(runs, &mut progress).await;
-        // Whatever was written is sent, however the batch ended.
+        // Whatever was written is sent, however the batch ended; runs
+        // decided before, as a repeated single decision sends them.
         for run in progress.recorded.iter().filter(|run| progress.to_send.contains(&run.id)) {
             self.send_resumed(run).await;
+        }
+        for run in progress.recorded.iter().filter(|run| progress.to_send_again.contains(&run.id)) {
+            self.send_again(run).await;
         }
         match result {
             Ok(()) => Ok(progress.recorded),
@@ -387,7 +434,7 @@ impl Lifecycle {
                     // or by an earlier one answered 503): sent again while
                     // it waits for a worker, as a single decision is.
                     if next.is_requeued_after_decisions() {
-                        progress.to_send.push(next.id);
+                        progress.to_send_again.push(next.id);
                     }
                     // A write whose answer was lost reads back as a repeat:
                     // the run moved on since the first read and every

@@ -469,13 +469,13 @@ async fn malformed_arguments_go_back_to_the_model_and_no_tool_is_called() {
 #[tokio::test]
 async fn an_approved_call_sends_the_tool_exactly_the_text_the_digest_covers() {
     let fixture = Fixture::new().await;
-    let proposed = r#"{"branch": "old", "retries": 2.0, "after": 1e21, "ratio": 0.5e-6}"#;
+    let proposed = r#"{"branch": "old", "retries": 2.0, "tiny": 1.5e-300, "ratio": 0.5e-6}"#;
     fixture.stand_in.script(vec![tool_call("call_1", "delete_branch", proposed), text("Done.")]);
     let message = fixture.create("Delete a branch").await;
     assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
     let run = fixture.run(&message).await;
     let canonical = canonical_json(&run.approvals[0].call.as_ref().unwrap().arguments);
-    assert_eq!(canonical, r#"{"after":1e+21,"branch":"old","ratio":5e-7,"retries":2}"#);
+    assert_eq!(canonical, r#"{"branch":"old","ratio":5e-7,"retries":2,"tiny":1.5e-300}"#);
     fixture.decide(&message, Decision::Approve, None).await;
     assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
     let calls = fixture.stand_in.tool_calls();

@@ -930,20 +930,28 @@ async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
     assert_eq!((status, run["status"].as_str()), (200, Some("queued")), "{run}");
     let sent = world.queue.receive();
     assert_eq!(sent.len(), 1, "the run is sent now, not a minute later by the sweeper");
-    // A repeated decision while the run still waits for a worker sends it
-    // again; the worker runs it once and drops the duplicate.
-    let (status, _) =
-        world.call(&world.api(Arc::new(Healthy)), "POST", &path, json!({"decision": "approve"}), None).await;
+    // Repeated at once, it is not sent again: one process (this Api) sends a
+    // run for repeats at most every 10 s, so repeats cannot flood the queue.
+    let healthy = &api;
+    for _ in 0..3 {
+        let (status, _) = world.call(&healthy, "POST", &path, json!({"decision": "approve"}), None).await;
+        assert_eq!(status, 200);
+    }
+    assert!(world.queue.receive().is_empty(), "repeats moments later send nothing more");
+    // Later, a repeat while the run still waits sends it again; the worker
+    // runs it once and drops the duplicate.
+    world.clock.advance(Duration::from_secs(11));
+    let (status, _) = world.call(&healthy, "POST", &path, json!({"decision": "approve"}), None).await;
     assert_eq!(status, 200);
     let again = world.queue.receive();
-    assert_eq!(again.len(), 1, "a repeat sends the queued run again");
+    assert_eq!(again.len(), 1, "a later repeat sends the queued run again");
     let (_stop, stop) = watch::channel(false);
     let worker = world.worker(Arc::new(Healthy));
     assert_eq!(worker.process(&sent[0].1, &stop).await.unwrap(), Outcome::Succeeded);
     assert_eq!(worker.process(&again[0].1, &stop).await.unwrap(), Outcome::Dropped);
     // Once the run has moved on, a repeat sends nothing.
-    let (status, _) =
-        world.call(&world.api(Arc::new(Healthy)), "POST", &path, json!({"decision": "approve"}), None).await;
+    world.clock.advance(Duration::from_secs(11));
+    let (status, _) = world.call(&healthy, "POST", &path, json!({"decision": "approve"}), None).await;
     assert_eq!(status, 200);
     assert!(world.queue.receive().is_empty(), "no message for a run that has moved on");
     world.assert_active_count_is_true("after the run").await;
@@ -995,12 +1003,17 @@ async fn a_batch_whose_answer_was_lost_still_sends_its_runs_once() {
     let mut expected = vec![first, second];
     expected.sort();
     assert_eq!(sent, expected);
-    // Repeated while the runs wait for a worker (as after a 503 whose
-    // write landed), the batch sends them again.
-    let (status, _) =
-        world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/approvals/batch", body.clone(), None).await;
+    // Repeated at once, the batch sends nothing more; later, while the runs
+    // still wait for a worker (as after a 503 whose write landed), it sends
+    // them again.
+    let healthy = &api;
+    let (status, _) = world.call(&healthy, "POST", "/v1/approvals/batch", body.clone(), None).await;
     assert_eq!(status, 200);
-    assert_eq!(world.queue.receive().len(), 2, "a repeated batch sends its waiting runs again");
+    assert!(world.queue.receive().is_empty(), "a batch repeated at once sends nothing more");
+    world.clock.advance(Duration::from_secs(11));
+    let (status, _) = world.call(&healthy, "POST", "/v1/approvals/batch", body.clone(), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(world.queue.receive().len(), 2, "a later repeated batch sends its waiting runs again");
     for run_id in [first, second] {
         let run = world.run(run_id).await;
         let resumed =

@@ -3,7 +3,10 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use agent_runs_shared::api::{
@@ -20,6 +23,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -36,11 +40,90 @@ pub struct ConnectionLimits {
     /// Connections open at once; when all are taken, no more are accepted
     /// (they wait in the listen backlog) until one closes.
     pub max_connections: usize,
+    /// A connection whose answer cannot be written for this long (its
+    /// client stopped reading) is closed, with what it held: an event
+    /// stream is written only as its client reads.
+    pub write_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
-        Self { header_timeout: Duration::from_secs(10), body_timeout: Duration::from_secs(30), max_connections: 512 }
+        Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            write_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A connection whose writes stay blocked longer than its limit fails
+/// them: hyper then closes it.
+struct WriteStallTimeout<S> {
+    inner: S,
+    limit: Duration,
+    /// Since when the writes have been blocked.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteStallTimeout<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        WriteStallTimeout { inner, limit, stalled: None }
+    }
+
+    /// After a write that made no progress: the error once the limit is up.
+    fn blocked<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let limit = self.limit;
+        let timer = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the client stopped reading"))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn progressed<T>(&mut self, result: Poll<io::Result<T>>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        match result {
+            Poll::Ready(result) => {
+                self.stalled = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => self.blocked(cx),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteStallTimeout<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteStallTimeout<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.progressed(result, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.progressed(result, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_flush(cx);
+        self.progressed(result, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -198,6 +281,7 @@ pub async fn serve_with_limits<H, F, B>(
             let response = handler(request);
             async move { Ok::<_, Infallible>(response.await) }
         });
+        let stream = WriteStallTimeout::new(stream, limits.write_timeout);
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
@@ -270,6 +354,32 @@ const METRICS_CONNECTIONS: usize = 4;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that stops reading fails the writes once they have been
+    /// blocked for the limit; one that reads again in time resets the clock.
+    #[tokio::test(start_paused = true)]
+    async fn writes_blocked_past_the_limit_fail_and_progress_resets_the_clock() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (near, mut far) = tokio::io::duplex(64);
+        let mut guarded = WriteStallTimeout::new(near, Duration::from_secs(30));
+        guarded.write_all(&[0; 64]).await.unwrap();
+        // Blocked 20 s, then the peer reads: the next write goes through.
+        let write = tokio::spawn(async move {
+            let result = guarded.write_all(&[1; 64]).await;
+            (guarded, result)
+        });
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let mut read = [0; 64];
+        far.read_exact(&mut read).await.unwrap();
+        let (mut guarded, result) = write.await.unwrap();
+        result.unwrap();
+        // Blocked again: the clock starts anew, and the write fails 30 s on.
+        let started = tokio::time::Instant::now();
+        let error = guarded.write_all(&[2; 64]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        drop(far);
+    }
 
     #[test]
     fn a_failing_accept_is_retried_ever_more_slowly_up_to_a_second() {

@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// Seconds a request's body may take to arrive; beyond them it is answered 408.
     #[arg(long, env = "AGENT_RUNS_BODY_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     body_timeout_secs: u64,
+    /// Seconds an answer may stay unwritable (its client stopped reading)
+    /// before the connection is closed.
+    #[arg(long, env = "AGENT_RUNS_WRITE_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    write_timeout_secs: u64,
     /// Connections open at once; beyond them new ones wait to be accepted.
     #[arg(long, env = "AGENT_RUNS_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
@@ -93,7 +97,8 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     init_logging();
     let mut config = Config::from_env()?;
     let half_the_connections = u32::try_from(args.max_connections / 2).unwrap_or(u32::MAX).max(1);
-    config.limits.holds.total = args.max_held.unwrap_or(half_the_connections);
+    let connections = u32::try_from(args.max_connections).unwrap_or(u32::MAX);
+    config.limits.holds.total = args.max_held.unwrap_or(half_the_connections).min(connections);
     let durability = if args.sqlite_sync == "full" { Durability::Full } else { Durability::Process };
     let store = SqliteStore::open_for_serving(db, durability).map_err(|error| error_chain(&error))?;
 
@@ -149,6 +154,7 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
         header_timeout: Duration::from_secs(args.header_timeout_secs),
         body_timeout: Duration::from_secs(args.body_timeout_secs),
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        write_timeout: Duration::from_secs(args.write_timeout_secs),
     };
     http_server::serve(listener, api, limits, shutdown_signal()).await;
     tracing::info!("shutting down: handing running runs back to the queue");

@@ -63,7 +63,7 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     let model = runtime.block_on(stand_in::StandIn::start());
     // Turns in the order the runs ask: the tool run, the two-call run, then
     // each once its approvals are decided.
-    let first_arguments = r#"{"branch":"first","retries":2.0,"after":1e21,"ratio":0.5e-6}"#;
+    let first_arguments = r#"{"branch":"first","retries":2.0,"tiny":1.5e-300,"ratio":0.5e-6}"#;
     model.script(vec![
         stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
         stand_in::reply(json!({"role": "assistant", "content": null, "tool_calls": [
@@ -125,9 +125,9 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     assert_eq!(approvals[1]["arguments"]["branch"], "second");
     assert_eq!(approvals[1]["edited_arguments"], Value::Null, "decided by `a`, not edited: {both}");
     assert_eq!(approvals[0]["edited_arguments"], approvals[0]["arguments"], "{both}");
-    assert_eq!(approvals[0]["arguments"], json!({"after": 1e21, "branch": "first", "ratio": 5e-7, "retries": 2}));
+    assert_eq!(approvals[0]["arguments"], json!({"branch": "first", "ratio": 5e-7, "retries": 2, "tiny": 1.5e-300}));
     let bodies: Vec<&str> = calls.iter().skip(1).map(|call| call.body.as_str()).collect();
-    assert_eq!(bodies, [r#"{"after":1e+21,"branch":"first","ratio":5e-7,"retries":2}"#, r#"{"branch":"second"}"#]);
+    assert_eq!(bodies, [r#"{"branch":"first","ratio":5e-7,"retries":2,"tiny":1.5e-300}"#, r#"{"branch":"second"}"#]);
     let rejected = server.wait_for_status(&key, &id(&reject_run), "succeeded");
     assert_eq!(rejected["pending_approvals"][0]["comment"], "not today");
     assert_eq!(rejected["output"], "rejected: Archive the logs");

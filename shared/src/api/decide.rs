@@ -10,7 +10,7 @@ use super::{Api, ApiError, ApiResponse, changed_run_response, parse_run_id};
 use crate::auth::Principal;
 use crate::domain::{
     ApprovalId, ApprovalStatus, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, RunId, TransitionError, canonical_json, check_exact_numbers,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, RunId, TransitionError, canonical_json, exact_canonical,
 };
 use crate::lifecycle::DecideRefused;
 use crate::store::ChangeError;
@@ -40,8 +40,8 @@ impl DecisionBody {
         let arguments = body.remove("arguments").filter(|value| !value.is_null());
         let decision = match (decision.as_ref().and_then(Value::as_str), arguments) {
             (Some("edit"), Some(Value::Object(fields))) => {
-                let arguments = Value::Object(fields);
-                check_exact_numbers(&arguments).map_err(|problem| ApiError::invalid("arguments", problem))?;
+                let arguments = exact_canonical(&Value::Object(fields))
+                    .map_err(|problem| ApiError::invalid("arguments", problem))?;
                 if canonical_json(&arguments).len() > MAX_APPROVAL_ARGUMENTS_BYTES {
                     return Err(ApiError::invalid(
                         "arguments",

@@ -157,24 +157,33 @@ pub(super) async fn handle(
     // Held only while the run can still log something, for at most what
     // this deployment allows.
     let wait = if ended { Duration::ZERO } else { query.wait.min(api.holds.limits().max_wait) };
-    let (_hold, mut key) =
-        if wait.is_zero() { (None, None) } else { (Some(api.holds.take(owner)?), api.key_check(request)) };
     let deadline = Instant::now() + wait;
     let mut waiting = Waiting::new(runs.as_ref(), run_id);
+    // Held (and counted as held) only once there is nothing to answer yet.
+    let mut held: Option<(Hold, Option<KeyCheck>)> = None;
     let page = loop {
         waiting.mark_read();
         let page = runs.events(run_id, after, query.limit).await?;
-        if !page.events.is_empty() || ended {
+        if !page.events.is_empty() || ended || Instant::now() >= deadline {
             break page;
         }
-        let wake = key.as_ref().map_or(deadline, |key| key.due_at().min(deadline));
-        if !waiting.until(wake).await && Instant::now() >= deadline {
-            break page;
+        if held.is_none() {
+            held = Some((api.holds.take(owner)?, api.key_check(request)));
         }
-        if let Some(key) = &mut key
-            && !key.still_valid().await
-        {
-            return Err(ApiError::Unauthorized);
+        match held.as_mut().and_then(|(_, key)| key.as_mut()) {
+            Some(key) => {
+                if !key.still_valid().await? {
+                    return Err(ApiError::Unauthorized);
+                }
+                if !waiting.until(key.due_at().min(deadline)).await && Instant::now() >= deadline {
+                    break page;
+                }
+            }
+            None => {
+                if !waiting.until(deadline).await {
+                    break page;
+                }
+            }
         }
     };
     Ok(json_response(StatusCode::OK, &page_view(run_id, after, &page)?))
@@ -278,11 +287,19 @@ impl EventStream {
                 if *state.closing.borrow() || Instant::now() >= state.stream.ends_at {
                     return None;
                 }
-                if let Some(key) = &mut state.stream.key
-                    && !key.still_valid().await
-                {
-                    tracing::info!(run_id = %state.stream.run_id, "event stream ended: its API key no longer stands");
-                    return None;
+                if let Some(key) = &mut state.stream.key {
+                    match key.still_valid().await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::info!(run_id = %state.stream.run_id, "event stream ended: its API key no longer stands");
+                            return None;
+                        }
+                        Err(error) => {
+                            // The client reconnects, and its key is checked then.
+                            tracing::warn!(run_id = %state.stream.run_id, error = %crate::error_chain(&error), "event stream ended: its key could not be checked");
+                            return None;
+                        }
+                    }
                 }
                 if let Some(frame) = state.ready.pop_front() {
                     state.last_sent = Instant::now();

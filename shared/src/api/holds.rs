@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::ApiError;
 use crate::auth::{Authenticator, hash_key};
 use crate::domain::Owner;
+use crate::store::StoreError;
 
 /// How much the held requests may take.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -122,7 +123,9 @@ impl KeyCheck {
     pub(super) fn new(auth: &Authenticator, secret: &str) -> Self {
         // As often as a cached key is trusted, and at least once a second.
         let every = auth.cache_ttl().max(Duration::from_secs(1));
-        KeyCheck { auth: auth.clone(), hash: hash_key(secret), every, next: Instant::now() + every }
+        // The first lookup at once: the request may have been let in by a
+        // cached key that was revoked since.
+        KeyCheck { auth: auth.clone(), hash: hash_key(secret), every, next: Instant::now() }
     }
 
     /// When the key is next looked up.
@@ -130,21 +133,13 @@ impl KeyCheck {
         self.next
     }
 
-    /// Whether the key still stands: looked up when due, else `true`. A
-    /// failed lookup counts as revoked (the client reconnects and is
-    /// answered then).
-    pub async fn still_valid(&mut self) -> bool {
+    /// Whether the key still stands: looked up when due, else `true`.
+    pub async fn still_valid(&mut self) -> Result<bool, StoreError> {
         if Instant::now() < self.next {
-            return true;
+            return Ok(true);
         }
         self.next = Instant::now() + self.every;
-        match self.auth.still_valid(&self.hash).await {
-            Ok(valid) => valid,
-            Err(error) => {
-                tracing::warn!(error = %crate::error_chain(&error), "a held request's key could not be checked: ending it");
-                false
-            }
-        }
+        self.auth.still_valid(&self.hash).await
     }
 }
 

@@ -269,7 +269,7 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
             "action": {"type": "string", "description": "In plain words, what approving does."},
             "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
             "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments the model proposed."},
-            "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` as JSON with object keys sorted and no whitespace; send it with a decision to bind the decision to this exact call."},
+            "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` serialized per RFC 8785 (the JSON Canonicalization Scheme: any JCS library computes it); send it with a decision to bind the decision to this exact call."},
             "edited_arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments a person approved instead (decision edit); the tool is called with these."},
             "status": {"type": "string", "enum": approval_statuses},
             "requested_at": timestamp(false),

@@ -234,23 +234,26 @@ pub fn canonical_json(value: &Value) -> String {
 /// RFC 7493); JavaScript, and RFC 8785, read numbers as doubles.
 pub const MAX_EXACT_INTEGER: u64 = (1 << 53) - 1;
 
-/// Refuses an integer beyond +/-(2^53 - 1) anywhere in `value`: a reader of
-/// doubles (a browser, JCS) would see another number than the one written,
-/// so what a person is shown, what the digest covers and what the tool
-/// receives could differ. Says which one and what to do instead.
+/// Refuses a whole number beyond +/-(2^53 - 1) anywhere in `value`, as an
+/// integer or written with an exponent: a reader of doubles (a browser, JCS)
+/// may see another number than the one written (a literal past 2^64 is read
+/// as a double here too, so the two cannot be told apart), and what a person
+/// is shown, what the digest covers and what the tool receives could differ.
+/// Says which one and what to do instead.
 pub fn check_exact_numbers(value: &Value) -> Result<(), String> {
     match value {
         Value::Number(number) => {
-            let exact = match (number.as_u64(), number.as_i64()) {
-                (Some(unsigned), _) => unsigned <= MAX_EXACT_INTEGER,
-                (None, Some(signed)) => signed.unsigned_abs() <= MAX_EXACT_INTEGER,
-                (None, None) => true,
+            let exact = match (number.as_u64(), number.as_i64(), number.as_f64()) {
+                (Some(unsigned), _, _) => unsigned <= MAX_EXACT_INTEGER,
+                (None, Some(signed), _) => signed.unsigned_abs() <= MAX_EXACT_INTEGER,
+                (None, None, Some(float)) => float.fract() != 0.0 || float.abs() <= MAX_EXACT_INTEGER as f64,
+                (None, None, None) => true,
             };
             if exact {
                 Ok(())
             } else {
                 Err(format!(
-                    "The integer {number} is beyond what every JSON reader holds exactly (+/-{MAX_EXACT_INTEGER}, I-JSON); send it as a string."
+                    "The number {number} is a whole number beyond what every JSON reader holds exactly (+/-{MAX_EXACT_INTEGER}, I-JSON); send it as a string."
                 ))
             }
         }
@@ -258,6 +261,13 @@ pub fn check_exact_numbers(value: &Value) -> Result<(), String> {
         Value::Object(fields) => fields.values().try_for_each(check_exact_numbers),
         _ => Ok(()),
     }
+}
+
+/// `value` as it reads back from its canonical text (`2.0` as `2`), checked
+/// with [`check_exact_numbers`]: what is kept, compared and sent from then on.
+pub fn exact_canonical(value: &Value) -> Result<Value, String> {
+    check_exact_numbers(value)?;
+    Ok(serde_json::from_str(&canonical_json(value)).expect("canonical JSON reads back"))
 }
 
 #[cfg(test)]
@@ -295,7 +305,7 @@ mod tests {
 
     #[test]
     fn integers_beyond_2_to_the_53_are_refused_anywhere_in_the_arguments() {
-        for fine in [r#"{"a": 9007199254740991}"#, r#"{"a": -9007199254740991}"#, r#"{"a": [1e300, 1.5]}"#] {
+        for fine in [r#"{"a": 9007199254740991}"#, r#"{"a": -9007199254740991}"#, r#"{"a": [1.5e-300, 0.5, 9e15]}"#] {
             assert_eq!(check_exact_numbers(&serde_json::from_str(fine).unwrap()), Ok(()), "{fine}");
         }
         for beyond in [
@@ -306,6 +316,8 @@ mod tests {
             let problem = check_exact_numbers(&serde_json::from_str(beyond).unwrap()).unwrap_err();
             assert!(problem.contains("string"), "{problem}");
         }
+        let normalised = exact_canonical(&serde_json::from_str(r#"{"b": 2.0, "a": -0.0, "c": 5e-7}"#).unwrap());
+        assert_eq!(normalised.unwrap().to_string(), r#"{"a":0,"b":2,"c":5e-7}"#);
     }
 
     #[test]

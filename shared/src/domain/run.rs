@@ -510,7 +510,13 @@ impl Run {
         let edited_arguments = request.decision.edited_arguments().cloned();
         match approval.status {
             ApprovalStatus::Pending => {}
-            decided if decided == status && approval.edited_arguments == edited_arguments => {
+            // Compared as the digest's text: `100.0` sent again is the `100`
+            // stored (a store keeps the canonical text).
+            decided
+                if decided == status
+                    && approval.edited_arguments.as_ref().map(canonical_json)
+                        == edited_arguments.as_ref().map(canonical_json) =>
+            {
                 return Ok(DecideOutcome::Unchanged);
             }
             decided => return Err(TransitionError::ApprovalAlreadyResolved(decided)),

@@ -567,6 +567,9 @@ fn an_edit_approves_with_the_new_arguments_and_repeats_only_as_itself() {
     assert_eq!(approval.arguments_to_use(), Some(&edited));
     assert_eq!(approval.call.as_ref().unwrap().arguments["env"], "prod", "what was proposed stays on record");
     assert_eq!(run.decide(approval_id(1), edit(edited), at(31), &policy()), Ok(DecideOutcome::Unchanged));
+    // The same value written otherwise (as a store reads `7.0` back as `7`).
+    let rewritten = serde_json::json!({"version": 7.0, "env": "staging"});
+    assert_eq!(run.decide(approval_id(1), edit(rewritten), at(31), &policy()), Ok(DecideOutcome::Unchanged));
     for other in [edit(serde_json::json!({"env": "dev"})), ask(Decision::Approve, None)] {
         assert_eq!(
             run.decide(approval_id(1), other, at(32), &policy()),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::domain::{ToolDefinition, canonical_json, check_exact_numbers};
+use crate::domain::{ToolDefinition, canonical_json, exact_canonical};
 use crate::public_network::{self, NotPublic};
 
 /// A definition's tool with its compiled argument schema.
@@ -75,8 +75,13 @@ impl Tool {
         let text = if arguments.trim().is_empty() { "{}" } else { arguments };
         let value: Value = serde_json::from_str(text)
             .map_err(|error| format!("The arguments are not valid JSON ({error}); send a JSON object."))?;
-        check_exact_numbers(&value)
-            .map_err(|problem| format!("The arguments cannot be sent as they are: {problem}"))?;
+        // A call put to a person is kept, shown and sent as its digest's
+        // text: its numbers must read the same everywhere.
+        let value = if self.definition.requires_approval {
+            exact_canonical(&value).map_err(|problem| format!("The arguments cannot be put to a person: {problem}"))?
+        } else {
+            value
+        };
         let problems: Vec<String> = self
             .schema
             .iter_errors(&value)
@@ -91,6 +96,13 @@ impl Tool {
         } else {
             Err(format!("The arguments do not match the tool's schema: {}.", problems.join("; ")))
         }
+    }
+
+    /// The JSON text a call sends: an approved call's is the text its
+    /// digest covers (RFC 8785), so the tool gets exactly what a person
+    /// approved; others keep every digit the model wrote.
+    fn body(&self, value: &Value) -> String {
+        if self.definition.requires_approval { canonical_json(value) } else { value.to_string() }
     }
 
     /// Calls the endpoint once. `idempotency_key` is the same for every
@@ -116,13 +128,13 @@ impl Tool {
             .timeout(Duration::from_millis(tool.timeout_ms))
             .header("Idempotency-Key", idempotency_key);
         if tool.method.has_body() {
-            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(canonical_json(arguments));
+            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(self.body(arguments));
         } else if let Value::Object(fields) = arguments {
             let pairs: Vec<(&str, String)> = fields
                 .iter()
                 .map(|(key, value)| match value {
                     Value::String(text) => (key.as_str(), text.clone()),
-                    other => (key.as_str(), canonical_json(other)),
+                    other => (key.as_str(), self.body(other)),
                 })
                 .collect();
             request = request.query(&pairs);
