@@ -9,7 +9,7 @@ pub mod aws;
 #[cfg(feature = "aws-setup")]
 pub mod aws_setup;
 pub mod config;
-pub mod domain;
+pub use agent_runs_domain as domain;
 #[cfg(any(test, feature = "faults"))]
 pub mod faults;
 pub mod lambda;

@@ -156,7 +156,7 @@ impl Default for IdGenerator {
 impl IdGenerator {
     pub fn ulid_at(&self, now: Timestamp) -> Ulid {
         let at = now.to_system_time();
-        let mut generator = crate::lock(&self.generator);
+        let mut generator = self.generator.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         generator.generate_from_datetime(at).unwrap_or_else(|_| Ulid::from_datetime(at))
     }
 }
