@@ -10,8 +10,6 @@ pub mod aws;
 pub mod aws_setup;
 pub mod config;
 pub use agent_runs_domain as domain;
-#[cfg(any(test, feature = "faults"))]
-pub mod faults;
 pub mod lambda;
 pub mod lifecycle;
 pub mod metrics;

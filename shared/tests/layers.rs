@@ -131,3 +131,26 @@ fn the_domain_crate_depends_only_on_pure_libraries() {
         manifest.get("dev-dependencies").is_none() || !manifest["dev-dependencies"].to_string().contains("agent-runs")
     );
 }
+
+/// Test-only code lives in agent-runs-testkit, and no crate that ships
+/// (the library, the binary, the Lambda functions) depends on it but for
+/// its tests.
+#[test]
+fn only_tests_depend_on_the_testkit() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut manifests = vec![root.join("shared/Cargo.toml"), root.join("infra/agent-runs/Cargo.toml")];
+    manifests.extend(
+        std::fs::read_dir(root.join("functions")).unwrap().map(|entry| entry.unwrap().path().join("Cargo.toml")),
+    );
+    manifests.push(root.join("crates/domain/Cargo.toml"));
+    for manifest in manifests {
+        let parsed: toml::Table = std::fs::read_to_string(&manifest).unwrap().parse().unwrap();
+        let shipped = parsed.get("dependencies").and_then(toml::Value::as_table);
+        assert!(
+            shipped.is_some_and(|dependencies| !dependencies.contains_key("agent-runs-testkit")),
+            "{} ships the testkit",
+            manifest.display()
+        );
+    }
+    assert!(!root.join("shared/src/faults.rs").exists(), "fault injection is test-only code: crates/testkit");
+}

@@ -14,10 +14,10 @@ use agent_runs_shared::domain::{
     AgentDefinition, ApprovalKind, ApprovalStatus, Budget, Clock, Decision, DecisionRequest, ExecutionPolicy,
     IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage, canonical_json,
 };
-use agent_runs_shared::faults::{Fault, FaultPlan, OnCalls};
 use agent_runs_shared::queue::RunMessage;
 use agent_runs_shared::store::{AgentStore, Durability, RunStore, SqliteStore};
 use agent_runs_shared::worker::{Outcome, Worker};
+use agent_runs_testkit::faults::{Fault, FaultPlan, OnCalls};
 use serde_json::{Value, json};
 use support::stand_in::{self, StandIn, Turn, text, tool_call};
 use tokio::sync::watch;
@@ -118,7 +118,7 @@ impl Fixture {
 
     /// A worker whose store calls fail as `plan` says, under `policy`.
     fn faulty_worker(&self, plan: Arc<dyn FaultPlan>, policy: &ExecutionPolicy) -> Worker {
-        let store = agent_runs_shared::faults::FaultyStore::new(Arc::new(self.store.clone()), plan);
+        let store = agent_runs_testkit::faults::FaultyStore::new(Arc::new(self.store.clone()), plan);
         Worker::new(Arc::new(store), self.agents.clone(), self.clock.clone(), policy.clone())
     }
 
@@ -791,14 +791,14 @@ struct FailTheSaveAfterTheToolCall {
     fired: std::sync::atomic::AtomicBool,
 }
 
-impl agent_runs_shared::faults::FaultPlan for FailTheSaveAfterTheToolCall {
-    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
+impl agent_runs_testkit::faults::FaultPlan for FailTheSaveAfterTheToolCall {
+    fn next(&self, operation: &'static str) -> agent_runs_testkit::faults::Fault {
         use std::sync::atomic::Ordering;
         let after_the_call = operation == "update" && !self.stand_in.tool_calls().is_empty();
         if after_the_call && !self.fired.swap(true, Ordering::SeqCst) {
-            agent_runs_shared::faults::Fault::FailBefore
+            agent_runs_testkit::faults::Fault::FailBefore
         } else {
-            agent_runs_shared::faults::Fault::None
+            agent_runs_testkit::faults::Fault::None
         }
     }
 }

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use agent_runs_shared::auth::generate_key;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, SystemClock};
-use agent_runs_shared::faults::{FailNext, FaultyStore};
 use agent_runs_shared::queue::InProcessQueue;
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
 use agent_runs_shared::store::{Durability, KeyStore, RunStore, SqliteStore};
+use agent_runs_testkit::faults::{FailNext, FaultyStore};
 use bytes::Bytes;
 use tokio::sync::watch;
 

@@ -16,13 +16,13 @@ use agent_runs_shared::auth::{Authenticator, generate_key};
 use agent_runs_shared::domain::{
     Clock, ExecutionPolicy, IdGenerator, KeyId, ManualClock, Owner, Run, RunId, RunStatus, Timestamp,
 };
-use agent_runs_shared::faults::{CrashAt, FaultPlan, FaultyQueue, FaultyStore, Healthy, RandomFailures};
 use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
 use agent_runs_shared::store::{
     DueRun, Durability, EventPage, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore,
     SqliteStore, StoreError,
 };
 use agent_runs_shared::worker::{Outcome, Sweeper, Worker, abandon_dead_letter};
+use agent_runs_testkit::faults::{CrashAt, FaultPlan, FaultyQueue, FaultyStore, Healthy, RandomFailures};
 use async_trait::async_trait;
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -711,7 +711,7 @@ impl RunQueue for SendThenFail {
         if let Some(during) = during {
             during.await;
         }
-        Err(QueueError::Unavailable(Box::new(agent_runs_shared::faults::InjectedFault("enqueue"))))
+        Err(QueueError::Unavailable(Box::new(agent_runs_testkit::faults::InjectedFault("enqueue"))))
     }
 }
 
@@ -796,11 +796,11 @@ async fn a_create_whose_send_fails_is_undone_and_its_key_is_free_again() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_create_whose_undo_fails_answers_by_what_the_store_holds() {
-    use agent_runs_shared::faults::Fault;
+    use agent_runs_testkit::faults::Fault;
     for (fault, expected) in [(Fault::FailBefore, 201), (Fault::FailAfter, 503)] {
         let world = World::new().await;
         let queue = Arc::new(SendThenFail { inner: world.queue.clone(), deliver: false, during: Mutex::new(None) });
-        let api = world.api_with_queue(agent_runs_shared::faults::OnCalls::from("undo_create", 1, fault), queue);
+        let api = world.api_with_queue(agent_runs_testkit::faults::OnCalls::from("undo_create", 1, fault), queue);
         let (status, reply) = world.call(&api, "POST", "/v1/agent/runs", json!({"input": "hi"}), Some("k")).await;
         assert_eq!(status, expected, "{fault:?}: {reply}");
         let runs = world.all_runs().await;
@@ -818,7 +818,7 @@ async fn a_create_whose_undo_fails_answers_by_what_the_store_holds() {
 /// dropped by the worker.
 #[tokio::test(flavor = "current_thread")]
 async fn a_create_whose_write_may_have_landed_sends_its_run_all_the_same() {
-    use agent_runs_shared::faults::{Fault, OnCalls};
+    use agent_runs_testkit::faults::{Fault, OnCalls};
     for (fault, landed) in [(Fault::FailAfter, true), (Fault::FailBefore, false)] {
         let world = World::new().await;
         let api = world.api(OnCalls::nth("insert", 1, fault));
@@ -838,7 +838,7 @@ async fn a_create_whose_write_may_have_landed_sends_its_run_all_the_same() {
 /// send is given a short wait, not the whole request's time.
 #[tokio::test(flavor = "current_thread")]
 async fn a_create_of_unknown_outcome_whose_send_hangs_still_answers() {
-    use agent_runs_shared::faults::{Fault, OnCalls};
+    use agent_runs_testkit::faults::{Fault, OnCalls};
     let world = World::new().await;
     let hangs = std::future::pending::<()>();
     let queue = Arc::new(SendThenFail {
@@ -859,11 +859,11 @@ struct WritesFailAfter {
 }
 
 impl FaultPlan for WritesFailAfter {
-    fn next(&self, operation: &'static str) -> agent_runs_shared::faults::Fault {
+    fn next(&self, operation: &'static str) -> agent_runs_testkit::faults::Fault {
         if operation != "update" || self.ok.fetch_sub(1, Ordering::SeqCst) > 0 {
-            agent_runs_shared::faults::Fault::None
+            agent_runs_testkit::faults::Fault::None
         } else {
-            agent_runs_shared::faults::Fault::FailBefore
+            agent_runs_testkit::faults::Fault::FailBefore
         }
     }
 }
@@ -918,7 +918,7 @@ async fn the_default_route_serves_no_operation_only_404_and_405() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
-    use agent_runs_shared::faults::{Fault, OnCalls};
+    use agent_runs_testkit::faults::{Fault, OnCalls};
     let world = World::new().await;
     let (id, approval) = awaiting_run(&world).await;
     assert!(world.queue.receive().is_empty());
@@ -959,7 +959,7 @@ async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_decision_answered_503_after_it_landed_is_sent_by_its_retry() {
-    use agent_runs_shared::faults::{Fault, OnCalls};
+    use agent_runs_testkit::faults::{Fault, OnCalls};
     let world = World::new().await;
     let (id, approval) = awaiting_run(&world).await;
     let path = format!("/v1/agent/runs/{id}/approvals/{approval}");
@@ -981,7 +981,7 @@ async fn a_decision_answered_503_after_it_landed_is_sent_by_its_retry() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_batch_whose_answer_was_lost_still_sends_its_runs_once() {
-    use agent_runs_shared::faults::{Fault, OnCalls};
+    use agent_runs_testkit::faults::{Fault, OnCalls};
     let world = World::new().await;
     let (first, first_approval) = awaiting_run(&world).await;
     let (second, second_approval) = awaiting_run(&world).await;
@@ -1024,7 +1024,7 @@ async fn a_batch_whose_answer_was_lost_still_sends_its_runs_once() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_replay_whose_pin_answer_was_lost_still_sends_the_run() {
-    use agent_runs_shared::faults::{Fault, OnCalls};
+    use agent_runs_testkit::faults::{Fault, OnCalls};
     let world = World::new().await;
     let body = json!({"input": "hello"});
     // The first create's message is lost: the replay is what sends the run.

@@ -12,11 +12,11 @@ use agent_runs_shared::domain::{
     AgentDefinition, ApprovalId, ApprovalStatus, Decision, DecisionRequest, EventData, ExecutionPolicy, KeyId, Owner,
     Run, RunId, RunStatus, Scope, Scopes, Timestamp,
 };
-use agent_runs_shared::faults::AwsError;
 use agent_runs_shared::store::{
     AgentStore, DueRun, Durability, DynamoStore, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore,
     ListRequest, Migrated, RunStore, SqliteStore, StoreError, StoredKey,
 };
+use agent_runs_testkit::faults::AwsError;
 use ulid::Ulid;
 
 const T0: u64 = 1_795_303_478_123;
@@ -864,7 +864,7 @@ async fn undelivered(operation: &'static str, table: &str) -> DynamoStore {
 
 /// A store on `table` whose every call of `operation` is answered `error`.
 async fn failing(operation: &'static str, error: AwsError, table: &str) -> DynamoStore {
-    use agent_runs_shared::faults::{AwsErrorInterceptor, Fault, OnCalls};
+    use agent_runs_testkit::faults::{AwsErrorInterceptor, Fault, OnCalls};
     let sdk = emulator::sdk_config().await;
     let plan = OnCalls::from(operation, 1, Fault::FailBefore);
     let config =

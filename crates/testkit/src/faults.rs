@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::domain::{Owner, Run, RunId, Timestamp};
-use crate::queue::{QueueError, RunMessage, RunQueue};
-use crate::store::{
+use agent_runs_shared::domain::{Owner, Run, RunId, Timestamp};
+use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
+use agent_runs_shared::store::{
     BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
     ListRequest, RunStore, StoreError,
 };
@@ -247,7 +247,7 @@ impl RunStore for FaultyStore {
         &self,
         now: Timestamp,
         deadline: Option<std::time::Instant>,
-    ) -> Result<crate::store::Settled, StoreError> {
+    ) -> Result<agent_runs_shared::store::Settled, StoreError> {
         faulty(self.plan.as_ref(), "settle_counts", store_fault, self.inner.settle_counts(now, deadline)).await
     }
 
