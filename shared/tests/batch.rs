@@ -10,9 +10,10 @@ use agent_runs_shared::domain::{
 use agent_runs_shared::lifecycle::{BatchDecision, Lifecycle};
 use agent_runs_shared::queue::InProcessQueue;
 use agent_runs_shared::store::{
-    BatchWriteError, DueRun, Durability, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
-    ListRequest, RunStore, SqliteStore, StoreError,
+    BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
+    ListRequest, RunStore, StoreError,
 };
+use agent_runs_store_sqlite::{Durability, SqliteStore};
 use async_trait::async_trait;
 use ulid::Ulid;
 

@@ -154,3 +154,21 @@ fn only_tests_depend_on_the_testkit() {
     }
     assert!(!root.join("shared/src/faults.rs").exists(), "fault injection is test-only code: crates/testkit");
 }
+
+/// SQLite is the embedded server's alone: no Lambda function, nor the
+/// library they share, links rusqlite (crates/store-sqlite holds it).
+#[test]
+fn no_lambda_function_links_sqlite() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut manifests = vec![root.join("shared/Cargo.toml"), root.join("crates/domain/Cargo.toml")];
+    manifests.extend(
+        std::fs::read_dir(root.join("functions")).unwrap().map(|entry| entry.unwrap().path().join("Cargo.toml")),
+    );
+    for manifest in manifests {
+        let parsed: toml::Table = std::fs::read_to_string(&manifest).unwrap().parse().unwrap();
+        let shipped = parsed["dependencies"].as_table().unwrap();
+        for sqlite in ["rusqlite", "agent-runs-store-sqlite"] {
+            assert!(!shipped.contains_key(sqlite), "{} links {sqlite}", manifest.display());
+        }
+    }
+}

@@ -15,8 +15,9 @@ use agent_runs_shared::domain::{
     IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage, canonical_json,
 };
 use agent_runs_shared::queue::RunMessage;
-use agent_runs_shared::store::{AgentStore, Durability, RunStore, SqliteStore};
+use agent_runs_shared::store::{AgentStore, RunStore};
 use agent_runs_shared::worker::{Outcome, Worker};
+use agent_runs_store_sqlite::{Durability, SqliteStore};
 use agent_runs_testkit::faults::{Fault, FaultPlan, OnCalls};
 use serde_json::{Value, json};
 use support::stand_in::{self, StandIn, Turn, text, tool_call};

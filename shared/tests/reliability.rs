@@ -18,10 +18,10 @@ use agent_runs_shared::domain::{
 };
 use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
 use agent_runs_shared::store::{
-    DueRun, Durability, EventPage, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore,
-    SqliteStore, StoreError,
+    DueRun, EventPage, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore, StoreError,
 };
 use agent_runs_shared::worker::{Outcome, Sweeper, Worker, abandon_dead_letter};
+use agent_runs_store_sqlite::{Durability, SqliteStore};
 use agent_runs_testkit::faults::{CrashAt, FaultPlan, FaultyQueue, FaultyStore, Healthy, RandomFailures};
 use async_trait::async_trait;
 use bytes::Bytes;

@@ -13,9 +13,10 @@ use agent_runs_shared::domain::{
     Run, RunId, RunStatus, Scope, Scopes, Timestamp,
 };
 use agent_runs_shared::store::{
-    AgentStore, DueRun, Durability, DynamoStore, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore,
-    ListRequest, Migrated, RunStore, SqliteStore, StoreError, StoredKey,
+    AgentStore, DueRun, DynamoStore, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore, ListRequest,
+    Migrated, RunStore, StoreError, StoredKey,
 };
+use agent_runs_store_sqlite::{Durability, SqliteStore};
 use agent_runs_testkit::faults::AwsError;
 use ulid::Ulid;
 

@@ -11,8 +11,9 @@ use agent_runs_shared::domain::{
     Clock, DISABLE_AFTER_FAILING_FOR, EndpointHealth, EventFilter, ExecutionPolicy, ManualClock, Owner, Run, RunId,
     Timestamp, WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
 };
-use agent_runs_shared::store::{DueSkip, Durability, Outbox, RunStore, SqliteStore, WebhookStore};
+use agent_runs_shared::store::{DueSkip, Outbox, RunStore, WebhookStore};
 use agent_runs_shared::webhooks::{Deliverer, DeliveryPolicy};
+use agent_runs_store_sqlite::{Durability, SqliteStore};
 use ulid::Ulid;
 
 const T0: i64 = 1_795_303_478_123;

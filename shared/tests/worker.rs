@@ -10,8 +10,9 @@ use agent_runs_shared::domain::{
     Clock, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp,
 };
 use agent_runs_shared::queue::{InProcessQueue, RunMessage, RunQueue};
-use agent_runs_shared::store::{Durability, RunStore, SqliteStore, StoreError};
+use agent_runs_shared::store::{RunStore, StoreError};
 use agent_runs_shared::worker::{MAX_SWEEP_FAILURES, Outcome, Sweeper, Worker};
+use agent_runs_store_sqlite::{Durability, SqliteStore};
 use agent_runs_testkit::faults::{Fault, FaultyStore, OnCalls};
 use tokio::sync::watch;
 

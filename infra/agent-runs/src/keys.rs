@@ -6,7 +6,8 @@ use agent_runs_shared::auth::generate_key;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, Scope, Scopes, SystemClock};
 use agent_runs_shared::sdk::sdk_config;
-use agent_runs_shared::store::{AgentStore, Durability, DynamoStore, KeyStore, SqliteStore};
+use agent_runs_shared::store::{AgentStore, DynamoStore, KeyStore};
+use agent_runs_store_sqlite::{Durability, SqliteStore};
 use clap::Subcommand;
 
 #[derive(Subcommand)]

@@ -13,9 +13,10 @@ use agent_runs_shared::error_chain;
 use agent_runs_shared::metrics::{MeasuredStore, MetricsSink, Registry};
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
-use agent_runs_shared::store::{Durability, KeyStore, SqliteStore};
+use agent_runs_shared::store::KeyStore;
 use agent_runs_shared::webhooks::OutboxWorker;
 use agent_runs_shared::worker::{PoolSettings, WorkerPool};
+use agent_runs_store_sqlite::{Durability, SqliteStore};
 use clap::Args;
 use tokio::net::TcpListener;
 

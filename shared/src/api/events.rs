@@ -143,15 +143,11 @@ pub(super) async fn handle(
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        response.extensions_mut().insert(EventStream {
-            runs: runs.clone(),
-            run_id,
-            after,
-            ended,
-            ends_at: Instant::now() + api.holds.limits().stream_lifetime,
-            key: api.key_check(request),
-            _hold: Some(Arc::new(hold)),
-        });
+        let ends_at = Instant::now() + api.holds.limits().stream_lifetime;
+        let mut stream = EventStream::new(runs.clone(), run_id, after, ended, ends_at);
+        stream.key = api.key_check(request);
+        stream._hold = Some(Arc::new(hold));
+        response.extensions_mut().insert(stream);
         return Ok(response);
     }
     // Held only while the run can still log something, for at most what
@@ -261,6 +257,12 @@ fn ends_the_run(kind: &str) -> bool {
 }
 
 impl EventStream {
+    /// `run_id`'s events after `after`, until the run's last one or
+    /// `ends_at`; `ended`: the run had ended when the stream began.
+    pub fn new(runs: Arc<dyn RunStore>, run_id: RunId, after: u64, ended: bool, ends_at: Instant) -> Self {
+        EventStream { runs, run_id, after, ended, ends_at, key: None, _hold: None }
+    }
+
     /// The stream's body: a message per event, a comment every
     /// [`HEARTBEAT`] when there is nothing else, ending after the run's
     /// last event. It reads a page only when the client has taken the
@@ -360,67 +362,7 @@ impl EventStream {
 
 #[cfg(test)]
 mod tests {
-    use futures_util::StreamExt;
-
     use super::*;
-    use crate::domain::{ExecutionPolicy, Run, Timestamp};
-    use crate::store::{Durability, SqliteStore};
-
-    /// With nothing to send the stream sends a comment every 15 s; a
-    /// commit wakes it at once; it ends after the run's last event.
-    #[tokio::test(start_paused = true)]
-    async fn a_stream_keeps_alive_wakes_on_a_commit_and_ends_with_the_run() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap());
-        let id = RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1));
-        let owner = Owner::parse("acme").unwrap();
-        let mut run = Run::new(id, owner, "echo".into(), "hi".into(), Default::default(), &ExecutionPolicy::default());
-        store.insert(&mut run, None, 10).await.unwrap();
-        let ends_at = Instant::now() + Duration::from_secs(3600);
-        let stream =
-            EventStream { runs: store.clone(), run_id: id, after: 0, ended: false, ends_at, key: None, _hold: None };
-        let (close, closing) = watch::channel(false);
-        let mut frames = Box::pin(stream.clone().frames(closing.clone()));
-        let first = String::from_utf8(frames.next().await.unwrap().to_vec()).unwrap();
-        assert!(first.starts_with("id: 1\nevent: run.created\ndata: {"), "{first}");
-        let waited = Instant::now();
-        assert_eq!(&frames.next().await.unwrap()[..], b": keep-alive\n\n");
-        assert!(waited.elapsed() >= HEARTBEAT, "the comment comes after 15 s of silence");
-
-        let waiting = tokio::spawn(async move {
-            // The paused clock runs on while the write waits for the
-            // store's writer thread: keep-alives may come first.
-            loop {
-                let frame = String::from_utf8(frames.next().await.unwrap().to_vec()).unwrap();
-                if frame != ": keep-alive\n\n" {
-                    return (frame, frames.next().await.is_none());
-                }
-            }
-        });
-        tokio::task::yield_now().await;
-        run.cancel(Timestamp::from_millis(1_795_303_479_000)).unwrap();
-        store.update(&mut run).await.unwrap();
-        let (canceled, ended) = waiting.await.unwrap();
-        assert!(canceled.starts_with("id: 2\nevent: run.canceled\n"), "{canceled}");
-        assert!(ended, "the stream ends after the run's last event");
-
-        // A server shutting down ends the streams that wait.
-        let mut other = Run::new(
-            RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 2)),
-            Owner::parse("acme").unwrap(),
-            "echo".into(),
-            "hi".into(),
-            Default::default(),
-            &ExecutionPolicy::default(),
-        );
-        store.insert(&mut other, None, 10).await.unwrap();
-        let mut waiting = Box::pin(EventStream { run_id: other.id, ..stream }.frames(closing));
-        assert!(waiting.next().await.is_some(), "run.created");
-        let next = tokio::spawn(async move { waiting.next().await });
-        tokio::task::yield_now().await;
-        close.send(true).unwrap();
-        assert!(next.await.unwrap().is_none());
-    }
 
     #[test]
     fn query_rules() {

@@ -3,8 +3,7 @@
 
 mod change;
 mod dynamodb;
-mod record;
-mod sqlite;
+pub mod record;
 
 use async_trait::async_trait;
 
@@ -20,7 +19,6 @@ pub use dynamodb::{
     MAX_CHECKPOINT_BYTES, Migrated, NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, RECOUNT_EVERY, STATUS_INDEX,
     decode_stream_event,
 };
-pub use sqlite::{Durability, SqliteStore};
 
 /// An owner's runs not yet ended, unless `AGENT_RUNS_MAX_ACTIVE_RUNS` says otherwise.
 pub const DEFAULT_MAX_ACTIVE_RUNS: u32 = 1_000;
@@ -288,22 +286,22 @@ pub trait AgentStore: Send + Sync + 'static {
 }
 
 /// A run's JSON as clients see it, for a list page.
-fn run_view_json(run: &Run) -> Result<std::sync::Arc<str>, StoreError> {
+pub fn run_view_json(run: &Run) -> Result<std::sync::Arc<str>, StoreError> {
     crate::views::run_json(run).map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))
 }
 
 /// A replaced webhook secret as both stores keep it.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct StoredSecret {
+pub struct StoredSecret {
     secret: String,
     until: Timestamp,
 }
 
-fn encode_previous_secrets(previous: &[PreviousSecret]) -> Vec<StoredSecret> {
+pub fn encode_previous_secrets(previous: &[PreviousSecret]) -> Vec<StoredSecret> {
     previous.iter().map(|previous| StoredSecret { secret: previous.secret.expose(), until: previous.until }).collect()
 }
 
-fn decode_previous_secrets(stored: Vec<StoredSecret>) -> Result<Vec<PreviousSecret>, StoreError> {
+pub fn decode_previous_secrets(stored: Vec<StoredSecret>) -> Result<Vec<PreviousSecret>, StoreError> {
     stored
         .into_iter()
         .map(|stored| {

@@ -16,7 +16,7 @@ use crate::domain::{
 };
 
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct StoredRun {
+pub struct StoredRun {
     id: String,
     owner: String,
     status: String,

@@ -5,11 +5,11 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{SqliteStore, unavailable};
-use crate::domain::{
+use agent_runs_shared::domain::{
     DeliveryAttempt, DeliveryId, EndpointHealth, Event, EventFilter, Owner, PreviousSecret, Timestamp, WebhookEndpoint,
     WebhookId, WebhookSecret, WebhookStatus,
 };
-use crate::store::{
+use agent_runs_shared::store::{
     DueSkip, Outbox, Page, PendingDelivery, StoreError, StoredEvent, WebhookStore, decode_previous_secrets,
     encode_previous_secrets,
 };

@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use crate::store::StoreError;
+use agent_runs_shared::store::StoreError;
 
 /// The most writes committed together.
 const MAX_GROUP: usize = 256;
@@ -143,7 +143,7 @@ fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
         }
         let written = write_group(&connection, &mut group);
         if let Err(error) = &written {
-            tracing::error!(error = %crate::error_chain(error), writes = group.len(), "a group of writes was not committed");
+            tracing::error!(error = %agent_runs_shared::error_chain(error), writes = group.len(), "a group of writes was not committed");
             if !connection.is_autocommit() {
                 let _ = connection.execute_batch("ROLLBACK");
             }
@@ -181,8 +181,8 @@ fn write_group(connection: &Connection, group: &mut [Box<dyn Job>]) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::super::unavailable;
     use super::*;
+    use crate::unavailable;
 
     fn writer() -> (tempfile::TempDir, Writer, Connection) {
         let dir = tempfile::tempdir().unwrap();

@@ -22,15 +22,21 @@ mod writer;
 
 use writer::{Committed, Writer};
 
-use super::record::StoredRun;
-use super::{
+use agent_runs_shared::domain::{
+    AgentDefinition, ApprovalId, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp,
+};
+use agent_runs_shared::store::record::StoredRun;
+use agent_runs_shared::store::{
     AgentStore, BatchWriteError, DueRun, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage,
     InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunStore, StoreError, StoredEvent,
     StoredKey, ViewPage, run_view_json,
 };
-use crate::domain::{AgentDefinition, ApprovalId, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp};
 
 const READERS: usize = 4;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 const SCHEMA: &str = "
 CREATE TABLE runs (
@@ -533,7 +539,7 @@ fn insert_events(connection: &Connection, owner: &Owner, events: &[Event]) -> Re
                 event.seq as i64,
                 event.data.kind(),
                 event.at.millis(),
-                crate::views::event_data_json(&event.data)
+                agent_runs_shared::views::event_data_json(&event.data)
             ])
             .map_err(unavailable)?;
     }
