@@ -36,9 +36,9 @@ pub struct Lifecycle {
     ids: IdGenerator,
     policy: ExecutionPolicy,
     max_active_runs: u32,
-    /// Runs sent again for decisions already made, and when (see
-    /// [`Lifecycle::send_again`]).
-    sent_again: Mutex<HashMap<RunId, Timestamp>>,
+    /// Runs (at a version) sent for their decisions, and when (see
+    /// [`Lifecycle::send_decided`]).
+    sent_again: Mutex<HashMap<(RunId, u64), Timestamp>>,
 }
 
 /// A run is sent again for a repeated decision at most this often by one
@@ -334,44 +334,51 @@ impl Lifecycle {
         // the worker's claim; a missing one would leave the run to the
         // sweeper's requeue a minute later.
         let requeued_unseen = outcome == Some(DecideOutcome::Unchanged) && run.is_requeued_after_decisions();
+        // This call's own write may have landed: its send is owed, unspaced.
+        let own_write = writes.may_have_landed;
         if outcome.is_none() {
             return Err(ChangeError::Refused(DecideRefused::Expired));
         }
-        if outcome == Some(DecideOutcome::Requeued) {
-            self.send_resumed(&run).await;
+        if outcome == Some(DecideOutcome::Requeued) || (requeued_unseen && own_write) {
+            self.send_decided(&run, false).await;
         } else if requeued_unseen {
-            self.send_again(&run).await;
+            self.send_decided(&run, true).await;
         }
         Ok(run)
     }
 
-    /// Sends a run whose decisions were already made (the answer of the
-    /// request that made them may have been lost), unless this process sent
-    /// it again moments ago.
-    async fn send_again(&self, run: &Run) {
+    /// Sends a run its decisions resumed. `spaced`: the decisions were made
+    /// by another request (whose answer may have been lost), and the run is
+    /// not sent when this process sent it moments ago at this version (a new
+    /// park is a new version): repeating a decision cannot flood the queue.
+    async fn send_decided(&self, run: &Run, spaced: bool) {
         let now = self.clock.now();
-        {
-            let mut sent = crate::lock(&self.sent_again);
-            if sent.get(&run.id).is_some_and(|at| now.since(*at) < SEND_AGAIN_SPACING) {
-                return;
-            }
-            if sent.len() >= SENT_AGAIN_CAPACITY {
-                sent.retain(|_, at| now.since(*at) < SEND_AGAIN_SPACING);
-                if sent.len() >= SENT_AGAIN_CAPACITY {
-                    sent.clear();
-                }
-            }
-            sent.insert(run.id, now);
+        let key = (run.id, run.version);
+        let sent_lately =
+            || crate::lock(&self.sent_again).get(&key).is_some_and(|at| now.since(*at) < SEND_AGAIN_SPACING);
+        if (spaced && sent_lately()) || !self.send_resumed(run).await {
+            return;
         }
-        self.send_resumed(run).await;
+        let mut sent = crate::lock(&self.sent_again);
+        if sent.len() >= SENT_AGAIN_CAPACITY {
+            sent.retain(|_, at| now.since(*at) < SEND_AGAIN_SPACING);
+            if sent.len() >= SENT_AGAIN_CAPACITY {
+                sent.clear();
+            }
+        }
+        sent.insert(key, now);
     }
 
     /// Queues a run its last decision resumed; should the send fail, the
-    /// sweeper sends it.
-    async fn send_resumed(&self, run: &Run) {
+    /// sweeper sends it. Whether it was sent.
+    async fn send_resumed(&self, run: &Run) -> bool {
         let message = RunMessage { run_id: run.id, owner: run.owner.clone() };
-        if let Err(error) = self.queue.enqueue(&message).await {
-            tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
+        match self.queue.enqueue(&message).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(run_id = %run.id, error = %error_chain(&error), "enqueue after the last decision failed; the sweeper will retry");
+                false
+            }
         }
     }
 
@@ -386,10 +393,10 @@ impl Lifecycle {
         // Whatever was written is sent, however the batch ended; runs
         // decided before, as a repeated single decision sends them.
         for run in progress.recorded.iter().filter(|run| progress.to_send.contains(&run.id)) {
-            self.send_resumed(run).await;
+            self.send_decided(run, false).await;
         }
         for run in progress.recorded.iter().filter(|run| progress.to_send_again.contains(&run.id)) {
-            self.send_again(run).await;
+            self.send_decided(run, true).await;
         }
         match result {
             Ok(()) => Ok(progress.recorded),
@@ -430,15 +437,12 @@ impl Lifecycle {
                     outcome = outcome.max(decided);
                 }
                 if outcome == DecideOutcome::Unchanged {
-                    // Decided already (by this batch, whose answer was lost,
-                    // or by an earlier one answered 503): sent again while
-                    // it waits for a worker, as a single decision is.
-                    if next.is_requeued_after_decisions() {
-                        progress.to_send_again.push(next.id);
-                    }
                     // A write whose answer was lost reads back as a repeat:
                     // the run moved on since the first read and every
-                    // decision stands as this batch's key made it.
+                    // decision stands as this batch's key made it. Its send
+                    // is owed; a run decided by an earlier request is sent
+                    // again, spaced, as a single decision is.
+                    let mut own_write = false;
                     if may_have_landed {
                         let read_first = first_versions.iter().find(|(id, _)| *id == next.id).map(|(_, v)| *v);
                         let ours = decisions.iter().all(|decision| {
@@ -448,6 +452,14 @@ impl Lifecycle {
                             })
                         });
                         progress.wrote |= ours && read_first.is_some_and(|version| next.version > version);
+                        own_write = ours;
+                    }
+                    if next.is_requeued_after_decisions() {
+                        if own_write {
+                            progress.to_send.push(next.id);
+                        } else {
+                            progress.to_send_again.push(next.id);
+                        }
                     }
                     done.push(position);
                     progress.recorded.push(next);

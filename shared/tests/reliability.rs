@@ -979,6 +979,44 @@ async fn a_decision_answered_503_after_it_landed_is_sent_by_its_retry() {
     assert_eq!(world.worker(Arc::new(Healthy)).process(&sent[0].1, &stop).await.unwrap(), Outcome::Succeeded);
 }
 
+/// A run decided, repeated, parked again and decided again within the
+/// spacing, the last decision's answer lost: that decision's own send is
+/// owed and made; the spacing only holds back repeats of another request.
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_park_decided_with_a_lost_answer_is_sent_within_the_spacing() {
+    use agent_runs_testkit::faults::{Fault, OnCalls};
+    let world = World::new().await;
+    // One process: the first decision writes, the second's answer is lost.
+    let api = world.api(OnCalls::nth("update", 2, Fault::ConflictAfter));
+    let body = json!({"agent": "script", "input": "approve First\napprove Second\nsay done"});
+    let (_, run) = world.call(&api, "POST", "/v1/agent/runs", body, None).await;
+    let id: RunId = run["id"].as_str().unwrap().parse().unwrap();
+    let (_stop, stop) = watch::channel(false);
+    let worker = world.worker(Arc::new(Healthy));
+    for (message_id, message) in world.queue.receive() {
+        worker.process(&message, &stop).await.unwrap();
+        world.queue.ack(message_id);
+    }
+    let first = world.run(id).await.approvals[0].id;
+    let path = format!("/v1/agent/runs/{id}/approvals/{first}");
+    for _ in 0..2 {
+        let (status, _) = world.call(&api, "POST", &path, json!({"decision": "approve"}), None).await;
+        assert_eq!(status, 200);
+    }
+    let sent = world.queue.receive();
+    assert_eq!(sent.len(), 1, "the decision sent, its repeat held back by the spacing");
+    worker.process(&sent[0].1, &stop).await.unwrap();
+    world.queue.ack(sent[0].0);
+    let parked = world.run(id).await;
+    assert_eq!(parked.status, RunStatus::AwaitingApproval, "parked again for the second");
+    let second = parked.approvals[1].id;
+    let (status, _) = world
+        .call(&api, "POST", &format!("/v1/agent/runs/{id}/approvals/{second}"), json!({"decision": "approve"}), None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(world.queue.receive().len(), 1, "the lost answer's own send is made, within the spacing");
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_batch_whose_answer_was_lost_still_sends_its_runs_once() {
     use agent_runs_testkit::faults::{Fault, OnCalls};

@@ -258,7 +258,9 @@ fn ends_the_run(kind: &str) -> bool {
 
 impl EventStream {
     /// `run_id`'s events after `after`, until the run's last one or
-    /// `ends_at`; `ended`: the run had ended when the stream began.
+    /// `ends_at`; `ended`: the run had ended when the stream began. No owner
+    /// or key is checked here: the events operation does that first.
+    #[doc(hidden)]
     pub fn new(runs: Arc<dyn RunStore>, run_id: RunId, after: u64, ended: bool, ends_at: Instant) -> Self {
         EventStream { runs, run_id, after, ended, ends_at, key: None, _hold: None }
     }

@@ -291,10 +291,16 @@ pub fn run_view_json(run: &Run) -> Result<std::sync::Arc<str>, StoreError> {
 }
 
 /// A replaced webhook secret as both stores keep it.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct StoredSecret {
     secret: String,
     until: Timestamp,
+}
+
+impl std::fmt::Debug for StoredSecret {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("StoredSecret").field("secret", &"<redacted>").field("until", &self.until).finish()
+    }
 }
 
 pub fn encode_previous_secrets(previous: &[PreviousSecret]) -> Vec<StoredSecret> {

@@ -1,0 +1,102 @@
+//! API keys in the table: `KEY#<hex of the key's SHA-256>` / `KEY`.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::{DynamoStore, Item, defect, n, s, text, unavailable};
+use crate::domain::{KeyId, Owner, Scopes, Timestamp};
+use crate::store::{KeyStore, StoreError, StoredKey};
+
+#[derive(Serialize, Deserialize)]
+struct KeyItem {
+    key_id: KeyId,
+    owner: Owner,
+    name: Option<String>,
+    created_at: Timestamp,
+    revoked_at: Option<Timestamp>,
+    /// Absent on keys from before scopes and keys made without `--scope`:
+    /// every scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scopes: Option<Vec<String>>,
+}
+
+fn key_pk(hash: &[u8; 32]) -> String {
+    format!("KEY#{}", hex::encode(hash))
+}
+
+fn decode_key(item: Item) -> Result<StoredKey, StoreError> {
+    let hash_hex = text(&item, "pk")?.strip_prefix("KEY#").ok_or_else(|| defect("key item without KEY# pk"))?;
+    let hash: [u8; 32] = hex::decode(hash_hex)
+        .ok()
+        .and_then(|bytes| bytes.try_into().ok())
+        .ok_or_else(|| defect("key item with a malformed hash"))?;
+    let key: KeyItem = serde_dynamo::from_item(item).map_err(|error| defect(format!("cannot decode key: {error}")))?;
+    Ok(StoredKey {
+        id: key.key_id,
+        owner: key.owner,
+        name: key.name,
+        hash,
+        created_at: key.created_at,
+        revoked_at: key.revoked_at,
+        scopes: Scopes::stored(key.scopes.as_ref().map(|names| names.iter().map(String::as_str))),
+    })
+}
+
+#[async_trait]
+impl KeyStore for DynamoStore {
+    async fn put_key(&self, key: &StoredKey) -> Result<(), StoreError> {
+        let record = KeyItem {
+            key_id: key.id,
+            owner: key.owner.clone(),
+            name: key.name.clone(),
+            created_at: key.created_at,
+            revoked_at: key.revoked_at,
+            scopes: key.scopes.to_stored().map(|names| names.into_iter().map(str::to_owned).collect()),
+        };
+        let mut item: Item = serde_dynamo::to_item(record).map_err(defect)?;
+        item.insert("pk".into(), s(key_pk(&key.hash)));
+        item.insert("sk".into(), s("KEY"));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn find_key(&self, hash: &[u8; 32]) -> Result<Option<StoredKey>, StoreError> {
+        self.get_item(key_pk(hash), "KEY".into()).await?.map(decode_key).transpose()
+    }
+
+    async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError> {
+        let mut keys = Vec::new();
+        for item in self.scan_kind("KEY").await? {
+            keys.push(decode_key(item)?);
+        }
+        keys.sort_by_key(|key| key.id);
+        Ok(keys)
+    }
+
+    async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError> {
+        let Some(key) = self.list_keys().await?.into_iter().find(|key| key.id == id) else {
+            return Ok(false);
+        };
+        if key.revoked_at.is_some() {
+            return Ok(true);
+        }
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(key_pk(&key.hash)))
+            .key("sk", s("KEY"))
+            .update_expression("SET revoked_at = :at")
+            .expression_attribute_values(":at", n(at.millis()))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(true)
+    }
+}
