@@ -2,7 +2,8 @@
 //! link that ends like a file (`.rs`, `.md`, `.sh`, ...) is found from the
 //! repository's root, from docs/ or from a crate's sources, a bare file
 //! name anywhere in the repository, and `infra/.../x.rs` under that folder.
-//! Paths outside the repository (`../shared/...`) and URLs are not checked.
+//! Paths outside the repository (`../shared/...`), what a run makes
+//! (`target/...`) and URLs are not checked.
 
 use std::path::{Path, PathBuf};
 
@@ -53,7 +54,10 @@ fn references(text: &str) -> Vec<String> {
             let pathlike = !candidate.is_empty()
                 && candidate.chars().all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c))
                 && FILE_ENDINGS.iter().any(|ending| candidate.ends_with(ending));
-            if pathlike && !candidate.starts_with("../") && !candidate.starts_with('/') {
+            // Outside the repository, or made by a run (build output).
+            let checked =
+                !candidate.starts_with("../") && !candidate.starts_with('/') && !candidate.starts_with("target/");
+            if pathlike && checked {
                 found.push(candidate.to_owned());
             }
             rest = &after[end + 1..];
