@@ -38,15 +38,15 @@ pub struct Lifecycle {
     max_active_runs: u32,
     /// Runs (at a version) sent for their decisions, and when (see
     /// [`Lifecycle::send_decided`]).
-    sent_again: Mutex<HashMap<(RunId, u64), Timestamp>>,
+    recent_sends: Mutex<HashMap<(RunId, u64), Timestamp>>,
 }
 
 /// A run is sent again for a repeated decision at most this often by one
 /// process: repeating a decision cannot flood the queue.
-const SEND_AGAIN_SPACING: Duration = Duration::from_secs(10);
-/// Runs remembered as sent again; beyond it, those past their spacing are
-/// forgotten (all of them if none is).
-const SENT_AGAIN_CAPACITY: usize = 10_000;
+const RESEND_SPACING: Duration = Duration::from_secs(10);
+/// Sends remembered; beyond it, those past their spacing are forgotten
+/// (all of them if none is).
+const RECENT_SENDS_CAPACITY: usize = 10_000;
 
 /// A run to start, as a client asked for it.
 pub struct NewRun {
@@ -124,10 +124,9 @@ pub struct BatchDecision {
 struct BatchProgress {
     /// The runs as stored: written by the batch, or found decided already.
     recorded: Vec<Run>,
-    /// Runs to send to the queue (their last pending approval was decided).
-    to_send: Vec<RunId>,
-    /// Runs found queued with every decision made: sent again.
-    to_send_again: Vec<RunId>,
+    /// Runs to send to the queue (their last pending approval was decided),
+    /// each with whether its send is spaced (see [`Lifecycle::send_decided`]).
+    to_send: Vec<(RunId, bool)>,
     /// Whether the batch wrote anything.
     wrote: bool,
 }
@@ -167,7 +166,7 @@ impl Lifecycle {
             ids: IdGenerator::default(),
             policy,
             max_active_runs,
-            sent_again: Mutex::default(),
+            recent_sends: Mutex::default(),
         }
     }
 
@@ -334,15 +333,13 @@ impl Lifecycle {
         // the worker's claim; a missing one would leave the run to the
         // sweeper's requeue a minute later.
         let requeued_unseen = outcome == Some(DecideOutcome::Unchanged) && run.is_requeued_after_decisions();
-        // This call's own write may have landed: its send is owed, unspaced.
-        let own_write = writes.may_have_landed;
         if outcome.is_none() {
             return Err(ChangeError::Refused(DecideRefused::Expired));
         }
-        if outcome == Some(DecideOutcome::Requeued) || (requeued_unseen && own_write) {
-            self.send_decided(&run, false).await;
-        } else if requeued_unseen {
-            self.send_decided(&run, true).await;
+        if outcome == Some(DecideOutcome::Requeued) || requeued_unseen {
+            // This call's own write (that may have landed) owes its send;
+            // only a repeat of another request's decision is spaced.
+            self.send_decided(&run, requeued_unseen && !writes.may_have_landed).await;
         }
         Ok(run)
     }
@@ -355,14 +352,14 @@ impl Lifecycle {
         let now = self.clock.now();
         let key = (run.id, run.version);
         let sent_lately =
-            || crate::lock(&self.sent_again).get(&key).is_some_and(|at| now.since(*at) < SEND_AGAIN_SPACING);
+            || crate::lock(&self.recent_sends).get(&key).is_some_and(|at| now.since(*at) < RESEND_SPACING);
         if (spaced && sent_lately()) || !self.send_resumed(run).await {
             return;
         }
-        let mut sent = crate::lock(&self.sent_again);
-        if sent.len() >= SENT_AGAIN_CAPACITY {
-            sent.retain(|_, at| now.since(*at) < SEND_AGAIN_SPACING);
-            if sent.len() >= SENT_AGAIN_CAPACITY {
+        let mut sent = crate::lock(&self.recent_sends);
+        if sent.len() >= RECENT_SENDS_CAPACITY {
+            sent.retain(|_, at| now.since(*at) < RESEND_SPACING);
+            if sent.len() >= RECENT_SENDS_CAPACITY {
                 sent.clear();
             }
         }
@@ -392,11 +389,10 @@ impl Lifecycle {
         let result = self.record_batch(runs, &mut progress).await;
         // Whatever was written is sent, however the batch ended; runs
         // decided before, as a repeated single decision sends them.
-        for run in progress.recorded.iter().filter(|run| progress.to_send.contains(&run.id)) {
-            self.send_decided(run, false).await;
-        }
-        for run in progress.recorded.iter().filter(|run| progress.to_send_again.contains(&run.id)) {
-            self.send_decided(run, true).await;
+        for (run_id, spaced) in &progress.to_send {
+            if let Some(run) = progress.recorded.iter().find(|run| run.id == *run_id) {
+                self.send_decided(run, *spaced).await;
+            }
         }
         match result {
             Ok(()) => Ok(progress.recorded),
@@ -455,11 +451,7 @@ impl Lifecycle {
                         own_write = ours;
                     }
                     if next.is_requeued_after_decisions() {
-                        if own_write {
-                            progress.to_send.push(next.id);
-                        } else {
-                            progress.to_send_again.push(next.id);
-                        }
+                        progress.to_send.push((next.id, !own_write));
                     }
                     done.push(position);
                     progress.recorded.push(next);
@@ -472,7 +464,7 @@ impl Lifecycle {
             let written = result.as_ref().map_or_else(|failed| failed.written, |()| writes.len());
             for ((position, _, outcome), run) in changed.iter().zip(writes).take(written) {
                 if *outcome == DecideOutcome::Requeued {
-                    progress.to_send.push(run.id);
+                    progress.to_send.push((run.id, false));
                 }
                 progress.wrote = true;
                 done.push(*position);

@@ -932,16 +932,15 @@ async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
     assert_eq!(sent.len(), 1, "the run is sent now, not a minute later by the sweeper");
     // Repeated at once, it is not sent again: one process (this Api) sends a
     // run for repeats at most every 10 s, so repeats cannot flood the queue.
-    let healthy = &api;
     for _ in 0..3 {
-        let (status, _) = world.call(&healthy, "POST", &path, json!({"decision": "approve"}), None).await;
+        let (status, _) = world.call(&api, "POST", &path, json!({"decision": "approve"}), None).await;
         assert_eq!(status, 200);
     }
     assert!(world.queue.receive().is_empty(), "repeats moments later send nothing more");
     // Later, a repeat while the run still waits sends it again; the worker
     // runs it once and drops the duplicate.
     world.clock.advance(Duration::from_secs(11));
-    let (status, _) = world.call(&healthy, "POST", &path, json!({"decision": "approve"}), None).await;
+    let (status, _) = world.call(&api, "POST", &path, json!({"decision": "approve"}), None).await;
     assert_eq!(status, 200);
     let again = world.queue.receive();
     assert_eq!(again.len(), 1, "a later repeat sends the queued run again");
@@ -951,7 +950,7 @@ async fn a_last_decision_whose_answer_was_lost_still_sends_the_run() {
     assert_eq!(worker.process(&again[0].1, &stop).await.unwrap(), Outcome::Dropped);
     // Once the run has moved on, a repeat sends nothing.
     world.clock.advance(Duration::from_secs(11));
-    let (status, _) = world.call(&healthy, "POST", &path, json!({"decision": "approve"}), None).await;
+    let (status, _) = world.call(&api, "POST", &path, json!({"decision": "approve"}), None).await;
     assert_eq!(status, 200);
     assert!(world.queue.receive().is_empty(), "no message for a run that has moved on");
     world.assert_active_count_is_true("after the run").await;
@@ -1044,12 +1043,11 @@ async fn a_batch_whose_answer_was_lost_still_sends_its_runs_once() {
     // Repeated at once, the batch sends nothing more; later, while the runs
     // still wait for a worker (as after a 503 whose write landed), it sends
     // them again.
-    let healthy = &api;
-    let (status, _) = world.call(&healthy, "POST", "/v1/approvals/batch", body.clone(), None).await;
+    let (status, _) = world.call(&api, "POST", "/v1/approvals/batch", body.clone(), None).await;
     assert_eq!(status, 200);
     assert!(world.queue.receive().is_empty(), "a batch repeated at once sends nothing more");
     world.clock.advance(Duration::from_secs(11));
-    let (status, _) = world.call(&healthy, "POST", "/v1/approvals/batch", body.clone(), None).await;
+    let (status, _) = world.call(&api, "POST", "/v1/approvals/batch", body.clone(), None).await;
     assert_eq!(status, 200);
     assert_eq!(world.queue.receive().len(), 2, "a later repeated batch sends its waiting runs again");
     for run_id in [first, second] {

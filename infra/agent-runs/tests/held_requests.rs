@@ -56,6 +56,11 @@ fn waiting_run(server: &Server, key: &str) -> String {
     id
 }
 
+/// The `id:` of the last message a stream sent.
+fn last_event_id(stream_text: &str) -> String {
+    stream_text.lines().rev().find_map(|line| line.strip_prefix("id: ")).expect("a message with an id").to_owned()
+}
+
 fn events_path(id: &str) -> String {
     format!("/v1/agent/runs/{id}/events")
 }
@@ -129,7 +134,7 @@ fn a_stream_is_ended_after_its_lifetime_and_resumes_where_it_stopped() {
     assert!(text.contains("event: run.awaiting_approval"), "{text}");
 
     // The client resumes after the last id it saw, and gets only what is new.
-    let last_id = text.lines().filter_map(|line| line.strip_prefix("id: ")).last().unwrap().to_owned();
+    let last_id = last_event_id(&text);
     let (mut resumed, head, _) =
         open_stream(&server, &key, &events_path(&id), &format!("Last-Event-ID: {last_id}\r\n"));
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -157,7 +162,7 @@ fn a_revoked_key_s_stream_and_long_poll_end_and_see_no_later_event() {
     let (seen, _) = read_for(&mut stream, Duration::from_secs(5), |text| text.contains("run.awaiting_approval"));
     let seen = first + &seen;
     assert!(seen.contains("event: run.awaiting_approval"), "{seen}");
-    let last = seen.lines().filter_map(|line| line.strip_prefix("id: ")).last().unwrap().to_owned();
+    let last = last_event_id(&seen);
     let poll = {
         let client = support::http_client().timeout(Duration::from_secs(30)).build().unwrap();
         let url = format!("{}{}?after={last}&wait=20", server.base, events_path(&id));

@@ -166,20 +166,15 @@ pub(super) async fn handle(
         if held.is_none() {
             held = Some((api.holds.take(owner)?, api.key_check(request)));
         }
-        match held.as_mut().and_then(|(_, key)| key.as_mut()) {
-            Some(key) => {
-                if !key.still_valid().await? {
-                    return Err(ApiError::Unauthorized);
-                }
-                if !waiting.until(key.due_at().min(deadline)).await && Instant::now() >= deadline {
-                    break page;
-                }
+        let mut wake = deadline;
+        if let Some(key) = held.as_mut().and_then(|(_, key)| key.as_mut()) {
+            if !key.still_valid().await? {
+                return Err(ApiError::Unauthorized);
             }
-            None => {
-                if !waiting.until(deadline).await {
-                    break page;
-                }
-            }
+            wake = key.due_at().min(deadline);
+        }
+        if !waiting.until(wake).await && Instant::now() >= deadline {
+            break page;
         }
     };
     Ok(json_response(StatusCode::OK, &page_view(run_id, after, &page)?))

@@ -46,13 +46,12 @@ class ApiError extends Error {}
 async function api(path, options = {}) {
   const key = sessionStorage.getItem(KEY);
   const headers = Object.assign({ Authorization: "Bearer " + key }, options.headers || {});
-  // `text`: a JSON body sent as it is (see the edit in approvalView).
-  const payload = options.text !== undefined ? options.text : options.body === undefined ? undefined : JSON.stringify(options.body);
-  if (payload !== undefined) headers["Content-Type"] = "application/json";
+  // `text`: the JSON body, as text (an edit's arguments go as typed).
+  if (options.text !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(BASE + path, {
     method: options.method || "GET",
     headers,
-    body: payload,
+    body: options.text,
     signal: options.signal,
   });
   if (options.raw) return response;
@@ -227,6 +226,17 @@ function markCurrent() {
   }
 }
 
+// What is wrong with edited arguments, or "" when they are a JSON object.
+function argumentsProblem(text) {
+  let parsed;
+  try {
+    parsed = JSON.parse(text);
+  } catch (error) {
+    return "Not JSON: " + error.message;
+  }
+  return parsed && typeof parsed === "object" && !Array.isArray(parsed) ? "" : "The arguments must be a JSON object.";
+}
+
 function approvalView(run, approval) {
   const box = el("div", { class: "approval", "data-approval": approval.id });
   box.addEventListener("click", () => {
@@ -255,39 +265,25 @@ function approvalView(run, approval) {
     editor.value = JSON.stringify(approval.arguments, null, 2);
     problem = el("div", { class: "invalid", role: "status" });
     editor.addEventListener("input", () => {
-      try {
-        const parsed = JSON.parse(editor.value);
-        problem.textContent = parsed && typeof parsed === "object" && !Array.isArray(parsed) ? "" : "The arguments must be a JSON object.";
-      } catch (error) {
-        problem.textContent = "Not JSON: " + error.message;
-      }
+      problem.textContent = argumentsProblem(editor.value);
     });
     box.append(editor, problem);
   }
   const decide = async (decision) => {
     const body = { decision, comment: comment.value || null };
     if (approval.arguments_sha256) body.arguments_sha256 = approval.arguments_sha256;
-    let text;
+    let text = JSON.stringify(body);
     if (decision === "edit") {
-      let parsed;
-      try {
-        parsed = JSON.parse(editor.value);
-      } catch (error) {
-        problem.textContent = "Not JSON: " + error.message;
-        return;
-      }
-      if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) {
-        problem.textContent = "The arguments must be a JSON object.";
-        return;
-      }
+      problem.textContent = argumentsProblem(editor.value);
+      if (problem.textContent) return;
       // The arguments go as typed, never through JSON.parse and back: a
       // number no double holds would silently become another one. The
       // service refuses such numbers with a message saying so.
-      text = JSON.stringify(body).slice(0, -1) + ',"arguments":' + editor.value + "}";
+      text = text.slice(0, -1) + ',"arguments":' + editor.value + "}";
     }
     try {
       const path = "/v1/agent/runs/" + encodeURIComponent(run.id) + "/approvals/" + encodeURIComponent(approval.id);
-      const decided = await api(path, text === undefined ? { method: "POST", body } : { method: "POST", text });
+      const decided = await api(path, { method: "POST", text });
       notice("Recorded: " + decision + ".", true);
       renderRun(decided);
       if (state.view === "inbox") loadList(false, true);
