@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::metrics::{EmfSink, MeasuredStore, MetricsSink};
+use crate::metrics::{EmfSink, Measured, MetricsSink};
 use crate::queue::{NoQueue, RunQueue, SqsQueue, WebhookQueue};
 use crate::sdk::{sdk_config, store_call_timeouts};
 use crate::services::{Adapters, CacheDefaults, Services};
@@ -60,7 +60,7 @@ impl AwsServices {
         };
         crate::telemetry::init(&config.traces)?;
         let sink = config.emf_metrics.then(|| Arc::new(EmfSink) as Arc<dyn MetricsSink>);
-        let runs = MeasuredStore::wrap(Arc::new(store.clone()), sink);
+        let runs = Measured::wrap(Arc::new(store.clone()), sink);
         let adapters = Adapters {
             runs,
             keys: Arc::new(store.clone()),

@@ -1,7 +1,7 @@
 //! Run metrics, read off the events every write of a run carries: a run
 //! created, started for the first time (its queue wait), ended (outcome,
 //! execution time, tokens, tool calls), an approval decided (how long it
-//! waited). [`MeasuredStore`] wraps any run store and reports what its
+//! waited). [`Measured`] hooks any run store and reports what its
 //! successful writes committed, so every process and path counts the same
 //! way: `agent-runs serve` keeps them for `GET /metrics` (Prometheus text),
 //! a Lambda function prints CloudWatch Embedded Metric Format lines. The
@@ -15,11 +15,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::domain::{AttemptOutcome, Clock, EventData, Owner, Run, RunId, RunStatus, Timestamp};
-use crate::store::{
-    BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
-    ListRequest, RunStore, StoreError, ViewPage,
-};
+use crate::domain::{AttemptOutcome, Clock, EventData, Run, RunStatus, Timestamp};
+use crate::store::{Answer, Call, Hooks, Layered, Store, StoreError};
 use crate::telemetry;
 
 /// One thing that happened to a run, as metrics count it.
@@ -277,112 +274,44 @@ impl MetricsSink for EmfSink {
     }
 }
 
-/// Reports what `inner`'s writes committed: observations to `sink` (when
+/// Reports what a store's writes committed: observations to `sink` (when
 /// metrics are on) and the spans they end (when traces are).
-pub struct MeasuredStore {
-    inner: Arc<dyn RunStore>,
+pub struct Measured {
     sink: Option<Arc<dyn MetricsSink>>,
 }
 
-impl MeasuredStore {
-    pub fn new(inner: Arc<dyn RunStore>, sink: Option<Arc<dyn MetricsSink>>) -> Self {
-        MeasuredStore { inner, sink }
-    }
-
+impl Measured {
     /// `inner`, measured when metrics or traces are on.
-    pub fn wrap(inner: Arc<dyn RunStore>, sink: Option<Arc<dyn MetricsSink>>) -> Arc<dyn RunStore> {
+    pub fn wrap(inner: Arc<dyn Store>, sink: Option<Arc<dyn MetricsSink>>) -> Arc<dyn Store> {
         if sink.is_none() && !telemetry::enabled() {
             return inner;
         }
-        Arc::new(MeasuredStore::new(inner, sink))
-    }
-
-    fn record(&self, observations: &[Observation]) {
-        if let Some(sink) = &self.sink {
-            sink.record(observations);
-        }
+        Arc::new(Layered::new(inner, Measured { sink }))
     }
 }
 
 #[async_trait]
-impl RunStore for MeasuredStore {
-    async fn insert(
-        &self,
-        run: &mut Run,
-        idempotency: Option<&IdempotencyClaim>,
-        max_active: u32,
-    ) -> Result<InsertOutcome, StoreError> {
-        let seen = observations(run);
-        let outcome = self.inner.insert(run, idempotency, max_active).await?;
-        if matches!(outcome, InsertOutcome::Inserted) {
-            self.record(&seen);
-        }
-        Ok(outcome)
+impl Hooks for Measured {
+    /// Per run the call writes, what committing it tells.
+    type Seen = Vec<(Vec<Observation>, Vec<telemetry::Ended>)>;
+
+    async fn before(&self, call: Call<'_>) -> Result<Self::Seen, StoreError> {
+        let seen = |run: &Run| (observations(run), telemetry::ended_by(run));
+        Ok(match call {
+            Call::Insert(run) | Call::Update(run) => vec![seen(run)],
+            Call::UpdateBatch(runs) => runs.iter().map(seen).collect(),
+            _ => Vec::new(),
+        })
     }
 
-    async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError> {
-        self.inner.undo_create(run, idempotency_key_hash).await
-    }
-
-    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
-        self.inner.active_runs(owner).await
-    }
-
-    async fn settle_counts(
-        &self,
-        now: Timestamp,
-        deadline: Option<std::time::Instant>,
-    ) -> Result<crate::store::Settled, StoreError> {
-        self.inner.settle_counts(now, deadline).await
-    }
-
-    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        self.inner.get(owner, run_id).await
-    }
-
-    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
-        let seen = observations(run);
-        let ended = telemetry::ended_by(run);
-        self.inner.update(run).await?;
-        self.record(&seen);
-        telemetry::send(ended);
-        Ok(())
-    }
-
-    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError> {
-        let seen: Vec<(Vec<Observation>, Vec<telemetry::Ended>)> =
-            runs.iter().map(|run| (observations(run), telemetry::ended_by(run))).collect();
-        let result = self.inner.update_batch(runs).await;
-        let written = result.as_ref().map_or_else(|failed| failed.written, |()| runs.len());
-        for (observed, ended) in seen.into_iter().take(written) {
-            self.record(&observed);
+    async fn after(&self, _call: Call<'_>, seen: Self::Seen, answer: Answer) -> Option<StoreError> {
+        for (observed, ended) in seen.into_iter().take(answer.written) {
+            if let Some(sink) = &self.sink {
+                sink.record(&observed);
+            }
             telemetry::send(ended);
         }
-        result
-    }
-
-    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
-        self.inner.list(owner, request).await
-    }
-
-    async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
-        self.inner.list_views(owner, request).await
-    }
-
-    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
-        self.inner.inbox(owner, request).await
-    }
-
-    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
-        self.inner.due(until, after, limit).await
-    }
-
-    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
-        self.inner.events(run_id, after, limit).await
-    }
-
-    fn event_signal(&self, run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.event_signal(run_id)
+        None
     }
 }
 
@@ -392,7 +321,7 @@ mod tests {
 
     use super::*;
     use crate::domain::{
-        ApprovalId, ApprovalRequest, Decision, DecisionRequest, ExecutionPolicy, Owner as RunOwner, Usage,
+        ApprovalId, ApprovalRequest, Decision, DecisionRequest, ExecutionPolicy, Owner as RunOwner, RunId, Usage,
     };
 
     const T0: i64 = 1_795_303_478_123;

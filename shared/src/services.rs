@@ -15,14 +15,14 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::domain::{Clock, SystemClock};
 use crate::queue::RunQueue;
-use crate::store::{AgentStore, KeyStore, RunStore, WebhookStore};
+use crate::store::{AgentStore, KeyStore, Store, WebhookStore};
 use crate::webhooks::{Deliverer, DeliveryPolicy};
 use crate::worker::{Sweeper, Worker};
 
 /// The ports, as one deployment implements them.
 #[derive(Clone)]
 pub struct Adapters {
-    pub runs: Arc<dyn RunStore>,
+    pub runs: Arc<dyn Store>,
     pub keys: Arc<dyn KeyStore>,
     pub agents: Arc<dyn AgentStore>,
     pub webhooks: Arc<dyn WebhookStore>,

@@ -9,67 +9,41 @@ use agent_runs_shared::domain::{
 };
 use agent_runs_shared::lifecycle::{BatchDecision, Lifecycle};
 use agent_runs_shared::queue::InProcessQueue;
-use agent_runs_shared::store::{
-    BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
-    ListRequest, RunStore, StoreError,
-};
+use agent_runs_shared::store::{Answer, Call, Hooks, Layered, RunStore, StoreError};
 use agent_runs_store_sqlite::{Durability, SqliteStore};
 use async_trait::async_trait;
 use ulid::Ulid;
 
 const T0: i64 = 1_795_303_478_123;
 
-/// A SQLite store whose first batch write finds these decisions, by
-/// another key, made just before it (and so conflicts).
+/// Before a SQLite store's first batch write, makes these decisions by
+/// another key (so the batch conflicts).
 struct Raced {
-    inner: SqliteStore,
+    store: Arc<SqliteStore>,
     before_first_batch: Mutex<Option<Vec<(RunId, Decision)>>>,
 }
 
 #[async_trait]
-impl RunStore for Raced {
-    async fn insert(
-        &self,
-        run: &mut Run,
-        idem: Option<&IdempotencyClaim>,
-        max: u32,
-    ) -> Result<InsertOutcome, StoreError> {
-        self.inner.insert(run, idem, max).await
-    }
-    async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
-        self.inner.undo_create(run, key).await
-    }
-    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
-        self.inner.active_runs(owner).await
-    }
-    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        self.inner.get(owner, run_id).await
-    }
-    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
-        self.inner.update(run).await
-    }
-    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError> {
+impl Hooks for Raced {
+    type Seen = ();
+
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        if !matches!(call, Call::UpdateBatch(_)) {
+            return Ok(());
+        }
         let race = self.before_first_batch.lock().unwrap().take();
         for (run_id, decision) in race.into_iter().flatten() {
-            let mut run = self.inner.get(&owner(), run_id).await.unwrap().unwrap();
+            let mut run = self.store.get(&owner(), run_id).await.unwrap().unwrap();
             let request = DecisionRequest { decision, comment: None, seen_sha256: None, decided_by: Some(key(9)) };
             run.decide(run.approvals[0].id, request, Timestamp::from_millis(T0 + 50), &ExecutionPolicy::default())
                 .unwrap();
-            self.inner.update(&mut run).await.unwrap();
+            self.store.update(&mut run).await.unwrap();
         }
-        self.inner.update_batch(runs).await
+        Ok(())
     }
-    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
-        self.inner.list(owner, request).await
-    }
-    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
-        self.inner.inbox(owner, request).await
-    }
-    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
-        self.inner.due(until, after, limit).await
-    }
-    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
-        self.inner.events(run_id, after, limit).await
+
+    async fn after(&self, _call: Call<'_>, (): (), _answer: Answer) -> Option<StoreError> {
+        None
     }
 }
 
@@ -104,11 +78,12 @@ async fn awaiting(store: &SqliteStore, n: u128) -> Run {
 #[tokio::test]
 async fn a_batch_beaten_by_another_key_does_not_claim_to_have_recorded_anything() {
     let dir = tempfile::tempdir().unwrap();
-    let inner = SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap();
-    let (first, second) = (awaiting(&inner, 1).await, awaiting(&inner, 2).await);
+    let sqlite = Arc::new(SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap());
+    let (first, second) = (awaiting(&sqlite, 1).await, awaiting(&sqlite, 2).await);
     // Another key approves the first run (as the batch will) and rejects the second.
     let race = vec![(first.id, Decision::Approve), (second.id, Decision::Reject)];
-    let store = Arc::new(Raced { inner, before_first_batch: Mutex::new(Some(race)) });
+    let raced = Raced { store: sqlite.clone(), before_first_batch: Mutex::new(Some(race)) };
+    let store = Arc::new(Layered::new(sqlite, raced));
     let (queue, _receiver) = InProcessQueue::new();
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0 + 100)));
     let lifecycle = Lifecycle::new(store.clone(), Arc::new(queue), clock, ExecutionPolicy::default(), 100);

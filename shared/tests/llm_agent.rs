@@ -15,7 +15,7 @@ use agent_runs_shared::domain::{
     IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage, canonical_json,
 };
 use agent_runs_shared::queue::RunMessage;
-use agent_runs_shared::store::{AgentStore, RunStore};
+use agent_runs_shared::store::{AgentStore, EventLog, RunStore};
 use agent_runs_shared::worker::{Outcome, Worker};
 use agent_runs_store_sqlite::{Durability, SqliteStore};
 use agent_runs_testkit::faults::{Fault, FaultPlan, OnCalls};
@@ -119,8 +119,8 @@ impl Fixture {
 
     /// A worker whose store calls fail as `plan` says, under `policy`.
     fn faulty_worker(&self, plan: Arc<dyn FaultPlan>, policy: &ExecutionPolicy) -> Worker {
-        let store = agent_runs_testkit::faults::FaultyStore::new(Arc::new(self.store.clone()), plan);
-        Worker::new(Arc::new(store), self.agents.clone(), self.clock.clone(), policy.clone())
+        let store = agent_runs_testkit::faults::Faults::store(Arc::new(self.store.clone()), plan);
+        Worker::new(store, self.agents.clone(), self.clock.clone(), policy.clone())
     }
 
     async fn create(&self, input: &str) -> RunMessage {

@@ -11,7 +11,7 @@ use agent_runs_shared::queue::InProcessQueue;
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
 use agent_runs_shared::store::{KeyStore, RunStore};
 use agent_runs_store_sqlite::{Durability, SqliteStore};
-use agent_runs_testkit::faults::{FailNext, FaultyStore};
+use agent_runs_testkit::faults::{FailNext, Faults};
 use bytes::Bytes;
 use tokio::sync::watch;
 
@@ -62,7 +62,7 @@ async fn a_failed_request_and_a_run_log_their_cause_with_request_owner_run_and_t
     let outage = FailNext::new();
     let (queue, receiver) = InProcessQueue::new();
     let adapters = Adapters {
-        runs: Arc::new(FaultyStore::new(sqlite.clone(), outage.clone())),
+        runs: Faults::store(sqlite.clone(), outage.clone()),
         keys: sqlite.clone(),
         agents: sqlite.clone(),
         webhooks: sqlite.clone(),

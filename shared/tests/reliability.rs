@@ -18,11 +18,12 @@ use agent_runs_shared::domain::{
 };
 use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
 use agent_runs_shared::store::{
-    DueRun, EventPage, IdempotencyClaim, InsertOutcome, KeyStore, ListPage, ListRequest, RunStore, StoreError,
+    Answer, Call, EventLog, Hooks, KeyStore, Layered, ListRequest, RunLists, RunStore, Store, StoreError,
 };
 use agent_runs_shared::worker::{Outcome, Sweeper, Worker, abandon_dead_letter};
 use agent_runs_store_sqlite::{Durability, SqliteStore};
-use agent_runs_testkit::faults::{CrashAt, FaultPlan, FaultyQueue, FaultyStore, Healthy, RandomFailures};
+use agent_runs_testkit::faults::{CrashAt, FaultPlan, Faults, FaultyQueue, Healthy, RandomFailures};
+use agent_runs_testkit::stores::ActiveRuns;
 use async_trait::async_trait;
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -99,64 +100,29 @@ impl RunQueue for SimQueue {
 }
 
 /// Counts the writes that end each run: exactly one per run, ever.
-struct Observed {
-    inner: Arc<dyn RunStore>,
-    terminal_writes: Mutex<HashMap<RunId, usize>>,
-}
+#[derive(Default)]
+struct TerminalWrites(Mutex<HashMap<RunId, usize>>);
 
 #[async_trait]
-impl RunStore for Observed {
-    async fn insert(
-        &self,
-        run: &mut Run,
-        idem: Option<&IdempotencyClaim>,
-        max: u32,
-    ) -> Result<InsertOutcome, StoreError> {
-        self.inner.insert(run, idem, max).await
-    }
-    async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
-        self.inner.undo_create(run, key).await
-    }
-    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
-        self.inner.active_runs(owner).await
-    }
-    async fn settle_counts(
-        &self,
-        now: Timestamp,
-        deadline: Option<std::time::Instant>,
-    ) -> Result<agent_runs_shared::store::Settled, StoreError> {
-        self.inner.settle_counts(now, deadline).await
-    }
-    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        self.inner.get(owner, run_id).await
-    }
-    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
-        self.inner.update(run).await?;
-        if run.status.is_terminal() {
-            *self.terminal_writes.lock().unwrap().entry(run.id).or_default() += 1;
-        }
+impl Hooks for TerminalWrites {
+    type Seen = ();
+
+    async fn before(&self, _call: Call<'_>) -> Result<(), StoreError> {
         Ok(())
     }
-    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
-        self.inner.list(owner, request).await
-    }
-    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), agent_runs_shared::store::BatchWriteError> {
-        self.inner.update_batch(runs).await
-    }
-    async fn inbox(
-        &self,
-        owner: &Owner,
-        request: agent_runs_shared::store::InboxRequest,
-    ) -> Result<agent_runs_shared::store::InboxPage, StoreError> {
-        self.inner.inbox(owner, request).await
-    }
-    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
-        self.inner.due(until, after, limit).await
-    }
-    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
-        self.inner.events(run_id, after, limit).await
+
+    async fn after(&self, call: Call<'_>, (): (), answer: Answer) -> Option<StoreError> {
+        if let Call::Update(run) = call
+            && answer.written == 1
+            && run.status.is_terminal()
+        {
+            *self.0.lock().unwrap().entry(run.id).or_default() += 1;
+        }
+        None
     }
 }
+
+type Observed = Layered<SqliteStore, TerminalWrites>;
 
 /// Which process crashes, and where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,7 +171,7 @@ impl World {
         sqlite.put_key(&issued.stored).await.unwrap();
         World {
             _dir: dir,
-            store: Arc::new(Observed { inner: sqlite.clone(), terminal_writes: Mutex::default() }),
+            store: Arc::new(Layered::new(sqlite.clone(), TerminalWrites::default())),
             keys: sqlite,
             queue: SimQueue::new(clock.clone()),
             clock,
@@ -215,8 +181,8 @@ impl World {
         }
     }
 
-    fn store_for(&self, plan: Arc<dyn FaultPlan>) -> Arc<dyn RunStore> {
-        Arc::new(FaultyStore::new(self.store.clone(), plan))
+    fn store_for(&self, plan: Arc<dyn FaultPlan>) -> Arc<dyn Store> {
+        Faults::store(self.store.clone(), plan)
     }
 
     fn api(&self, plan: Arc<dyn FaultPlan>) -> Api {
@@ -492,7 +458,7 @@ async fn run_schedule(seed: u64, tally: &mut Tally) {
     world.assert_active_count_is_true(&format!("seed {seed}")).await;
     tally.latest_finish = tally.latest_finish.max(world.clock.now().since(started));
 
-    let writes = world.store.terminal_writes.lock().unwrap().clone();
+    let writes = world.store.hooks().0.lock().unwrap().clone();
     for (id, kind) in &accepted {
         let run = &terminal[id];
         assert_eq!(writes.get(id), Some(&1), "seed {seed}: a run must end exactly once");
@@ -620,7 +586,7 @@ async fn races_have_exactly_one_winner_and_the_loser_gets_409_or_drops_the_messa
         assert!(
             [first, second].iter().all(|o| matches!(o, Outcome::Succeeded | Outcome::Dropped | Outcome::LostLease))
         );
-        assert!(world.store.terminal_writes.lock().unwrap().values().all(|writes| *writes == 1));
+        assert!(world.store.hooks().0.lock().unwrap().values().all(|writes| *writes == 1));
         *outcomes.entry("two workers and a cancel").or_default().entry(format!("{:?}", run.status)).or_default() += 1;
     }
     let report = format!("races, {RACES} of each: {outcomes:#?}\n");
@@ -775,7 +741,7 @@ async fn a_send_that_delivers_but_reports_a_failure_never_deletes_the_run_it_sta
     let (status, again) = world.call(&world.api(Arc::new(Healthy)), "POST", "/v1/agent/runs", body, Some("k")).await;
     assert_eq!((status, &again["id"]), (201, &first["id"]));
     assert_eq!(world.all_runs().await.len(), 1);
-    assert!(world.store.terminal_writes.lock().unwrap().values().all(|writes| *writes == 1));
+    assert!(world.store.hooks().0.lock().unwrap().values().all(|writes| *writes == 1));
 }
 
 #[tokio::test(flavor = "current_thread")]

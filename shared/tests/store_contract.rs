@@ -13,11 +13,12 @@ use agent_runs_shared::domain::{
     Run, RunId, RunStatus, Scope, Scopes, Timestamp,
 };
 use agent_runs_shared::store::{
-    AgentStore, DueRun, DynamoStore, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore, ListRequest,
-    Migrated, RunStore, StoreError, StoredKey,
+    AgentStore, DueRun, DynamoStore, EventLog, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore,
+    ListRequest, Migrated, RunLists, RunStore, StoreError, StoredKey, Upkeep,
 };
 use agent_runs_store_sqlite::{Durability, SqliteStore};
 use agent_runs_testkit::faults::AwsError;
+use agent_runs_testkit::stores::TestStore;
 use ulid::Ulid;
 
 const T0: u64 = 1_795_303_478_123;
@@ -40,11 +41,11 @@ fn claim(key: &str, request: &str, at: u64) -> IdempotencyClaim {
     }
 }
 
-async fn insert(store: &dyn RunStore, run: &mut Run) {
+async fn insert(store: &dyn TestStore, run: &mut Run) {
     assert!(matches!(store.insert(run, None, 1_000).await.unwrap(), InsertOutcome::Inserted));
 }
 
-async fn get_returns_what_insert_wrote_and_only_to_its_owner(store: &dyn RunStore) {
+async fn get_returns_what_insert_wrote_and_only_to_its_owner(store: &dyn TestStore) {
     let mut run = new_run("acme", 0, 1);
     run.metadata.insert("ticket".into(), "OPS-42".into());
     insert(store, &mut run).await;
@@ -54,7 +55,7 @@ async fn get_returns_what_insert_wrote_and_only_to_its_owner(store: &dyn RunStor
     assert_eq!(store.get(&owner("acme"), missing).await.unwrap(), None);
 }
 
-async fn update_is_conditional_on_the_version_read(store: &dyn RunStore) {
+async fn update_is_conditional_on_the_version_read(store: &dyn TestStore) {
     let mut run = new_run("acme", 0, 2);
     insert(store, &mut run).await;
     let mut first = store.get(&owner("acme"), run.id).await.unwrap().unwrap();
@@ -78,7 +79,7 @@ async fn update_is_conditional_on_the_version_read(store: &dyn RunStore) {
     assert_eq!(store.get(&owner("acme"), run.id).await.unwrap().unwrap(), first);
 }
 
-async fn idempotency_keys_are_reserved_atomically_with_the_run(store: &dyn RunStore) {
+async fn idempotency_keys_are_reserved_atomically_with_the_run(store: &dyn TestStore) {
     let mut first = new_run("acme", 0, 10);
     let outcome = store.insert(&mut first, Some(&claim("k1", "r1", T0)), 1_000).await.unwrap();
     assert!(matches!(outcome, InsertOutcome::Inserted));
@@ -113,7 +114,7 @@ async fn idempotency_keys_are_reserved_atomically_with_the_run(store: &dyn RunSt
     ));
 }
 
-async fn insert_refuses_past_the_active_run_limit(store: &dyn RunStore) {
+async fn insert_refuses_past_the_active_run_limit(store: &dyn TestStore) {
     let mut runs: Vec<Run> = (0..3).map(|i| new_run("busy", i, 20 + i as u128)).collect();
     for run in &mut runs[..2] {
         assert!(matches!(store.insert(run, None, 2).await.unwrap(), InsertOutcome::Inserted));
@@ -144,7 +145,7 @@ async fn insert_refuses_past_the_active_run_limit(store: &dyn RunStore) {
 /// A create is undone only while its run is exactly as inserted: a run a
 /// worker claimed, or one that finished, is kept with its idempotency
 /// record, and the active-run count is not touched.
-async fn undo_create_keeps_a_run_that_moved_on(store: &dyn RunStore) {
+async fn undo_create_keeps_a_run_that_moved_on(store: &dyn TestStore) {
     let policy = ExecutionPolicy::default();
     let who = owner("undo");
     let mut claimed = new_run("undo", 0, 30);
@@ -178,7 +179,7 @@ async fn undo_create_keeps_a_run_that_moved_on(store: &dyn RunStore) {
     assert_eq!(store.active_runs(&who).await.unwrap(), 0);
 }
 
-async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(store: &dyn RunStore) {
+async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(store: &dyn TestStore) {
     let who = owner("lister");
     let mut runs: Vec<Run> = (0..7).map(|i| new_run("lister", i * 10, 100 + i as u128)).collect();
     for run in &mut runs {
@@ -214,7 +215,7 @@ async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(store: &dyn 
 
 /// Every page of `request`, with the cursor a client would send, checking
 /// that only the last one says no more runs follow.
-async fn every_page(store: &dyn RunStore, owner: &Owner, request: ListRequest) -> Vec<Vec<RunId>> {
+async fn every_page(store: &dyn TestStore, owner: &Owner, request: ListRequest) -> Vec<Vec<RunId>> {
     let mut pages = Vec::new();
     let mut before = None;
     loop {
@@ -233,7 +234,7 @@ async fn every_page(store: &dyn RunStore, owner: &Owner, request: ListRequest) -
 /// Runs as large as the API allows (a 64 KiB input, echoed as the output):
 /// DynamoDB answers a Query with at most 1 MB, about 7 of them, and the
 /// store must read on rather than end the list there.
-async fn lists_of_large_runs_are_whole(store: &dyn RunStore) {
+async fn lists_of_large_runs_are_whole(store: &dyn TestStore) {
     let who = owner("bulky");
     let policy = ExecutionPolicy::default();
     let mut newest_first = Vec::new();
@@ -256,7 +257,7 @@ async fn lists_of_large_runs_are_whole(store: &dyn RunStore) {
     }
 }
 
-async fn due_lists_non_terminal_runs_by_due_time_in_pages(store: &dyn RunStore) {
+async fn due_lists_non_terminal_runs_by_due_time_in_pages(store: &dyn TestStore) {
     let mut runs: Vec<Run> = (0..5).map(|i| new_run("sweep", i, 300 + i as u128)).collect();
     for (i, run) in runs.iter_mut().enumerate() {
         run.due_at = Some(Timestamp::from_millis(1_000 + i as i64 * 100));
@@ -307,7 +308,7 @@ async fn keys_are_found_by_hash_listed_and_revoked(keys: &dyn KeyStore) {
     assert_eq!(from_a_later_build, Scopes::of([Scope::RunsRead]), "an unknown name grants nothing");
 }
 
-async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<dyn RunStore>) {
+async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<dyn TestStore>) {
     let mut run = new_run("race", 0, 400);
     insert(store.as_ref(), &mut run).await;
     let mut tasks = Vec::new();
@@ -329,7 +330,7 @@ async fn concurrent_updates_from_one_version_have_exactly_one_winner(store: Arc<
 
 /// Creates at once (on SQLite they share a group commit): the active-run
 /// limit and an Idempotency-Key hold exactly, as for creates one by one.
-async fn concurrent_inserts_keep_the_limit_and_a_key_exactly(store: Arc<dyn RunStore>) {
+async fn concurrent_inserts_keep_the_limit_and_a_key_exactly(store: Arc<dyn TestStore>) {
     let mut tasks = Vec::new();
     for i in 0..20u64 {
         let store = store.clone();
@@ -398,7 +399,7 @@ async fn agents_are_put_replaced_listed_and_deleted(agents: &dyn AgentStore) {
 
 /// A transcript-sized checkpoint (kept apart from the run item on DynamoDB)
 /// round-trips through every kind of write, and goes when the run ends.
-async fn large_checkpoints_round_trip(store: &dyn RunStore) {
+async fn large_checkpoints_round_trip(store: &dyn TestStore) {
     let policy = ExecutionPolicy::default();
     let mut run = new_run("big", 0, 500);
     insert(store, &mut run).await;
@@ -433,7 +434,7 @@ async fn large_checkpoints_round_trip(store: &dyn RunStore) {
 /// Each write stores the events of its change with it, numbered on from
 /// the run's count; a write that loses its race stores none; reads page in
 /// order; an undone create leaves no events behind.
-async fn events_are_written_with_their_change_and_read_in_order(store: &dyn RunStore) {
+async fn events_are_written_with_their_change_and_read_in_order(store: &dyn TestStore) {
     let policy = ExecutionPolicy::default();
     let at = |millis: i64| Timestamp::from_millis(T0 as i64 + millis);
     let kinds = |page: &EventPage| page.events.iter().map(|event| event.kind.clone()).collect::<Vec<_>>();
@@ -500,7 +501,7 @@ async fn events_are_written_with_their_change_and_read_in_order(store: &dyn RunS
 }
 
 /// A run of `agent` awaiting `approvals` approvals requested `at` ms after T0.
-async fn awaiting(store: &dyn RunStore, owner_name: &str, agent: &str, at: u64, approvals: u128) -> Run {
+async fn awaiting(store: &dyn TestStore, owner_name: &str, agent: &str, at: u64, approvals: u128) -> Run {
     let policy = ExecutionPolicy::default();
     let mut run = new_run(owner_name, at, 1);
     run.agent = agent.into();
@@ -515,7 +516,7 @@ async fn awaiting(store: &dyn RunStore, owner_name: &str, agent: &str, at: u64, 
     run
 }
 
-async fn inbox(store: &dyn RunStore, owner_name: &str, status: ApprovalStatus, agent: Option<&str>) -> Vec<String> {
+async fn inbox(store: &dyn TestStore, owner_name: &str, status: ApprovalStatus, agent: Option<&str>) -> Vec<String> {
     let mut seen = Vec::new();
     let mut after = None;
     loop {
@@ -536,7 +537,7 @@ async fn inbox(store: &dyn RunStore, owner_name: &str, status: ApprovalStatus, a
     }
 }
 
-async fn the_inbox_lists_approvals_newest_first_by_status_and_agent(store: &dyn RunStore) {
+async fn the_inbox_lists_approvals_newest_first_by_status_and_agent(store: &dyn TestStore) {
     let policy = ExecutionPolicy::default();
     let mut older = awaiting(store, "inbox", "echo", 10, 2).await;
     let mut newer = awaiting(store, "inbox", "script", 20, 1).await;
@@ -565,7 +566,7 @@ async fn the_inbox_lists_approvals_newest_first_by_status_and_agent(store: &dyn 
 
 /// `count` runs of `owner_name` awaiting one approval each, and each with
 /// that approval approved in memory (not written).
-async fn decided_in_memory(store: &dyn RunStore, owner_name: &str, first_at: u64, count: u64) -> Vec<Run> {
+async fn decided_in_memory(store: &dyn TestStore, owner_name: &str, first_at: u64, count: u64) -> Vec<Run> {
     let mut runs = Vec::new();
     for n in 0..count {
         let mut run = awaiting(store, owner_name, "echo", first_at + n, 1).await;
@@ -578,7 +579,7 @@ async fn decided_in_memory(store: &dyn RunStore, owner_name: &str, first_at: u64
     runs
 }
 
-async fn a_batch_of_runs_is_written_whole_or_not_at_all(store: &dyn RunStore) {
+async fn a_batch_of_runs_is_written_whole_or_not_at_all(store: &dyn TestStore) {
     let mut runs = decided_in_memory(store, "batch", 100, 3).await;
     // Another writer changed the second run: none of the three is written.
     let mut other = store.get(&owner("batch"), runs[1].id).await.unwrap().unwrap();
@@ -608,7 +609,7 @@ async fn a_batch_of_runs_is_written_whole_or_not_at_all(store: &dyn RunStore) {
     }
 }
 
-async fn run_contract(runs: Arc<dyn RunStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
+async fn run_contract(runs: Arc<dyn TestStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
     a_batch_of_runs_is_written_whole_or_not_at_all(runs.as_ref()).await;
     the_inbox_lists_approvals_newest_first_by_status_and_agent(runs.as_ref()).await;
     undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;

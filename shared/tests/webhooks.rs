@@ -11,7 +11,7 @@ use agent_runs_shared::domain::{
     Clock, DISABLE_AFTER_FAILING_FOR, EndpointHealth, EventFilter, ExecutionPolicy, ManualClock, Owner, Run, RunId,
     Timestamp, WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
 };
-use agent_runs_shared::store::{DueSkip, Outbox, RunStore, WebhookStore};
+use agent_runs_shared::store::{DueSkip, EventLog, Outbox, RunStore, WebhookStore};
 use agent_runs_shared::webhooks::{Deliverer, DeliveryPolicy};
 use agent_runs_store_sqlite::{Durability, SqliteStore};
 use ulid::Ulid;

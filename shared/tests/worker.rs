@@ -10,15 +10,15 @@ use agent_runs_shared::domain::{
     Clock, ExecutionPolicy, IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp,
 };
 use agent_runs_shared::queue::{InProcessQueue, RunMessage, RunQueue};
-use agent_runs_shared::store::{RunStore, StoreError};
+use agent_runs_shared::store::{Answer, Call, EventLog, Hooks, Layered, RunStore, StoreError};
 use agent_runs_shared::worker::{MAX_SWEEP_FAILURES, Outcome, Sweeper, Worker};
 use agent_runs_store_sqlite::{Durability, SqliteStore};
-use agent_runs_testkit::faults::{Fault, FaultyStore, OnCalls};
+use agent_runs_testkit::faults::{Fault, Faults, OnCalls};
 use tokio::sync::watch;
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    store: Arc<dyn RunStore>,
+    store: Arc<SqliteStore>,
     clock: Arc<ManualClock>,
     policy: ExecutionPolicy,
     agents: AgentRegistry,
@@ -149,11 +149,11 @@ async fn a_queued_run_whose_message_was_lost_is_enqueued_after_a_minute() {
     assert_eq!(sweeper.sweep().await.unwrap().enqueued, 0, "not again until another minute passes");
 }
 
-/// The SQLite store, hampered: no write of the `broken` run goes through
+/// Hampers the SQLite store: no write of the `broken` run goes through
 /// unless it ends the run (as with a record the store cannot encode), and
 /// each read of a run takes `slow_reads`. It counts the settlings of counts.
+#[derive(Default)]
 struct Hampered {
-    inner: Arc<dyn RunStore>,
     broken: Option<RunId>,
     slow_reads: Duration,
     /// The time each settling had left before its deadline.
@@ -161,78 +161,33 @@ struct Hampered {
 }
 
 impl Hampered {
-    fn over(inner: Arc<dyn RunStore>) -> Hampered {
-        Hampered { inner, broken: None, slow_reads: Duration::ZERO, settlings: Default::default() }
+    fn over(self, store: &Arc<SqliteStore>) -> Arc<Layered<SqliteStore, Hampered>> {
+        Arc::new(Layered::new(store.clone(), self))
     }
 }
 
 #[async_trait::async_trait]
-impl RunStore for Hampered {
-    async fn insert(
-        &self,
-        run: &mut Run,
-        idempotency: Option<&agent_runs_shared::store::IdempotencyClaim>,
-        max_active: u32,
-    ) -> Result<agent_runs_shared::store::InsertOutcome, StoreError> {
-        self.inner.insert(run, idempotency, max_active).await
-    }
-    async fn undo_create(&self, run: &Run, key: Option<&str>) -> Result<bool, StoreError> {
-        self.inner.undo_create(run, key).await
-    }
-    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
-        self.inner.active_runs(owner).await
-    }
-    async fn settle_counts(
-        &self,
-        now: Timestamp,
-        deadline: Option<std::time::Instant>,
-    ) -> Result<agent_runs_shared::store::Settled, StoreError> {
-        let left = deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
-        self.settlings.lock().unwrap().push(left);
-        self.inner.settle_counts(now, deadline).await
-    }
-    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        tokio::time::sleep(self.slow_reads).await;
-        self.inner.get(owner, run_id).await
-    }
-    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
-        if Some(run.id) == self.broken && !run.status.is_terminal() {
-            return Err(StoreError::Defect("cannot encode run".into()));
+impl Hooks for Hampered {
+    type Seen = ();
+
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        match call {
+            Call::Update(run) if Some(run.id) == self.broken && !run.status.is_terminal() => {
+                return Err(StoreError::Defect("cannot encode run".into()));
+            }
+            Call::Get(_) => tokio::time::sleep(self.slow_reads).await,
+            Call::SettleCounts { deadline } => {
+                let left =
+                    deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
+                self.settlings.lock().unwrap().push(left);
+            }
+            _ => {}
         }
-        self.inner.update(run).await
+        Ok(())
     }
-    async fn list(
-        &self,
-        owner: &Owner,
-        request: agent_runs_shared::store::ListRequest,
-    ) -> Result<agent_runs_shared::store::ListPage, StoreError> {
-        self.inner.list(owner, request).await
-    }
-    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), agent_runs_shared::store::BatchWriteError> {
-        self.inner.update_batch(runs).await
-    }
-    async fn inbox(
-        &self,
-        owner: &Owner,
-        request: agent_runs_shared::store::InboxRequest,
-    ) -> Result<agent_runs_shared::store::InboxPage, StoreError> {
-        self.inner.inbox(owner, request).await
-    }
-    async fn due(
-        &self,
-        until: Timestamp,
-        after: Option<&agent_runs_shared::store::DueRun>,
-        limit: u32,
-    ) -> Result<Vec<agent_runs_shared::store::DueRun>, StoreError> {
-        self.inner.due(until, after, limit).await
-    }
-    async fn events(
-        &self,
-        run_id: RunId,
-        after: u64,
-        limit: u32,
-    ) -> Result<agent_runs_shared::store::EventPage, StoreError> {
-        self.inner.events(run_id, after, limit).await
+
+    async fn after(&self, _call: Call<'_>, (): (), _answer: Answer) -> Option<StoreError> {
+        None
     }
 }
 
@@ -243,7 +198,7 @@ async fn one_run_the_sweeper_cannot_handle_blocks_no_other_and_is_failed_in_the_
     let broken = fixture.create("echo", "broken").await;
     fixture.clock.advance(Duration::from_millis(5));
     let healthy = fixture.create("echo", "healthy").await;
-    let store = Arc::new(Hampered { broken: Some(broken.run_id), ..Hampered::over(fixture.store.clone()) });
+    let store = Hampered { broken: Some(broken.run_id), ..Hampered::default() }.over(&fixture.store);
     let (queue, receiver) = InProcessQueue::new();
     let sweeper = Sweeper::new(store, Arc::new(queue), fixture.clock.clone(), fixture.policy.clone());
 
@@ -271,14 +226,14 @@ async fn a_pass_whose_due_runs_outlast_it_still_settles_the_counts() {
     for i in 0..40 {
         fixture.create("echo", &format!("backlog {i}")).await;
     }
-    let store = Arc::new(Hampered { slow_reads: Duration::from_millis(100), ..Hampered::over(fixture.store.clone()) });
+    let store = Hampered { slow_reads: Duration::from_millis(100), ..Hampered::default() }.over(&fixture.store);
     let (queue, _receiver) = InProcessQueue::new();
     let sweeper = Sweeper::new(store.clone(), Arc::new(queue), fixture.clock.clone(), fixture.policy.clone());
     fixture.clock.advance(fixture.policy.requeue_after);
     // 40 reads of 100 ms outlast a pass of 2 s, whose due runs have 1.5 s.
     let report = sweeper.sweep_until(Some(Instant::now() + Duration::from_secs(2))).await.unwrap();
     assert!(report.unfinished && report.enqueued < 40, "the backlog outlasts the pass: {report:?}");
-    let settlings = store.settlings.lock().unwrap().clone();
+    let settlings = store.hooks().settlings.lock().unwrap().clone();
     assert_eq!(settlings.len(), 1, "the counts were settled all the same");
     assert!(settlings[0] > Duration::ZERO, "with time left for them: {settlings:?}");
 }
@@ -320,7 +275,7 @@ async fn a_claim_or_hand_back_whose_answer_was_lost_is_known_for_what_it_did() {
     // The claim lands but answers a conflict: the re-read finds this
     // worker's own lease, and the run goes on rather than wait for it to expire.
     let message = fixture.create("echo", "hello").await;
-    let store = Arc::new(FaultyStore::new(fixture.store.clone(), OnCalls::nth("update", 1, Fault::ConflictAfter)));
+    let store = Faults::store(fixture.store.clone(), OnCalls::nth("update", 1, Fault::ConflictAfter));
     let worker = Worker::new(store, fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
     assert_eq!(worker.process(&message, &running()).await.unwrap(), Outcome::Succeeded);
     assert_eq!(fixture.run(&message).await.attempts, 1);
@@ -328,7 +283,7 @@ async fn a_claim_or_hand_back_whose_answer_was_lost_is_known_for_what_it_did() {
     // A hand-back (at a stop) lands but answers a conflict: still Released,
     // so whoever stopped the worker sends the run again.
     let message = fixture.create("script", "say a\nsleep 2000\nsay b").await;
-    let store = Arc::new(FaultyStore::new(fixture.store.clone(), OnCalls::nth("update", 2, Fault::ConflictAfter)));
+    let store = Faults::store(fixture.store.clone(), OnCalls::nth("update", 2, Fault::ConflictAfter));
     let agents = AgentRegistry::builtin("script").unwrap();
     let worker = Worker::new(store, agents, fixture.clock.clone(), fixture.policy.clone());
     let (stop, stopped) = watch::channel(false);

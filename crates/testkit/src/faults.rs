@@ -10,12 +10,8 @@ use async_trait::async_trait;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use agent_runs_shared::domain::{Owner, Run, RunId, Timestamp};
 use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
-use agent_runs_shared::store::{
-    BatchWriteError, DueRun, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
-    ListRequest, RunStore, StoreError,
-};
+use agent_runs_shared::store::{Answer, Call, Hooks, Layered, Store, StoreError};
 
 /// What happens to one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,137 +173,41 @@ fn store_fault(operation: &'static str) -> StoreError {
     StoreError::Unavailable(Box::new(InjectedFault(operation)))
 }
 
-/// A [`RunStore`] whose calls fail as its plan says.
-pub struct FaultyStore {
-    inner: Arc<dyn RunStore>,
+/// A store whose calls fail as its plan says.
+pub type FaultyStore = Layered<dyn Store, Faults>;
+
+/// Hooks that fail a store's calls as their plan says.
+pub struct Faults {
     plan: Arc<dyn FaultPlan>,
 }
 
-impl FaultyStore {
-    pub fn new(inner: Arc<dyn RunStore>, plan: Arc<dyn FaultPlan>) -> Self {
-        FaultyStore { inner, plan }
-    }
-}
-
-/// Runs `call` as the plan says for `operation`.
-async fn faulty<T, E>(
-    plan: &dyn FaultPlan,
-    operation: &'static str,
-    fault: impl Fn(&'static str) -> E,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, E> {
-    apply(plan.next(operation), operation, fault, call).await
-}
-
-/// Runs `call` with the given fault.
-async fn apply<T, E>(
-    injected: Fault,
-    operation: &'static str,
-    fault: impl Fn(&'static str) -> E,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, E> {
-    match injected {
-        Fault::None => call.await,
-        Fault::FailBefore => Err(fault(operation)),
-        Fault::FailAfter | Fault::ConflictAfter => {
-            let _ = call.await;
-            Err(fault(operation))
-        }
+impl Faults {
+    /// `inner`, failing as `plan` says. A write whose answer is lost leaves
+    /// the caller's copy as it was: it never learns of a write it did not
+    /// see succeed.
+    pub fn store(inner: Arc<dyn Store>, plan: Arc<dyn FaultPlan>) -> Arc<FaultyStore> {
+        Arc::new(Layered::new(inner, Faults { plan }))
     }
 }
 
 #[async_trait]
-impl RunStore for FaultyStore {
-    async fn insert(
-        &self,
-        run: &mut Run,
-        idempotency: Option<&IdempotencyClaim>,
-        max_active: u32,
-    ) -> Result<InsertOutcome, StoreError> {
-        // As in `update`: the caller's copy learns only of writes it saw.
-        let mut attempt = run.clone();
-        let result =
-            faulty(self.plan.as_ref(), "insert", store_fault, self.inner.insert(&mut attempt, idempotency, max_active))
-                .await;
-        if result.is_ok() {
-            *run = attempt;
+impl Hooks for Faults {
+    type Seen = Fault;
+    const MAY_FAIL_AFTER: bool = true;
+
+    async fn before(&self, call: Call<'_>) -> Result<Fault, StoreError> {
+        match self.plan.next(call.name()) {
+            Fault::FailBefore => Err(store_fault(call.name())),
+            fault => Ok(fault),
         }
-        result
     }
 
-    async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError> {
-        faulty(self.plan.as_ref(), "undo_create", store_fault, self.inner.undo_create(run, idempotency_key_hash)).await
-    }
-
-    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError> {
-        faulty(self.plan.as_ref(), "active_runs", store_fault, self.inner.active_runs(owner)).await
-    }
-
-    async fn settle_counts(
-        &self,
-        now: Timestamp,
-        deadline: Option<std::time::Instant>,
-    ) -> Result<agent_runs_shared::store::Settled, StoreError> {
-        faulty(self.plan.as_ref(), "settle_counts", store_fault, self.inner.settle_counts(now, deadline)).await
-    }
-
-    async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        faulty(self.plan.as_ref(), "get", store_fault, self.inner.get(owner, run_id)).await
-    }
-
-    async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
-        // The caller's copy must not learn the new version of a write it
-        // never saw succeed.
-        let mut attempt = run.clone();
-        let result = match self.plan.next("update") {
-            Fault::ConflictAfter => self.inner.update(&mut attempt).await.and(Err(StoreError::Conflict)),
-            injected => apply(injected, "update", store_fault, self.inner.update(&mut attempt)).await,
-        };
-        if result.is_ok() {
-            *run = attempt;
+    async fn after(&self, call: Call<'_>, fault: Fault, _answer: Answer) -> Option<StoreError> {
+        match (fault, call) {
+            (Fault::None | Fault::FailBefore, _) => None,
+            (Fault::ConflictAfter, Call::Update(_) | Call::UpdateBatch(_)) => Some(StoreError::Conflict),
+            (Fault::FailAfter | Fault::ConflictAfter, _) => Some(store_fault(call.name())),
         }
-        result
-    }
-
-    async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
-        faulty(self.plan.as_ref(), "list", store_fault, self.inner.list(owner, request)).await
-    }
-
-    async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError> {
-        // As `update`: the caller's copies learn only of writes they saw.
-        let mut attempt = runs.to_vec();
-        let unseen = |error| BatchWriteError { written: 0, error };
-        let result = match self.plan.next("update_batch") {
-            Fault::None => self.inner.update_batch(&mut attempt).await,
-            Fault::FailBefore => Err(unseen(store_fault("update_batch"))),
-            Fault::FailAfter => {
-                let _ = self.inner.update_batch(&mut attempt).await;
-                Err(unseen(store_fault("update_batch")))
-            }
-            Fault::ConflictAfter => {
-                let _ = self.inner.update_batch(&mut attempt).await;
-                Err(unseen(StoreError::Conflict))
-            }
-        };
-        let written = result.as_ref().map_or_else(|failed| failed.written, |()| runs.len());
-        runs[..written].clone_from_slice(&attempt[..written]);
-        result
-    }
-
-    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
-        faulty(self.plan.as_ref(), "inbox", store_fault, self.inner.inbox(owner, request)).await
-    }
-
-    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError> {
-        faulty(self.plan.as_ref(), "due", store_fault, self.inner.due(until, after, limit)).await
-    }
-
-    async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
-        faulty(self.plan.as_ref(), "events", store_fault, self.inner.events(run_id, after, limit)).await
-    }
-
-    fn event_signal(&self, run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.event_signal(run_id)
     }
 }
 
@@ -327,7 +227,14 @@ impl FaultyQueue {
 impl RunQueue for FaultyQueue {
     async fn enqueue(&self, message: &RunMessage) -> Result<(), QueueError> {
         let fault = |operation| QueueError::Unavailable(Box::new(InjectedFault(operation)));
-        faulty(self.plan.as_ref(), "enqueue", fault, self.inner.enqueue(message)).await
+        match self.plan.next("enqueue") {
+            Fault::None => self.inner.enqueue(message).await,
+            Fault::FailBefore => Err(fault("enqueue")),
+            Fault::FailAfter | Fault::ConflictAfter => {
+                let _ = self.inner.enqueue(message).await;
+                Err(fault("enqueue"))
+            }
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! What the tests use and the service never ships: fault injection for the
 //! store, the queue and the AWS SDK calls, and a capacity model of
-//! DynamoDB's limits (`faults`).
+//! DynamoDB's limits (`faults`); what tests ask of a store beyond its
+//! ports (`stores`).
 
 pub mod faults;
+pub mod stores;
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

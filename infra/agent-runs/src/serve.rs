@@ -10,7 +10,7 @@ use std::time::Duration;
 use agent_runs_shared::config::{Config, MIN_WORKER_DEADLINE_MARGIN_MS};
 use agent_runs_shared::domain::Owner;
 use agent_runs_shared::error_chain;
-use agent_runs_shared::metrics::{MeasuredStore, MetricsSink, Registry};
+use agent_runs_shared::metrics::{Measured, MetricsSink, Registry};
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
 use agent_runs_shared::store::KeyStore;
@@ -114,7 +114,7 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     agent_runs_shared::telemetry::init(&config.traces)?;
     let registry = args.metrics_addr.map(|_| Arc::new(Registry::default()));
     let sink = registry.clone().map(|registry| registry as Arc<dyn MetricsSink>);
-    let runs = MeasuredStore::wrap(Arc::new(store.clone()), sink);
+    let runs = Measured::wrap(Arc::new(store.clone()), sink);
     if let (Some(addr), Some(registry)) = (args.metrics_addr, &registry) {
         let listener =
             TcpListener::bind(addr).await.map_err(|error| format!("cannot listen on {addr} for metrics: {error}"))?;

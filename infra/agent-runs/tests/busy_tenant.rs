@@ -21,7 +21,7 @@ use agent_runs_shared::aws::AwsServices;
 use agent_runs_shared::config::Config;
 use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, RunStatus, SystemClock};
 use agent_runs_shared::lambda::{from_api_response, handle_batch, into_api_request};
-use agent_runs_shared::store::{ABANDONED_CREATE, KeyStore, ListRequest, RECOUNT_EVERY, RunStore};
+use agent_runs_shared::store::{ABANDONED_CREATE, KeyStore, ListRequest, RECOUNT_EVERY, RunLists, Upkeep};
 use agent_runs_testkit::faults::{CapacityLimits, CapacityModel};
 use serde_json::{Value, json};
 use support::events::sqs_event;

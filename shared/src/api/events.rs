@@ -16,7 +16,7 @@ use super::query::{page_size, parameters, whole_number};
 use super::response::json_response;
 use super::{Api, ApiError, ApiResponse, parse_run_id};
 use crate::domain::{Owner, RunId, RunStatus};
-use crate::store::{EventPage, RunStore, StoredEvent};
+use crate::store::{EventLog, EventPage, StoredEvent};
 use crate::views::{EventPageView, EventView};
 
 pub const DEFAULT_LIMIT: u32 = 100;
@@ -44,7 +44,7 @@ pub struct CanStream;
 /// its body (see [`EventStream::frames`]).
 #[derive(Clone)]
 pub struct EventStream {
-    runs: Arc<dyn RunStore>,
+    log: Arc<dyn EventLog>,
     run_id: RunId,
     after: u64,
     /// The run had ended when the stream began: its log is complete.
@@ -202,8 +202,8 @@ struct Waiting {
 
 impl Waiting {
     /// Taken before the first read, so no commit after it goes unseen.
-    fn new(runs: &dyn RunStore, run_id: RunId) -> Self {
-        Waiting { signal: runs.event_signal(run_id), poll: POLL_MIN }
+    fn new(log: &dyn EventLog, run_id: RunId) -> Self {
+        Waiting { signal: log.event_signal(run_id), poll: POLL_MIN }
     }
 
     /// Called right before each read: what it sees counts as seen.
@@ -256,8 +256,8 @@ impl EventStream {
     /// `ends_at`; `ended`: the run had ended when the stream began. No owner
     /// or key is checked here: the events operation does that first.
     #[doc(hidden)]
-    pub fn new(runs: Arc<dyn RunStore>, run_id: RunId, after: u64, ended: bool, ends_at: Instant) -> Self {
-        EventStream { runs, run_id, after, ended, ends_at, key: None, _hold: None }
+    pub fn new(log: Arc<dyn EventLog>, run_id: RunId, after: u64, ended: bool, ends_at: Instant) -> Self {
+        EventStream { log, run_id, after, ended, ends_at, key: None, _hold: None }
     }
 
     /// The stream's body: a message per event, a comment every
@@ -278,7 +278,7 @@ impl EventStream {
             done: bool,
             last_sent: Instant,
         }
-        let waiting = Waiting::new(self.runs.as_ref(), self.run_id);
+        let waiting = Waiting::new(self.log.as_ref(), self.run_id);
         let state =
             State { stream: self, waiting, closing, ready: VecDeque::new(), done: false, last_sent: Instant::now() };
         futures_util::stream::unfold(state, |mut state| async move {
@@ -307,9 +307,9 @@ impl EventStream {
                 if state.done {
                     return None;
                 }
-                let EventStream { runs, run_id, after, ended, .. } = &mut state.stream;
+                let EventStream { log, run_id, after, ended, .. } = &mut state.stream;
                 state.waiting.mark_read();
-                let page = match runs.events(*run_id, *after, STREAM_PAGE).await {
+                let page = match log.events(*run_id, *after, STREAM_PAGE).await {
                     Ok(page) => page,
                     Err(error) => {
                         // The client reconnects with its Last-Event-ID.

@@ -7,14 +7,14 @@ use super::query::{page_size, parameters};
 use super::response::json_response;
 use super::{ApiError, ApiResponse};
 use crate::domain::{ApprovalStatus, InboxCursor, Owner, valid_agent_name};
-use crate::store::{InboxRequest, RunStore};
+use crate::store::{InboxRequest, RunLists};
 use crate::views::{InboxEntryView, PageView};
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 100;
 const PARAMETERS: [&str; 4] = ["status", "agent", "limit", "cursor"];
 
-pub(super) async fn handle(runs: &dyn RunStore, owner: &Owner, query: Option<&str>) -> Result<ApiResponse, ApiError> {
+pub(super) async fn handle(runs: &dyn RunLists, owner: &Owner, query: Option<&str>) -> Result<ApiResponse, ApiError> {
     let [status, agent, limit, cursor] = parameters(query, PARAMETERS)?;
     let status = match status {
         None => ApprovalStatus::Pending,

@@ -6,7 +6,7 @@ use super::query::{page_size, parameters};
 use super::response::json_bytes_response;
 use super::{ApiError, ApiResponse};
 use crate::domain::{Cursor, Owner, RunStatus};
-use crate::store::{ListRequest, RunStore};
+use crate::store::{ListRequest, RunLists};
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 100;
@@ -34,7 +34,7 @@ fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
     Ok(ListQuery { status, limit, cursor })
 }
 
-pub(super) async fn handle(runs: &dyn RunStore, owner: &Owner, query: Option<&str>) -> Result<ApiResponse, ApiError> {
+pub(super) async fn handle(runs: &dyn RunLists, owner: &Owner, query: Option<&str>) -> Result<ApiResponse, ApiError> {
     let query = parse_query(query)?;
     let before = query
         .cursor

@@ -44,7 +44,7 @@ use crate::domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId, RunTrace, S
 use crate::error_chain;
 use crate::lifecycle::Lifecycle;
 use crate::queue::RunQueue;
-use crate::store::{RunStore, WebhookStore};
+use crate::store::{Store, WebhookStore};
 use crate::telemetry::{self, SpanKind};
 use rate_limit::RateLimiter;
 use routes::Resolved;
@@ -90,7 +90,7 @@ impl Default for ApiLimits {
 
 /// Everything the operations need, built once per process.
 pub struct Api {
-    runs: Arc<dyn RunStore>,
+    runs: Arc<dyn Store>,
     lifecycle: Lifecycle,
     auth: Authenticator,
     agents: AgentRegistry,
@@ -105,7 +105,7 @@ pub struct Api {
 
 /// What [`Api`] is made of; [`crate::services::Services::api`] builds it.
 pub struct ApiParts {
-    pub runs: Arc<dyn RunStore>,
+    pub runs: Arc<dyn Store>,
     pub queue: Arc<dyn RunQueue>,
     pub auth: Authenticator,
     pub agents: AgentRegistry,

@@ -3,6 +3,7 @@
 
 mod change;
 mod dynamodb;
+mod layer;
 pub mod record;
 
 use async_trait::async_trait;
@@ -19,6 +20,7 @@ pub use dynamodb::{
     MAX_CHECKPOINT_BYTES, Migrated, NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, RECOUNT_EVERY, STATUS_INDEX,
     decode_stream_event,
 };
+pub use layer::{Answer, Call, Hooks, Layered};
 
 /// An owner's runs not yet ended, unless `AGENT_RUNS_MAX_ACTIVE_RUNS` says otherwise.
 pub const DEFAULT_MAX_ACTIVE_RUNS: u32 = 1_000;
@@ -127,7 +129,7 @@ pub struct BatchWriteError {
     pub error: StoreError,
 }
 
-/// What a [`RunStore::settle_counts`] did.
+/// What an [`Upkeep::settle_counts`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Settled {
     /// Items of counts checked.
@@ -162,9 +164,10 @@ pub struct EventPage {
     pub has_more: bool,
 }
 
-/// Every write of a run also writes its pending events (`Run::pending_events`)
-/// in the same transaction, numbered after `Run::event_seq`, and on success
-/// leaves the caller's run with them counted and cleared.
+/// One run at a time: create, read and change it. Every write of a run
+/// also writes its pending events (`Run::pending_events`) in the same
+/// transaction, numbered after `Run::event_seq`, and on success leaves the
+/// caller's run with them counted and cleared.
 #[async_trait]
 pub trait RunStore: Send + Sync + 'static {
     /// Writes a new run (and its idempotency record, if any) atomically.
@@ -182,25 +185,6 @@ pub trait RunStore: Send + Sync + 'static {
     /// `Idempotency-Key` answered `201` with it; it must then be kept.
     async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError>;
 
-    /// How many of the owner's runs the store counts as active (queued,
-    /// running or awaiting approval): what the create limit is checked
-    /// against. Never below zero, and equal to the true number, unless a
-    /// write path forgot the count.
-    async fn active_runs(&self, owner: &Owner) -> Result<i64, StoreError>;
-
-    /// Where the count of active runs is written apart from the runs
-    /// (DynamoDB): gives back the places on it that no run holds any more,
-    /// those of runs that ended and of creates that died before writing
-    /// their run, which a crash between the two writes leaves taken. Stores
-    /// that write the count with the run have nothing to settle.
-    async fn settle_counts(
-        &self,
-        _now: Timestamp,
-        _deadline: Option<std::time::Instant>,
-    ) -> Result<Settled, StoreError> {
-        Ok(Settled::default())
-    }
-
     /// A strongly consistent read.
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError>;
 
@@ -216,27 +200,27 @@ pub trait RunStore: Send + Sync + 'static {
     /// `TransactWriteItems` (100 items), else in several, in order, each of
     /// whole runs. On an error the first `written` runs are stored.
     async fn update_batch(&self, runs: &mut [Run]) -> Result<(), BatchWriteError>;
+}
 
+/// An owner's runs and approvals, in pages.
+#[async_trait]
+pub trait RunLists: Send + Sync + 'static {
     /// Newest first. Reads at most `limit + 1` runs to know whether more exist.
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError>;
 
-    /// [`RunStore::list`] as clients see each run (its JSON), for a store
-    /// that can answer without decoding and encoding every run.
-    async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
-        let page = self.list(owner, request).await?;
-        let views = page.runs.iter().map(run_view_json).collect::<Result<_, _>>()?;
-        Ok(ViewPage { views, last: page.runs.last().map(|run| run.id), has_more: page.has_more })
-    }
+    /// [`RunLists::list`] as clients see each run (its JSON); a store that
+    /// keeps each run's JSON answers without decoding and encoding every run,
+    /// another answers with [`views_of`].
+    async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError>;
 
     /// The owner's approvals with the request's status (and agent), newest
     /// `requested_at` first, each as its run holds it now.
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError>;
+}
 
-    /// Non-terminal runs whose `due_at` is at or before `until`, in due order,
-    /// after `after` (exclusive) when paging. An index entry that cannot be
-    /// read is logged and left out, never a reason to fail the page.
-    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError>;
-
+/// The events of runs, as their writes committed them.
+#[async_trait]
+pub trait EventLog: Send + Sync + 'static {
     /// The run's events with a `seq` above `after`, oldest first, at most
     /// `limit`, following on from `after` without a gap (strongly
     /// consistent: what was committed before the call). Whose run it is,
@@ -246,9 +230,34 @@ pub trait RunStore: Send + Sync + 'static {
     /// Where the store can tell, a signal that changes after every commit
     /// of new events of the run: take it before reading, then wait on it.
     /// `None`: the store cannot tell, and a reader polls.
-    fn event_signal(&self, _run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {
-        None
-    }
+    fn event_signal(&self, run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>>;
+}
+
+/// What the sweeper reads and repairs.
+#[async_trait]
+pub trait Upkeep: Send + Sync + 'static {
+    /// Non-terminal runs whose `due_at` is at or before `until`, in due order,
+    /// after `after` (exclusive) when paging. An index entry that cannot be
+    /// read is logged and left out, never a reason to fail the page.
+    async fn due(&self, until: Timestamp, after: Option<&DueRun>, limit: u32) -> Result<Vec<DueRun>, StoreError>;
+
+    /// Where the count of active runs is written apart from the runs
+    /// (DynamoDB): gives back the places on it that no run holds any more,
+    /// those of runs that ended and of creates that died before writing
+    /// their run, which a crash between the two writes leaves taken. Stores
+    /// that write the count with the run have nothing to settle.
+    async fn settle_counts(&self, now: Timestamp, deadline: Option<std::time::Instant>) -> Result<Settled, StoreError>;
+}
+
+/// Every port of runs, as one database implements them.
+pub trait Store: RunStore + RunLists + EventLog + Upkeep {}
+
+impl<T: RunStore + RunLists + EventLog + Upkeep> Store for T {}
+
+/// A list page as clients see it, from the runs of a [`RunLists::list`].
+pub fn views_of(page: ListPage) -> Result<ViewPage, StoreError> {
+    let views = page.runs.iter().map(run_view_json).collect::<Result<_, _>>()?;
+    Ok(ViewPage { views, last: page.runs.last().map(|run| run.id), has_more: page.has_more })
 }
 
 /// An API key as stored: never the key itself, only its SHA-256 hash.

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::domain::{Clock, ExecutionPolicy, RunStatus, SweepAction, Timestamp};
 use crate::error_chain;
 use crate::queue::{RunMessage, RunQueue};
-use crate::store::{DueRun, RunKey, RunStore, StoreError, change_run_if};
+use crate::store::{DueRun, RunKey, Store, StoreError, change_run_if};
 use tracing::Instrument;
 
 const PAGE: u32 = 100;
@@ -29,7 +29,7 @@ pub struct SweepReport {
     /// Runs this pass could not handle; tried again next pass.
     pub skipped: usize,
     /// Places on owners' active-run counts given back (see
-    /// [`RunStore::settle_counts`]).
+    /// [`crate::store::Upkeep::settle_counts`]).
     pub given_back: usize,
     /// The pass stopped at its deadline; the next one goes on (the runs
     /// handled so far are no longer due).
@@ -45,7 +45,7 @@ pub enum SweepError {
 }
 
 pub struct Sweeper {
-    runs: Arc<dyn RunStore>,
+    runs: Arc<dyn Store>,
     queue: Arc<dyn RunQueue>,
     clock: Arc<dyn Clock>,
     policy: ExecutionPolicy,
@@ -54,12 +54,7 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
-    pub fn new(
-        runs: Arc<dyn RunStore>,
-        queue: Arc<dyn RunQueue>,
-        clock: Arc<dyn Clock>,
-        policy: ExecutionPolicy,
-    ) -> Self {
+    pub fn new(runs: Arc<dyn Store>, queue: Arc<dyn RunQueue>, clock: Arc<dyn Clock>, policy: ExecutionPolicy) -> Self {
         Sweeper { runs, queue, clock, policy, failing: Mutex::default() }
     }
 
