@@ -56,14 +56,24 @@ echo "== schemathesis: the same operations with an invalid key"
 
 echo "== schemathesis: a runs:read key on the operations that need more"
 reader=$(target/debug/agent-runs keys create --owner dev --name reader --scope runs:read --db "$work/runs.db" | tr -d '[:space:]')
+# The operations that need more than runs:read, as the document says.
+scoped=$(.venv-api/bin/python - "$schema" <<'PY'
+import json, sys, urllib.request
+document = json.load(urllib.request.urlopen(sys.argv[1]))
+print("|".join(
+    spec["operationId"] for methods in document["paths"].values() for spec in methods.values()
+    if any(scope != "runs:read" for need in spec.get("security", []) for scope in need.get("bearer", []))
+))
+PY
+)
 .venv-api/bin/st --no-color --config-file infra/schemathesis.toml run "$schema" \
   -H "Authorization: Bearer $reader" --max-examples 20 --seed 1 --phases examples,coverage,fuzzing \
   --exclude-checks positive_data_acceptance,negative_data_rejection --output-sanitize false \
-  --include-operation-id-regex '^(createRun|cancelRun|decideApproval|extendApproval|decideApprovals|listApprovals)$' \
+  --include-operation-id-regex "^($scoped)\$" \
   --report har --report-har-path "$work/scoped.har" > "$work/scoped.log" 2>&1 || { cat "$work/scoped.log"; exit 1; }
 
-.venv-api/bin/python - "$work/valid.har" "$work/invalid.har" "$work/scoped.har" "$reader" <<'PY'
-import collections, json, re, sys
+.venv-api/bin/python - "$work/valid.har" "$work/invalid.har" "$work/scoped.har" "$reader" "$schema" <<'PY'
+import collections, json, re, sys, urllib.request
 
 def entries(path):
     return [e for e in json.load(open(path))["log"]["entries"] if not e["request"]["url"].endswith("/v1/openapi.json")]
@@ -86,15 +96,15 @@ for entry in invalid:
 methods = collections.Counter(e["request"]["method"] for e in invalid)
 print(f"invalid key: all {len(invalid)} requests answered 401 unauthorized in the error format ({dict(methods)})")
 
-# The operations a runs:read key may not use, by method and path, and the scope each needs.
+# The operations a runs:read key may not use, by method and path, and the
+# scope each needs, as the document says.
+document = json.load(urllib.request.urlopen(sys.argv[5]))
 needs = [
-    ("POST", r"/v1/agent/runs", "runs:write"),
-    ("POST", r"/v1/agent/runs/[^/]+/cancel", "runs:write"),
-    ("POST", r"/v1/agent/runs/[^/]+/approvals/[^/]+", "approvals:decide"),
-    ("POST", r"/v1/agent/runs/[^/]+/approvals/[^/]+/extend", "approvals:decide"),
-    ("POST", r"/v1/approvals/batch", "approvals:decide"),
-    ("GET", r"/v1/approvals", "approvals:decide"),
+    (method.upper(), re.sub(r"\{[^}]+\}", "[^/]+", path), scope)
+    for path, methods in document["paths"].items() for method, spec in methods.items()
+    for need in spec.get("security", []) for scope in need.get("bearer", []) if scope != "runs:read"
 ]
+assert needs, "the document names the scope of each operation"
 checked = 0
 for entry in entries(sys.argv[3]):
     sent = {h["name"].lower(): h["value"] for h in entry["request"]["headers"]}

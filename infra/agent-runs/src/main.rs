@@ -7,6 +7,7 @@ mod gateway;
 mod http_server;
 mod keys;
 mod serve;
+mod template;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,13 @@ struct ApprovalsArgs {
     command: client::ApprovalsCommand,
 }
 
+#[derive(clap::Args)]
+struct TemplateArgs {
+    /// Rewrite the generated part of this template in place.
+    #[arg(long, value_name = "TEMPLATE")]
+    write: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve every operation on one port, with workers in the same process.
@@ -57,6 +65,8 @@ enum Command {
     Gateway(gateway::GatewayArgs),
     /// Print the OpenAPI document for the built-in agents (docs/openapi.json).
     Openapi,
+    /// Print the Lambda functions of template.yaml, or rewrite them there.
+    Template(TemplateArgs),
     /// Create, list, follow and decide runs through the HTTP API (AGENT_RUNS_URL, AGENT_RUNS_KEY).
     Runs(RunsArgs),
     /// The approvals inbox, through the HTTP API.
@@ -80,6 +90,7 @@ fn main() -> ExitCode {
             Command::AwsSetup(args) => aws_setup::run(args).await,
             Command::AwsMigrate(args) => aws_setup::migrate(args).await,
             Command::Openapi => print_openapi(),
+            Command::Template(args) => template(args),
             Command::Gateway(args) => {
                 serve::init_logging();
                 gateway::run(args, serve::shutdown_signal()).await
@@ -103,6 +114,18 @@ fn print_openapi() -> Result<(), Box<dyn std::error::Error>> {
     let agents = agent_runs_shared::agents::AgentRegistry::builtin("echo")?;
     let document = agent_runs_shared::api::openapi::document(&agents.names_list(), agents.default_name());
     println!("{}", serde_json::to_string_pretty(&document)?);
+    Ok(())
+}
+
+fn template(args: TemplateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(path) = args.write else {
+        print!("{}", template::functions_yaml());
+        return Ok(());
+    };
+    let text = std::fs::read_to_string(&path)?;
+    let regenerated = template::regenerate(&text)
+        .ok_or_else(|| format!("{} has no generated part (a line `{}`)", path.display(), template::BEGIN.trim()))?;
+    std::fs::write(&path, regenerated)?;
     Ok(())
 }
 

@@ -3,6 +3,8 @@
 //! template) must match it, and the template must keep the rules an
 //! operator relies on.
 
+#[path = "../src/template.rs"]
+mod generated;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -200,6 +202,35 @@ fn the_events_function_holds_long_polls_briefly_within_its_own_reserved_concurre
     assert!(reserved.contains("EventsConcurrency"), "no reserved concurrency: {reserved}");
     let parameter = &template["Parameters"]["EventsConcurrency"];
     assert!(parameter["Default"].as_u64().unwrap() > 0, "reserved by default");
+}
+
+/// The functions' part of template.yaml is what `agent-runs template`
+/// makes, and every function (a crate of its own) is in it.
+#[test]
+fn the_functions_of_the_template_are_made_from_the_function_table() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let regenerated = generated::regenerate(&text).expect("template.yaml has its generated part");
+    assert!(
+        regenerated == text,
+        "template.yaml's functions are not what infra/agent-runs/src/template.rs makes: \
+         run `cargo run -p agent-runs -- template --write template.yaml`"
+    );
+    let crates: BTreeSet<String> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../functions"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let listed: BTreeSet<String> = generated::FUNCTIONS.iter().map(|function| function.name.to_owned()).collect();
+    assert_eq!(listed, crates, "functions/<name> crates against the function table");
+    for function in &generated::FUNCTIONS {
+        let routed = ROUTES.iter().any(|route| route.function == function.name);
+        assert_eq!(
+            routed,
+            matches!(function.trigger, generated::Trigger::Routes),
+            "{}: a function is invoked by its routes exactly when it has some",
+            function.name
+        );
+    }
 }
 
 /// The binary a function of the template runs.

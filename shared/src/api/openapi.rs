@@ -545,6 +545,10 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 }),
             ),
         };
+        let mut spec = spec;
+        // The scope the key needs, from the route table (role names of a
+        // bearer scheme, as OpenAPI 3.1 allows).
+        spec["security"] = json!([{"bearer": [route.scope.as_str()]}]);
         let methods = paths.entry(route.path).or_insert_with(|| json!({}));
         methods[route.method.as_str().to_ascii_lowercase()] = spec;
     }
