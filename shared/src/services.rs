@@ -14,9 +14,10 @@ use crate::api::{Api, ApiParts};
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::domain::{Clock, SystemClock};
+use crate::metrics::MetricsSink;
 use crate::queue::RunQueue;
 use crate::store::{AgentStore, KeyStore, Store, WebhookStore};
-use crate::webhooks::{Deliverer, DeliveryPolicy};
+use crate::webhooks::{Deliverer, DeliveryPolicy, WebhookEngine};
 use crate::worker::{Sweeper, Worker};
 
 /// The ports, as one deployment implements them.
@@ -111,6 +112,16 @@ impl Services {
     /// Signs and sends webhook deliveries.
     pub fn deliverer(&self) -> Deliverer {
         Deliverer::new(DeliveryPolicy::new(self.config.webhook_allow_private), self.clock.clone())
+    }
+
+    /// Delivers webhook events from whichever queue the deployment has,
+    /// counting each attempt's outcome in `metrics` where given.
+    pub fn webhook_engine(&self, metrics: Option<Arc<dyn MetricsSink>>) -> WebhookEngine {
+        let mut deliverer = self.deliverer();
+        if let Some(metrics) = metrics {
+            deliverer = deliverer.with_metrics(metrics);
+        }
+        WebhookEngine::new(deliverer, self.adapters.runs.clone(), self.clock.clone())
     }
 
     pub fn sweeper(&self) -> Sweeper {

@@ -12,7 +12,9 @@ use agent_runs_shared::domain::{
     Timestamp, WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
 };
 use agent_runs_shared::store::{DueSkip, EventLog, Outbox, RunStore, WebhookStore};
-use agent_runs_shared::webhooks::{Deliverer, DeliveryPolicy};
+use agent_runs_shared::webhooks::{
+    CREATE_SETTLED_AFTER, Delivered, Deliverer, DeliveryPolicy, OutboxQueue, WebhookEngine,
+};
 use agent_runs_store_sqlite::{Durability, SqliteStore};
 use ulid::Ulid;
 
@@ -183,4 +185,49 @@ async fn private_addresses_and_plain_http_are_refused_at_delivery_without_a_conn
         assert!(error.contains("non-public") || error.contains("https"), "{url}: {error}");
         assert!(result.attempt.duration_ms < 1_000, "{url}: refused before any connection");
     }
+}
+
+/// The embedded server holds a `run.created` as AWS does: not sent while
+/// its create may still be undone, unless its run has moved on; an undone
+/// create's delivery goes with it, never attempted.
+#[tokio::test]
+async fn a_run_created_waits_in_the_outbox_until_its_run_moves_on_and_goes_with_an_undone_create() {
+    let (_dir, store) = store().await;
+    let store = Arc::new(store);
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
+    // Nothing listens on port 1 of this machine: an attempt fails at once.
+    let hook = endpoint("http://127.0.0.1:1/hook", EventFilter::All, 1);
+    store.create_webhook(&hook, 20).await.unwrap();
+    let deliverer = Deliverer::new(DeliveryPolicy::new(true), clock.clone());
+    let engine = WebhookEngine::new(deliverer, store.clone(), clock.clone());
+    let queue = OutboxQueue(store.as_ref());
+    let due = || async { store.due_deliveries(clock.now(), &DueSkip::default(), 10).await.unwrap() };
+    let attempts = || async { store.deliveries(&owner(), hook.id, None, 10).await.unwrap().items.len() };
+
+    let mut run = insert_run(&store, 10).await;
+    let step = engine.deliver(&queue, &due().await[0]).await.unwrap();
+    assert!(matches!(step, Delivered::Held(until) if until == clock.now().plus(Duration::from_secs(2))), "{step:?}");
+    assert!(due().await.is_empty(), "put back until it looks again");
+    assert_eq!(attempts().await, 0);
+    // A worker takes the run (so it was queued): at its next look it goes.
+    run.claim("w", clock.now(), &ExecutionPolicy::default()).unwrap();
+    store.update(&mut run).await.unwrap();
+    clock.advance(Duration::from_secs(2));
+    let step = engine.deliver(&queue, &due().await[0]).await.unwrap();
+    assert!(matches!(step, Delivered::Attempted(_)), "{step:?}");
+    assert_eq!(attempts().await, 1);
+
+    // A create undone (its enqueue failed) while its run.created waits.
+    let undone = insert_run(&store, 11).await;
+    let waiting = due().await.into_iter().find(|delivery| delivery.run_id == undone.id).unwrap();
+    assert!(matches!(engine.deliver(&queue, &waiting).await.unwrap(), Delivered::Held(_)));
+    assert!(store.undo_create(&undone, None).await.unwrap());
+    clock.advance(CREATE_SETTLED_AFTER);
+    assert!(due().await.iter().all(|delivery| delivery.run_id != undone.id), "gone with its run");
+    assert_eq!(attempts().await, 1, "never attempted");
+
+    // Unclaimed, a create is surely answered after CREATE_SETTLED_AFTER: sent then.
+    let late = insert_run(&store, 12).await;
+    let waiting = due().await.into_iter().find(|delivery| delivery.run_id == late.id).unwrap();
+    assert!(matches!(engine.deliver(&queue, &waiting).await.unwrap(), Delivered::Attempted(_)), "settled by now");
 }

@@ -424,7 +424,7 @@ impl Outbox for SqliteStore {
                         continue;
                     };
                     due.push(PendingDelivery {
-                        id: outbox_id,
+                        place: outbox_id,
                         endpoint: endpoint.clone(),
                         run_id,
                         event,
@@ -437,6 +437,20 @@ impl Outbox for SqliteStore {
         .await
     }
 
+    async fn hold_delivery(&self, delivery: &PendingDelivery, until: Timestamp) -> Result<(), StoreError> {
+        let (id, webhook_id, attempts) = (delivery.place, delivery.endpoint.id.to_string(), delivery.attempts);
+        self.write(move |transaction, _| {
+            transaction
+                .execute(
+                    "UPDATE webhook_outbox SET next_attempt_at = ?4 WHERE id = ?1 AND webhook_id = ?2 AND attempts = ?3",
+                    params![id, webhook_id, attempts, until.millis()],
+                )
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn finish_delivery(
         &self,
         delivery: &PendingDelivery,
@@ -444,7 +458,7 @@ impl Outbox for SqliteStore {
         health: EndpointHealth,
         retry_at: Option<Timestamp>,
     ) -> Result<(), StoreError> {
-        let (id, attempts, attempt) = (delivery.id, delivery.attempts, attempt.clone());
+        let (id, attempts, attempt) = (delivery.place, delivery.attempts, attempt.clone());
         self.write(move |transaction, _| {
             // The endpoint may have been deleted while the attempt was made.
             if find_endpoint(transaction, &attempt.webhook_id.to_string())?.is_some() {

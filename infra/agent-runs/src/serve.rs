@@ -114,7 +114,7 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     agent_runs_shared::telemetry::init(&config.traces)?;
     let registry = args.metrics_addr.map(|_| Arc::new(Registry::default()));
     let sink = registry.clone().map(|registry| registry as Arc<dyn MetricsSink>);
-    let runs = Measured::wrap(Arc::new(store.clone()), sink);
+    let runs = Measured::wrap(Arc::new(store.clone()), sink.clone());
     if let (Some(addr), Some(registry)) = (args.metrics_addr, &registry) {
         let listener =
             TcpListener::bind(addr).await.map_err(|error| format!("cannot listen on {addr} for metrics: {error}"))?;
@@ -137,12 +137,9 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     };
     let pool = WorkerPool::start(settings, || services.worker(), receiver, queue, services.sweeper());
     let (stop_deliveries, stopped) = tokio::sync::watch::channel(false);
-    let mut deliverer = services.deliverer();
-    if let Some(registry) = registry {
-        deliverer = deliverer.with_metrics(registry);
-    }
-    let deliveries = OutboxWorker::new(Arc::new(store.clone()), deliverer);
-    let deliveries = tokio::spawn(deliveries.run(services.clock.clone(), stopped));
+    let engine = services.webhook_engine(sink);
+    let deliveries = OutboxWorker::new(Arc::new(store.clone()), engine);
+    let deliveries = tokio::spawn(deliveries.run(stopped));
 
     let listener =
         TcpListener::bind(args.addr).await.map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;

@@ -289,12 +289,13 @@ pub const FUNCTIONS: [Function; 16] = [
         memory: None,
         extra: "",
         environment: &[WEBHOOK_QUEUE_URL],
-        // The endpoint and the event; the attempt, the endpoint's health and
-        // the claim of a retry (so a repeated message queues it once). A
-        // failed delivery's next attempt is a new message; one that could
-        // not be attempted is hidden for a while.
+        // The endpoint and the event; whether a held run.created's run moved
+        // on (Query); the attempt, the endpoint's health and the claim of a
+        // retry (so a repeated message queues it once). A failed delivery's
+        // next attempt is a new message; one that could not be attempted is
+        // hidden for a while.
         grants: &[
-            Grant::Table(&["GetItem", "PutItem", "UpdateItem"]),
+            Grant::Table(&["GetItem", "Query", "PutItem", "UpdateItem"]),
             Grant::Queue("WebhookDeliveryQueue", &["SendMessage", "ChangeMessageVisibility"]),
         ],
         trigger: Trigger::Events(

@@ -792,8 +792,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
     let aws = Aws::with(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")]).await;
     let queue = aws.services.webhook_queue.clone().expect("aws-setup names the delivery queue");
     let deliveries_url = aws.webhook_queue_url.clone();
-    let deliverer = aws.services.services.deliverer();
-    let clock = aws.services.services.clock.as_ref();
+    let engine = aws.services.services.webhook_engine(None);
 
     let url = receiver.url("aws");
     let (status, endpoint) =
@@ -825,7 +824,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
         let event = delivery_event(&aws, &deliveries_url).await;
         assert!(!event.records.is_empty(), "a message per event was queued");
         delivered += event.records.len();
-        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
+        let response = handle_deliveries(&engine, &aws.services.store, &queue, event).await;
         assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     }
     let received = blocking(Box::new(|receiver| Value::from(receiver.received("aws")))).await;
@@ -861,7 +860,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
             break;
         }
         attempted += event.records.len();
-        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
+        let response = handle_deliveries(&engine, &aws.services.store, &queue, event).await;
         assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     }
     assert_eq!(attempted, 6, "three repeats and the second run's three events");
@@ -892,7 +891,7 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
             assert_eq!(message["attempts"], 1, "{message}");
         }
         retried += event.records.len();
-        let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
+        let response = handle_deliveries(&engine, &aws.services.store, &queue, event).await;
         assert!(response.batch_item_failures.is_empty());
     }
     assert_eq!(retried, 6);
@@ -908,8 +907,9 @@ async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_an_undone_create() {
     use agent_runs_shared::domain::{Clock, ManualClock, Owner, RunId};
-    use agent_runs_shared::lambda::{CREATE_SETTLED_AFTER, handle_deliveries};
+    use agent_runs_shared::lambda::handle_deliveries;
     use agent_runs_shared::store::RunStore;
+    use agent_runs_shared::webhooks::{CREATE_SETTLED_AFTER, WebhookEngine};
     use support::receiver::Receiver;
 
     if support::without_emulator("a_run_created_is_held_until_its_create_is_answered") {
@@ -922,6 +922,9 @@ async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_a
     let aws = Aws::with(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")]).await;
     let queue = aws.services.webhook_queue.clone().unwrap();
     let deliverer = aws.services.services.deliverer();
+    let store = Arc::new(aws.services.store.clone());
+    // The engine as the deliver function has it, with the clock given.
+    let engine_at = |at| WebhookEngine::new(deliverer.clone(), store.clone(), Arc::new(ManualClock::new(at)));
     let endpoint = subscribe_to_run_created(&aws, &receiver, "held", json!({})).await;
     let owner = Owner::parse("dev").unwrap();
     // The notifier's message for a run's run.created, as SQS hands it over.
@@ -955,7 +958,8 @@ async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_a
     // A run no worker has taken yet: its run.created waits, as a delayed message.
     let (_, undone) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "a"}))).await;
     let now = aws.services.services.clock.as_ref();
-    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, now, message_for(&undone)).await;
+    let engine = aws.services.services.webhook_engine(None);
+    let response = handle_deliveries(&engine, &aws.services.store, &queue, message_for(&undone)).await;
     assert!(response.batch_item_failures.is_empty());
     assert!(received(receiver.clone()).await.is_empty(), "not sent while its create may still be undone");
     assert_eq!(waiting().await, 1, "held as a delayed message");
@@ -980,7 +984,7 @@ async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_a
     );
     assert!(!body["not_before"].is_null(), "{body}");
     let later = ManualClock::new(run.created_at.plus(CREATE_SETTLED_AFTER + std::time::Duration::from_secs(1)));
-    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, &later, held).await;
+    let response = handle_deliveries(&engine_at(later.now()), &aws.services.store, &queue, held).await;
     assert!(response.batch_item_failures.is_empty());
     assert!(received(receiver.clone()).await.is_empty(), "never sent for an undone create");
     assert_eq!(waiting().await, 0, "and not held again");
@@ -989,7 +993,7 @@ async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_a
     let (_, kept) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "b"}))).await;
     let created = aws.services.store.get(&owner, id(&kept).parse().unwrap()).await.unwrap().unwrap().created_at;
     let later = ManualClock::new(created.plus(CREATE_SETTLED_AFTER + std::time::Duration::from_secs(1)));
-    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, &later, message_for(&kept)).await;
+    let response = handle_deliveries(&engine_at(later.now()), &aws.services.store, &queue, message_for(&kept)).await;
     assert!(response.batch_item_failures.is_empty());
     let got = received(receiver.clone()).await;
     assert_eq!(got.len(), 1, "{got:#?}");
@@ -998,7 +1002,7 @@ async fn a_run_created_is_held_until_its_create_is_answered_and_never_sent_for_a
     let (_, taken) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "c"}))).await;
     aws.deliver().await;
     assert!(now.now() < later.now());
-    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, now, message_for(&taken)).await;
+    let response = handle_deliveries(&engine, &aws.services.store, &queue, message_for(&taken)).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(received(receiver.clone()).await.len(), 2);
     assert_eq!(waiting().await, 0, "neither was held");
@@ -1015,7 +1019,7 @@ async fn two_messages_for_the_same_attempt_send_twice_under_one_id_and_queue_one
     let receiver = Arc::new(tokio::task::spawn_blocking(Receiver::start).await.unwrap());
     let aws = Aws::with(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")]).await;
     let queue = aws.services.webhook_queue.clone().unwrap();
-    let deliverer = aws.services.services.deliverer();
+    let engine = aws.services.services.webhook_engine(None);
     let endpoint = subscribe_to_run_created(&aws, &receiver, "twice", json!({"status": 503})).await;
     let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "a"}))).await;
     let (_, failures) = aws.deliver().await;
@@ -1028,8 +1032,7 @@ async fn two_messages_for_the_same_attempt_send_twice_under_one_id_and_queue_one
                "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}})
     };
     let event: SqsEvent = serde_json::from_value(json!({"Records": [record("m-1"), record("m-2")]})).unwrap();
-    let clock = aws.services.services.clock.as_ref();
-    let response = handle_deliveries(&aws.services.store, &queue, &deliverer, clock, event).await;
+    let response = handle_deliveries(&engine, &aws.services.store, &queue, event).await;
     assert!(response.batch_item_failures.is_empty());
     let got = {
         let receiver = receiver.clone();

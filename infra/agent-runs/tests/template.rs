@@ -391,8 +391,8 @@ fn functions_that_read_items_in_batches_may() {
 /// so only this test sees a missing permission): the API function keeps
 /// endpoints and their count in transactions; the notifier reads endpoints
 /// and queues deliveries (and its event source describes failed records in
-/// the dead-letter queue); deliver reads the endpoint and event, records
-/// attempts, claims retries, queues a retry as a new message and hides one
+/// the dead-letter queue); deliver reads the endpoint and event (and, for a
+/// held run.created, whether its run moved on: a Query), records attempts, claims retries, queues a retry as a new message and hides one
 /// it could not attempt.
 #[test]
 fn the_webhook_functions_may_make_the_calls_they_make() {
@@ -411,7 +411,7 @@ fn the_webhook_functions_may_make_the_calls_they_make() {
     let deliver = &resources["DeliverFunction"];
     assert_eq!(
         actions_on(deliver, "RunsTable.Arn"),
-        set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])
+        set(&["dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem"])
     );
     assert_eq!(
         actions_on(deliver, "WebhookDeliveryQueue.Arn"),
@@ -434,7 +434,7 @@ fn a_create_is_answered_before_its_run_created_webhook_may_go() {
     let create = &template["Resources"]["CreateFunction"]["Properties"];
     let timeout = create["Timeout"].as_u64().or_else(|| template["Globals"]["Function"]["Timeout"].as_u64()).unwrap();
     assert!(
-        std::time::Duration::from_secs(timeout) < agent_runs_shared::lambda::CREATE_SETTLED_AFTER,
+        std::time::Duration::from_secs(timeout) < agent_runs_shared::webhooks::CREATE_SETTLED_AFTER,
         "the create function's timeout ({timeout} s) must end before run.created deliveries are released"
     );
 }

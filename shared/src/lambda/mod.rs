@@ -12,7 +12,7 @@ mod worker;
 pub use dead_letter::{handle_dead_letters, run_dead_letter};
 pub use http::{from_api_response, into_api_request, run_http};
 pub use sweeper::run_sweeper;
-pub use webhooks::{CREATE_SETTLED_AFTER, handle_deliveries, handle_stream, run_deliver, run_notifier};
+pub use webhooks::{handle_deliveries, handle_stream, run_deliver, run_notifier};
 pub use worker::{handle_batch, run_worker};
 
 pub type Error = lambda_runtime::Error;

@@ -14,13 +14,15 @@ use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventR
 use futures_util::future::join_all;
 use lambda_runtime::{LambdaEvent, service_fn};
 
+use async_trait::async_trait;
+
 use crate::aws::AwsServices;
 use crate::domain::{Clock, Owner, Timestamp, WebhookEndpoint, WebhookStatus};
 use crate::error_chain;
-use crate::metrics::EmfSink;
+use crate::metrics::{EmfSink, MetricsSink};
 use crate::queue::{DeliveryMessage, WebhookQueue};
-use crate::store::{DynamoStore, StoreError, StoredEvent, WebhookStore, decode_stream_event};
-use crate::webhooks::Deliverer;
+use crate::store::{Delivery, DynamoStore, StoreError, WebhookStore, decode_stream_event};
+use crate::webhooks::{AttemptResult, DeliveryError, DeliveryQueue, EARLY_ENOUGH, WebhookEngine};
 
 /// Queues the deliveries of a batch of stream records, in order. At the
 /// first record that cannot be queued it stops and reports that record,
@@ -73,26 +75,6 @@ pub async fn handle_stream(store: &DynamoStore, queue: &WebhookQueue, event: Str
     response
 }
 
-/// A message received this close to its time is taken as due: SQS's
-/// delays are whole seconds.
-const EARLY_ENOUGH: Duration = Duration::from_secs(1);
-
-/// A create is answered, or its invocation ended, within the API
-/// function's timeout (10 s, template.yaml; a test holds it to this): by
-/// then a create whose run could not be queued has been undone, and its
-/// events with it. A `run.created` is not delivered before, unless its run
-/// has moved on (a worker took it, so it was queued).
-pub const CREATE_SETTLED_AFTER: Duration = Duration::from_secs(15);
-
-/// How often a held `run.created` looks again whether its run moved on.
-const HOLD_STEP: Duration = Duration::from_secs(2);
-
-/// When the create that recorded `event` is surely answered, for a
-/// `run.created`.
-fn create_settles_at(event: &StoredEvent) -> Option<Timestamp> {
-    (event.seq == 1 && event.kind == "run.created").then(|| event.at.plus(CREATE_SETTLED_AFTER))
-}
-
 /// How long a message whose delivery could not be attempted (a failed
 /// read or record) is hidden: growing with its receives, so an outage of
 /// hours passes before SQS's 20 receives send it to the dead-letter queue.
@@ -103,23 +85,80 @@ fn backoff(record: &SqsMessage) -> Duration {
         .min(Duration::from_secs(15 * 60))
 }
 
-/// Makes the attempts of a batch of delivery messages, all at once. A
-/// message is acknowledged when its delivery is done (delivered, given up,
-/// its endpoint or event gone) or its next attempt is queued as a message
-/// of its own; one that is not due yet, or could not be attempted or
-/// recorded, is hidden for a while and reported, so SQS keeps it.
+/// The delivery queue in SQS as the engine's queue: a delivery's place is
+/// the message it came in (its id and body). A failed attempt's next one
+/// is a message of its own, due at its time.
+struct SqsDeliveries<'a> {
+    store: &'a DynamoStore,
+    queue: &'a WebhookQueue,
+    clock: &'a dyn Clock,
+}
+
+/// A received delivery message.
+struct Received {
+    id: String,
+    message: DeliveryMessage,
+}
+
+#[async_trait]
+impl DeliveryQueue for SqsDeliveries<'_> {
+    type Place = Received;
+
+    async fn finish(&self, delivery: &Delivery<Received>, result: &AttemptResult) -> Result<(), DeliveryError> {
+        let Received { id, message } = &delivery.place;
+        // Made but not recorded (a 410 would not disable the endpoint):
+        // made again later rather than lost.
+        self.store
+            .record_attempt(&message.owner, &result.attempt, result.health)
+            .await
+            .map_err(DeliveryError::Record)?;
+        let Some(retry_at) = result.retry_at else {
+            return Ok(());
+        };
+        let next = DeliveryMessage { attempts: result.attempt.attempt, not_before: Some(retry_at), ..message.clone() };
+        // Claimed first (by this message's id), so that two messages for
+        // the same attempt (the notifier re-queueing a record, a send whose
+        // answer was lost) go on as one series. Two receipts of the very
+        // same message share its id: each may queue the next attempt once,
+        // and the claim of that next attempt makes them one series again.
+        let claimed = self
+            .store
+            .claim_retry(next.webhook_id, next.run_id, next.seq, next.attempts, id)
+            .await
+            .map_err(DeliveryError::Claim)?;
+        if claimed {
+            // Should this fail, the message is received again, makes its
+            // attempt again and, holding the claim, queues the next one.
+            self.queue.send_later(&next, retry_at.since(self.clock.now())).await.map_err(DeliveryError::Queue)?;
+        }
+        Ok(())
+    }
+
+    async fn hold(&self, delivery: &Delivery<Received>, until: Timestamp) -> Result<(), DeliveryError> {
+        // A message of its own that comes back then to look again.
+        let held = DeliveryMessage { not_before: Some(until), ..delivery.place.message.clone() };
+        self.queue.send_later(&held, until.since(self.clock.now())).await.map_err(DeliveryError::Queue)
+    }
+}
+
+/// Takes the steps of a batch of delivery messages, all at once. A message
+/// is acknowledged when its delivery is done (delivered, given up, its
+/// endpoint or event gone), held or its next attempt queued as a message of
+/// its own; one that is not due yet is sent on, delayed; one that could not
+/// be attempted or recorded is hidden for a while and reported, so SQS
+/// keeps it.
 pub async fn handle_deliveries(
+    engine: &WebhookEngine,
     store: &DynamoStore,
     queue: &WebhookQueue,
-    deliverer: &Deliverer,
-    clock: &dyn Clock,
     event: SqsEvent,
 ) -> SqsBatchResponse {
+    let clock = engine.clock();
+    let deliveries = &SqsDeliveries { store, queue, clock };
     let results = join_all(event.records.into_iter().map(|record| async move {
         let id = record.message_id.clone().unwrap_or_default();
-        let receipt = record.receipt_handle.clone().unwrap_or_default();
         let keep = |delay: Duration| {
-            let (receipt, id) = (receipt.clone(), id.clone());
+            let (receipt, id) = (record.receipt_handle.clone().unwrap_or_default(), id.clone());
             async move {
                 if let Err(error) = queue.hide(&receipt, delay).await {
                     tracing::warn!(error = %error_chain(&error), "cannot hide a delivery message; the queue's visibility timeout applies");
@@ -157,60 +196,12 @@ pub async fn handle_deliveries(
                 return keep(backoff(&record)).await;
             }
         };
-        if let Some(settles) = create_settles_at(&event).filter(|settles| *settles > now.plus(EARLY_ENOUGH)) {
-            match store.event(message.run_id, 2).await {
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    // Held, as a message of its own that comes back in a
-                    // moment to look again; by `settles` the event is gone
-                    // if the create was undone.
-                    let again = now.plus(HOLD_STEP).min(settles);
-                    let held = DeliveryMessage { not_before: Some(again), ..message };
-                    return match queue.send_later(&held, again.since(now)).await {
-                        Ok(()) => Ok(()),
-                        Err(error) => {
-                            tracing::warn!(error = %error_chain(&error), "cannot hold a run.created delivery; trying later");
-                            keep(backoff(&record)).await
-                        }
-                    };
-                }
-                Err(error) => {
-                    tracing::warn!(error = %error_chain(&error), "cannot read a run's events; trying later");
-                    return keep(backoff(&record)).await;
-                }
-            }
-        }
-        let number = message.attempts.saturating_add(1);
-        let result = deliverer.attempt(&endpoint, message.run_id, &event, number).await;
-        if let Err(error) = store.record_attempt(&message.owner, &result.attempt, result.health).await {
-            // Made but not recorded (a 410 would not disable the endpoint):
-            // made again later rather than lost.
-            tracing::error!(error = %error_chain(&error), webhook_id = %endpoint.id, "cannot record a webhook attempt");
-            return keep(backoff(&record)).await;
-        }
-        let Some(retry_at) = result.retry_at else {
-            return Ok(());
-        };
-        let next = DeliveryMessage { attempts: number, not_before: Some(retry_at), ..message };
-        // Claimed first (by this message's id), so that two messages for
-        // the same attempt (the notifier re-queueing a record, a send whose
-        // answer was lost) go on as one series. Two receipts of the very
-        // same message share its id: each may queue the next attempt once,
-        // and the claim of that next attempt makes them one series again.
-        match store.claim_retry(next.webhook_id, next.run_id, next.seq, next.attempts, &id).await {
-            Ok(true) => {}
-            Ok(false) => return Ok(()),
+        let (run_id, attempts) = (message.run_id, message.attempts);
+        let delivery = Delivery { place: Received { id: id.clone(), message }, endpoint, run_id, event, attempts };
+        match engine.deliver(deliveries, &delivery).await {
+            Ok(_) => Ok(()),
             Err(error) => {
-                tracing::warn!(error = %error_chain(&error), "cannot claim a delivery's next attempt; trying later");
-                return keep(backoff(&record)).await;
-            }
-        }
-        match queue.send_later(&next, retry_at.since(clock.now())).await {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                // Received again, this message makes its attempt again and,
-                // holding the claim, queues the next one.
-                tracing::warn!(error = %error_chain(&error), "cannot queue a delivery's next attempt; trying later");
+                tracing::warn!(error = %error_chain(&error), webhook_id = %delivery.endpoint.id, "a webhook delivery is kept; trying later");
                 keep(backoff(&record)).await
             }
         }
@@ -244,14 +235,11 @@ pub async fn run_deliver() -> Result<(), super::Error> {
     let aws = AwsServices::from_env().await?;
     aws.warm_up();
     let queue = webhook_queue(&aws)?;
-    let mut deliverer = aws.services.deliverer();
-    if aws.services.config.emf_metrics {
-        deliverer = deliverer.with_metrics(Arc::new(EmfSink));
-    }
-    let clock = aws.services.clock.clone();
-    let (store, queue, deliverer, clock) = (&aws.store, &queue, &deliverer, clock.as_ref());
+    let metrics: Option<Arc<dyn MetricsSink>> = aws.services.config.emf_metrics.then(|| Arc::new(EmfSink) as _);
+    let engine = aws.services.webhook_engine(metrics);
+    let (engine, store, queue) = (&engine, &aws.store, &queue);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        Ok::<_, super::Error>(handle_deliveries(store, queue, deliverer, clock, event.payload).await)
+        Ok::<_, super::Error>(handle_deliveries(engine, store, queue, event.payload).await)
     }))
     .await
 }

@@ -375,12 +375,11 @@ pub trait WebhookStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 }
 
-/// An event an endpoint is yet to receive, from the embedded server's
-/// outbox (written in the transaction of the event).
+/// A delivery whose time has come: the endpoint and the event as read,
+/// and the delivery's place in the queue it waits in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingDelivery {
-    /// Its place in the outbox.
-    pub id: i64,
+pub struct Delivery<P> {
+    pub place: P,
     /// The endpoint as the read found it (enabled).
     pub endpoint: WebhookEndpoint,
     pub run_id: RunId,
@@ -388,6 +387,10 @@ pub struct PendingDelivery {
     /// Attempts made so far.
     pub attempts: u32,
 }
+
+/// A delivery of the embedded server's outbox (written in the transaction
+/// of its event), in its place there: the outbox row's id.
+pub type PendingDelivery = Delivery<i64>;
 
 /// Endpoints and owners whose deliveries a read of the outbox leaves out
 /// (they have as many in flight as they may).
@@ -413,6 +416,9 @@ pub trait Outbox: Send + Sync + 'static {
         skip: &DueSkip,
         per_endpoint: u32,
     ) -> Result<Vec<PendingDelivery>, StoreError>;
+    /// Puts the delivery back, not attempted, until `until` (unless it was
+    /// removed or moved on meanwhile).
+    async fn hold_delivery(&self, delivery: &PendingDelivery, until: Timestamp) -> Result<(), StoreError>;
     /// Records the attempt and its effect on the endpoint, then schedules
     /// the delivery's next attempt at `retry_at`, or drops it when `None`
     /// (delivered, or given up), all in one transaction.

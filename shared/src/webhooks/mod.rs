@@ -1,8 +1,10 @@
 //! Delivering events to webhook endpoints: one signed attempt
-//! ([`Deliverer::attempt`]), the same on every way of running; the
-//! embedded server's outbox worker ([`OutboxWorker`]); and on AWS the
-//! stream notifier and the delivery queue's consumer (`crate::lambda`).
+//! ([`Deliverer::attempt`]) and what becomes of a delivery
+//! ([`WebhookEngine`]), the same on every way of running; the queues that
+//! feed the engine: the embedded server's outbox ([`OutboxWorker`]) and,
+//! on AWS, the stream notifier and the delivery queue (`crate::lambda`).
 
+mod engine;
 mod outbox_worker;
 
 use std::sync::Arc;
@@ -17,7 +19,8 @@ use crate::public_network;
 use crate::store::StoredEvent;
 use crate::views::EventView;
 
-pub use outbox_worker::OutboxWorker;
+pub use engine::{CREATE_SETTLED_AFTER, Delivered, DeliveryError, DeliveryQueue, EARLY_ENOUGH, WebhookEngine};
+pub use outbox_worker::{OutboxQueue, OutboxWorker};
 
 /// The most of an error text an attempt keeps.
 const ERROR_CHARS: usize = 200;

@@ -11,10 +11,12 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use super::Deliverer;
-use crate::domain::{Clock, Owner, WebhookId};
+use async_trait::async_trait;
+
+use super::{AttemptResult, Delivered, DeliveryError, DeliveryQueue, WebhookEngine};
+use crate::domain::{Owner, Timestamp, WebhookId};
 use crate::error_chain;
-use crate::store::{DueSkip, Outbox, PendingDelivery};
+use crate::store::{Delivery, DueSkip, Outbox, PendingDelivery};
 
 /// How long the worker sleeps when nothing is due and no commit woke it:
 /// the latest a retry falls due is this much after its time.
@@ -30,7 +32,7 @@ const RECORD_ATTEMPTS: u32 = 8;
 
 pub struct OutboxWorker {
     outbox: Arc<dyn Outbox>,
-    deliverer: Deliverer,
+    engine: WebhookEngine,
 }
 
 /// What is in flight: deliveries by outbox id, and how many per endpoint
@@ -62,20 +64,20 @@ impl InFlight {
         let owner = self.per_owner.get(&delivery.endpoint.owner).copied().unwrap_or(0);
         if endpoint >= limits.per_endpoint
             || owner >= limits.per_owner
-            || self.deliveries.contains(&delivery.id)
-            || self.finished.get(&delivery.id).is_some_and(|finished_during| *finished_during >= read)
+            || self.deliveries.contains(&delivery.place)
+            || self.finished.get(&delivery.place).is_some_and(|finished_during| *finished_during >= read)
         {
             return false;
         }
-        self.deliveries.insert(delivery.id);
+        self.deliveries.insert(delivery.place);
         *self.per_endpoint.entry(delivery.endpoint.id).or_default() += 1;
         *self.per_owner.entry(delivery.endpoint.owner.clone()).or_default() += 1;
         true
     }
 
     fn finish(&mut self, delivery: &PendingDelivery) {
-        self.deliveries.remove(&delivery.id);
-        self.finished.insert(delivery.id, self.reads);
+        self.deliveries.remove(&delivery.place);
+        self.finished.insert(delivery.place, self.reads);
         release(&mut self.per_endpoint, &delivery.endpoint.id);
         release(&mut self.per_owner, &delivery.endpoint.owner);
     }
@@ -127,14 +129,14 @@ struct DeliveryLimits {
 }
 
 impl OutboxWorker {
-    pub fn new(outbox: Arc<dyn Outbox>, deliverer: Deliverer) -> Self {
-        OutboxWorker { outbox, deliverer }
+    pub fn new(outbox: Arc<dyn Outbox>, engine: WebhookEngine) -> Self {
+        OutboxWorker { outbox, engine }
     }
 
     /// Delivers until `stop` is sent (or dropped); deliveries in flight then
     /// are dropped unrecorded (they are in the outbox still, and go out again).
-    pub async fn run(self, clock: Arc<dyn Clock>, mut stop: watch::Receiver<bool>) {
-        let policy = self.deliverer.policy();
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let policy = self.engine.deliverer().policy();
         let limits =
             DeliveryLimits { per_endpoint: policy.per_endpoint_concurrency, per_owner: policy.per_owner_concurrency };
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
@@ -147,7 +149,11 @@ impl OutboxWorker {
                 let mut in_flight = crate::lock(&in_flight);
                 (in_flight.begin_read(), in_flight.saturated(&limits))
             };
-            match worker.outbox.due_deliveries(clock.now(), &saturated, limits.per_endpoint as u32).await {
+            match worker
+                .outbox
+                .due_deliveries(worker.engine.clock().now(), &saturated, limits.per_endpoint as u32)
+                .await
+            {
                 Ok(due) => {
                     for delivery in due {
                         let Ok(slot) = slots.clone().try_acquire_owned() else { break };
@@ -183,36 +189,57 @@ impl OutboxWorker {
         tasks.abort_all();
     }
 
-    /// Makes the delivery's attempt with the endpoint as the outbox read
-    /// found it (deleting or disabling it removes its outbox rows; a
-    /// delivery read just before goes out, and its record is dropped).
+    /// Takes the delivery's step with the endpoint as the outbox read found
+    /// it (deleting or disabling it removes its outbox rows; a delivery read
+    /// just before goes out, and its record is dropped).
     async fn deliver(&self, delivery: &PendingDelivery) {
-        let endpoint = &delivery.endpoint;
-        let number = delivery.attempts.saturating_add(1);
-        let result = self.deliverer.attempt(endpoint, delivery.run_id, &delivery.event, number).await;
-        // The attempt was made: record it, trying again rather than send it
-        // again. Only if the store stays down is it left in the outbox as it
-        // was, to be sent again (at least once).
+        let webhook_id = delivery.endpoint.id;
+        match self.engine.deliver(&OutboxQueue(self.outbox.as_ref()), delivery).await {
+            Ok(Delivered::Attempted(result)) => tracing::debug!(
+                %webhook_id,
+                event_id = %result.attempt.event_id,
+                attempt = result.attempt.attempt,
+                status = ?result.attempt.http_status,
+                "webhook attempt"
+            ),
+            Ok(Delivered::Held(until)) => tracing::debug!(%webhook_id, %until, "a run.created held"),
+            // Left in the outbox as it was: taken again at the next read.
+            Err(error) => {
+                tracing::error!(error = %error_chain(&error), %webhook_id, "a webhook delivery stays in the outbox")
+            }
+        }
+    }
+}
+
+/// The outbox as the engine's queue: a delivery's place is its row.
+pub struct OutboxQueue<'a>(pub &'a dyn Outbox);
+
+#[async_trait]
+impl DeliveryQueue for OutboxQueue<'_> {
+    type Place = i64;
+
+    /// The attempt was made: it is recorded, trying again rather than send
+    /// it again. Only if the store stays down is it left in the outbox as it
+    /// was, to be sent again (at least once).
+    async fn finish(&self, delivery: &Delivery<i64>, result: &AttemptResult) -> Result<(), DeliveryError> {
         let mut pause = Duration::from_millis(100);
-        for tries_left in (0..RECORD_ATTEMPTS).rev() {
-            match self.outbox.finish_delivery(delivery, &result.attempt, result.health, result.retry_at).await {
-                Ok(()) => break,
+        let mut tries_left = RECORD_ATTEMPTS;
+        loop {
+            tries_left -= 1;
+            match self.0.finish_delivery(delivery, &result.attempt, result.health, result.retry_at).await {
+                Ok(()) => return Ok(()),
+                Err(error) if tries_left == 0 => return Err(DeliveryError::Record(error)),
                 Err(error) => {
-                    tracing::error!(error = %error_chain(&error), webhook_id = %endpoint.id, "cannot record a webhook attempt");
-                    if tries_left > 0 {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(30));
-                    }
+                    tracing::warn!(error = %error_chain(&error), webhook_id = %delivery.endpoint.id, "cannot record a webhook attempt; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
                 }
             }
         }
-        tracing::debug!(
-            webhook_id = %endpoint.id,
-            event_id = %result.attempt.event_id,
-            attempt = result.attempt.attempt,
-            status = ?result.attempt.http_status,
-            "webhook attempt"
-        );
+    }
+
+    async fn hold(&self, delivery: &Delivery<i64>, until: Timestamp) -> Result<(), DeliveryError> {
+        self.0.hold_delivery(delivery, until).await.map_err(DeliveryError::Hold)
     }
 }
 
@@ -224,7 +251,7 @@ mod tests {
     fn delivery(id: i64, endpoint: u128, owner: &str) -> PendingDelivery {
         let at = crate::domain::Timestamp::from_millis(0);
         PendingDelivery {
-            id,
+            place: id,
             endpoint: crate::domain::WebhookEndpoint {
                 id: WebhookId::from_ulid(ulid::Ulid::from_parts(1, endpoint)),
                 owner: Owner::parse(owner).unwrap(),
