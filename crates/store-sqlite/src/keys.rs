@@ -1,6 +1,7 @@
 //! API keys and agent definitions.
 
 use super::*;
+use agent_runs_shared::store::{decode_agent, encode_agent};
 
 /// A key's row as read.
 struct KeyRow {
@@ -115,15 +116,11 @@ impl KeyStore for SqliteStore {
     }
 }
 
-fn decode_agent(text: String) -> Result<AgentDefinition, StoreError> {
-    serde_json::from_str(&text).map_err(|error| StoreError::Defect(format!("cannot decode stored agent: {error}")))
-}
-
 #[async_trait]
 impl AgentStore for SqliteStore {
     async fn put_agent(&self, agent: &AgentDefinition, at: Timestamp) -> Result<(), StoreError> {
         let name = agent.name.clone();
-        let definition = serde_json::to_string(agent).map_err(|error| StoreError::Defect(error.to_string()))?;
+        let definition = encode_agent(agent)?;
         self.write(move |connection, _| {
             connection
                 .execute(
@@ -142,9 +139,9 @@ impl AgentStore for SqliteStore {
         self.read(move |connection| {
             connection
                 .prepare_cached("SELECT definition FROM agents WHERE name = ?1")
-                .and_then(|mut statement| statement.query_row(params![name], |row| row.get(0)).optional())
+                .and_then(|mut statement| statement.query_row(params![name], |row| row.get::<_, String>(0)).optional())
                 .map_err(unavailable)?
-                .map(decode_agent)
+                .map(|text| decode_agent(&text))
                 .transpose()
         })
         .await
@@ -158,7 +155,7 @@ impl AgentStore for SqliteStore {
                 .query_map([], |row| row.get(0))
                 .and_then(|rows| rows.collect::<Result<Vec<String>, _>>())
                 .map_err(unavailable)?;
-            rows.into_iter().map(decode_agent).collect()
+            rows.iter().map(|text| decode_agent(text)).collect()
         })
         .await
     }

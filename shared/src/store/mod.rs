@@ -1,6 +1,7 @@
 //! The ports to persistence: runs with their events, idempotency records
 //! and API keys.
 
+mod agent_record;
 mod change;
 mod dynamodb;
 mod layer;
@@ -14,6 +15,7 @@ use crate::domain::{
 };
 
 pub use crate::domain::{InboxEntry, Run};
+pub use agent_record::{decode_agent, encode_agent};
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if, conflict_backoff};
 pub use dynamodb::{
     ABANDONED_CREATE, APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES,

@@ -3,23 +3,22 @@
 
 use async_trait::async_trait;
 
-use super::{DynamoStore, Item, defect, n, s, text, unavailable};
+use super::{DynamoStore, Item, n, s, text, unavailable};
 use crate::domain::{AgentDefinition, Timestamp};
-use crate::store::{AgentStore, StoreError};
+use crate::store::{AgentStore, StoreError, encode_agent};
 
 fn agent_pk(name: &str) -> String {
     format!("AGENT#{name}")
 }
 
 fn decode_agent(item: &Item) -> Result<AgentDefinition, StoreError> {
-    serde_json::from_str(text(item, "definition")?)
-        .map_err(|error| defect(format!("cannot decode stored agent: {error}")))
+    crate::store::decode_agent(text(item, "definition")?)
 }
 
 #[async_trait]
 impl AgentStore for DynamoStore {
     async fn put_agent(&self, agent: &AgentDefinition, at: Timestamp) -> Result<(), StoreError> {
-        let definition = serde_json::to_string(agent).map_err(defect)?;
+        let definition = encode_agent(agent)?;
         self.client
             .put_item()
             .table_name(&self.table)
