@@ -468,6 +468,9 @@ async fn events_are_written_with_their_change_and_read_in_order(store: &dyn Test
     assert_eq!(store.get(&owner("events"), run.id).await.unwrap().unwrap().event_seq, 7, "the count is stored");
 
     let all = store.events(run.id, 0, 100).await.unwrap();
+    // One event by its seq, as the page has it; none past the log's end.
+    assert_eq!(store.event(run.id, 4).await.unwrap().as_ref(), all.events.get(3));
+    assert_eq!(store.event(run.id, 8).await.unwrap(), None);
     assert_eq!(
         kinds(&all),
         [

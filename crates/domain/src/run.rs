@@ -15,6 +15,8 @@ use super::{
     canonical_json,
 };
 
+mod work;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RunStatus {
     Queued,
@@ -254,13 +256,13 @@ pub fn time_limit_message(limit: Duration) -> String {
     format!("The run exceeded its execution time limit of {} seconds.", limit.as_secs())
 }
 
-fn approval_expired_message(action: &str, timeout: Duration) -> String {
+pub(super) fn approval_expired_message(action: &str, timeout: Duration) -> String {
     let shown: String = action.chars().take(200).collect();
     format!("Nobody decided the approval \"{shown}\" within {} seconds; it expired.", timeout.as_secs())
 }
 
 /// When `approval.expiring` is due for an approval that expires then.
-fn warning_time(expires_at: Timestamp, policy: &ExecutionPolicy) -> Timestamp {
+pub(super) fn warning_time(expires_at: Timestamp, policy: &ExecutionPolicy) -> Timestamp {
     Timestamp::from_millis(expires_at.millis() - policy.approval_warning.as_millis() as i64)
 }
 
@@ -374,7 +376,7 @@ impl Run {
     }
 
     /// Cancels every pending approval (the run is ending).
-    fn cancel_pending_approvals(&mut self, now: Timestamp) {
+    pub(super) fn cancel_pending_approvals(&mut self, now: Timestamp) {
         let mut canceled = Vec::new();
         for approval in &mut self.approvals {
             if approval.status == ApprovalStatus::Pending {
@@ -390,7 +392,7 @@ impl Run {
 
     /// When the sweeper must look at an awaiting run: the first pending
     /// approval's warning, or its expiry once warned.
-    fn next_approval_due(&self, policy: &ExecutionPolicy) -> Option<Timestamp> {
+    pub(super) fn next_approval_due(&self, policy: &ExecutionPolicy) -> Option<Timestamp> {
         self.approvals
             .iter()
             .filter(|approval| approval.status == ApprovalStatus::Pending)
@@ -414,14 +416,14 @@ impl Run {
     }
 
     /// Ends the current stretch of execution, adding it to the total.
-    fn stop_clock(&mut self, now: Timestamp) {
+    pub(super) fn stop_clock(&mut self, now: Timestamp) {
         if let Some(since) = self.running_since.take() {
             self.execution_ms += now.since(since).as_millis() as u64;
         }
     }
 
     /// Moves to a terminal state. `completed_at` is never earlier than `created_at`.
-    fn complete(&mut self, status: RunStatus, now: Timestamp) {
+    pub(super) fn complete(&mut self, status: RunStatus, now: Timestamp) {
         debug_assert!(status.is_terminal());
         self.status = status;
         self.completed_at = Some(now.max(self.created_at));
@@ -438,7 +440,7 @@ impl Run {
         self.record(now, data);
     }
 
-    fn requeue(&mut self, now: Timestamp, policy: &ExecutionPolicy) {
+    pub(super) fn requeue(&mut self, now: Timestamp, policy: &ExecutionPolicy) {
         self.stop_clock(now);
         self.status = RunStatus::Queued;
         self.lease = None;
@@ -449,7 +451,7 @@ impl Run {
     /// The sweeper sends a queued run again: a run that merely waits behind
     /// a backlog is sent again ever more rarely (1, 2, 4 ... 32 times
     /// `requeue_after`), so a backlog does not multiply its own messages.
-    fn resend(&mut self, now: Timestamp, policy: &ExecutionPolicy) {
+    pub(super) fn resend(&mut self, now: Timestamp, policy: &ExecutionPolicy) {
         let wait = policy.requeue_after.saturating_mul(1 << self.resends.min(MAX_RESEND_DOUBLINGS));
         self.resends = self.resends.saturating_add(1);
         self.due_at = Some(now.plus(wait));
@@ -582,251 +584,5 @@ impl Run {
         self.record(now, EventData::ApprovalExtended(approval));
         self.due_at = self.next_approval_due(policy);
         Ok(Changed::Yes)
-    }
-
-    /// A worker takes the run: `queued`, or `running` with an expired lease.
-    pub fn claim(
-        &mut self,
-        worker: &str,
-        now: Timestamp,
-        policy: &ExecutionPolicy,
-    ) -> Result<ClaimOutcome, ClaimRefused> {
-        match self.status {
-            RunStatus::Queued => {}
-            RunStatus::Running => {
-                let held = self.lease.as_ref().is_some_and(|lease| lease.expires_at > now);
-                if held {
-                    return Err(ClaimRefused::LeaseHeld);
-                }
-            }
-            RunStatus::AwaitingApproval => return Err(ClaimRefused::AwaitingApproval),
-            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled => {
-                return Err(ClaimRefused::Terminal);
-            }
-        }
-        if let (Some(since), Some(lease)) = (self.running_since.take(), &self.lease) {
-            // A taken-over run: count the dead worker's time up to its last heartbeat.
-            let last_heartbeat = Timestamp::from_millis(lease.expires_at.millis() - policy.lease.as_millis() as i64);
-            self.execution_ms += last_heartbeat.since(since).as_millis() as u64;
-        }
-        if self.attempts >= policy.max_attempts {
-            self.error = Some(attempts_exhausted_message(policy.max_attempts));
-            self.complete(RunStatus::Failed, now);
-            return Ok(ClaimOutcome::AttemptsExhausted);
-        }
-        if self.execution_time(now) >= policy.max_run_time {
-            self.error = Some(time_limit_message(policy.max_run_time));
-            self.complete(RunStatus::Failed, now);
-            return Ok(ClaimOutcome::AttemptsExhausted);
-        }
-        // Room for this claim's event and the run's last one.
-        if self.events_logged() + 2 > policy.max_events {
-            self.error = Some(event_limit_message(policy.max_events));
-            self.complete(RunStatus::Failed, now);
-            return Ok(ClaimOutcome::AttemptsExhausted);
-        }
-        self.attempts += 1;
-        self.resends = 0;
-        self.status = RunStatus::Running;
-        self.started_at.get_or_insert(now.max(self.created_at));
-        self.running_since = Some(now);
-        self.renew_lease(worker, now, policy);
-        self.record(now, EventData::RunStarted { attempt: self.attempts });
-        Ok(ClaimOutcome::Claimed)
-    }
-
-    fn renew_lease(&mut self, worker: &str, now: Timestamp, policy: &ExecutionPolicy) {
-        let expires_at = now.plus(policy.lease);
-        self.lease = Some(Lease { worker: worker.to_owned(), expires_at });
-        self.due_at = Some(expires_at);
-    }
-
-    /// Whether `worker` may still write to this run as its executor.
-    pub fn held_by(&self, worker: &str) -> bool {
-        self.status == RunStatus::Running && self.lease.as_ref().is_some_and(|lease| lease.worker == worker)
-    }
-
-    fn ensure_held_by(&self, worker: &str) -> Result<(), TransitionError> {
-        if self.held_by(worker) { Ok(()) } else { Err(TransitionError::LeaseLost) }
-    }
-
-    /// Extends the lease and saves the agent's progress.
-    pub fn heartbeat(
-        &mut self,
-        worker: &str,
-        checkpoint: Option<serde_json::Value>,
-        now: Timestamp,
-        policy: &ExecutionPolicy,
-    ) -> Result<(), TransitionError> {
-        self.ensure_held_by(worker)?;
-        self.renew_lease(worker, now, policy);
-        if checkpoint.is_some() {
-            self.checkpoint = checkpoint;
-        }
-        Ok(())
-    }
-
-    /// The agent asked for approvals: store them with its checkpoint and wait.
-    pub fn park(
-        &mut self,
-        worker: &str,
-        requests: Vec<(ApprovalId, ApprovalRequest)>,
-        checkpoint: serde_json::Value,
-        now: Timestamp,
-        policy: &ExecutionPolicy,
-    ) -> Result<(), TransitionError> {
-        self.ensure_held_by(worker)?;
-        let requested_at = now.max(self.created_at);
-        let expires_at = requested_at.plus(policy.approval_timeout);
-        let mut approval_ids = Vec::with_capacity(requests.len());
-        for (id, request) in requests {
-            let approval = Approval {
-                id,
-                action: request.action,
-                call: request.call,
-                status: ApprovalStatus::Pending,
-                requested_at,
-                resolved_at: None,
-                comment: None,
-                expires_at: Some(expires_at),
-                expiry_warned: false,
-                resolved_by: None,
-                edited_arguments: None,
-            };
-            approval_ids.push(id);
-            self.record(now, EventData::ApprovalRequested(approval.clone()));
-            self.approvals.push(approval);
-        }
-        self.stop_clock(now);
-        self.status = RunStatus::AwaitingApproval;
-        self.lease = None;
-        self.record(now, EventData::RunAwaitingApproval { approval_ids });
-        // The sweeper looks again when the first pending approval is to be
-        // warned about or expires.
-        self.due_at = self.next_approval_due(policy);
-        // The stretch of work up to here finished normally.
-        self.attempts = 0;
-        self.checkpoint = Some(checkpoint);
-        Ok(())
-    }
-
-    /// A worker that stops (shutdown) hands the run back without using up an attempt.
-    pub fn release(
-        &mut self,
-        worker: &str,
-        checkpoint: Option<serde_json::Value>,
-        now: Timestamp,
-        policy: &ExecutionPolicy,
-    ) -> Result<(), TransitionError> {
-        self.ensure_held_by(worker)?;
-        self.attempts = self.attempts.saturating_sub(1);
-        if checkpoint.is_some() {
-            self.checkpoint = checkpoint;
-        }
-        self.requeue(now, policy);
-        self.record(now, EventData::RunRequeued);
-        Ok(())
-    }
-
-    pub fn succeed(&mut self, worker: &str, output: String, now: Timestamp) -> Result<(), TransitionError> {
-        self.ensure_held_by(worker)?;
-        self.output = Some(output);
-        self.complete(RunStatus::Succeeded, now);
-        Ok(())
-    }
-
-    pub fn fail(&mut self, worker: &str, error: String, now: Timestamp) -> Result<(), TransitionError> {
-        self.ensure_held_by(worker)?;
-        self.error = Some(error);
-        self.complete(RunStatus::Failed, now);
-        Ok(())
-    }
-
-    /// A run whose queue message was dead-lettered: fail it unless it has
-    /// moved on (terminal, awaiting a decision, or held by a live lease).
-    pub fn abandon(&mut self, now: Timestamp) -> bool {
-        let stuck = match self.status {
-            RunStatus::Queued => true,
-            RunStatus::Running => self.lease.as_ref().is_none_or(|lease| lease.expires_at <= now),
-            _ => false,
-        };
-        if stuck {
-            self.error =
-                Some("The run could not be executed: its queue message failed repeatedly and was set aside.".into());
-            self.complete(RunStatus::Failed, now);
-        }
-        stuck
-    }
-
-    /// The sweeper could not handle this run, pass after pass: fail it
-    /// rather than retry it forever. `false` when it is already terminal.
-    pub fn fail_unsweepable(&mut self, now: Timestamp) -> bool {
-        if self.status.is_terminal() {
-            return false;
-        }
-        self.cancel_pending_approvals(now);
-        self.error = Some("The run could not be recovered after repeated failures; it was stopped.".into());
-        self.complete(RunStatus::Failed, now);
-        true
-    }
-
-    /// The sweeper's look at a run whose due time has passed.
-    pub fn sweep(&mut self, now: Timestamp, policy: &ExecutionPolicy) -> SweepAction {
-        let due = self.due_at.is_some_and(|due| due <= now);
-        if !due {
-            return SweepAction::Nothing;
-        }
-        match self.status {
-            RunStatus::Queued => {
-                self.resend(now, policy);
-                SweepAction::Enqueue
-            }
-            RunStatus::Running if self.attempts >= policy.max_attempts => {
-                self.error = Some(attempts_exhausted_message(policy.max_attempts));
-                self.complete(RunStatus::Failed, now);
-                SweepAction::Failed
-            }
-            RunStatus::AwaitingApproval => {
-                let mut expired = Vec::new();
-                let mut warned = Vec::new();
-                for approval in &mut self.approvals {
-                    let Some(expires_at) = approval.expires_at.filter(|_| approval.status == ApprovalStatus::Pending)
-                    else {
-                        continue;
-                    };
-                    if expires_at <= now {
-                        approval.status = ApprovalStatus::Expired;
-                        approval.resolved_at = Some(now.max(approval.requested_at));
-                        expired.push(approval.clone());
-                    } else if !approval.expiry_warned && warning_time(expires_at, policy) <= now {
-                        approval.expiry_warned = true;
-                        warned.push(approval.clone());
-                    }
-                }
-                let Some(action) = expired.first().map(|approval| approval.action.clone()) else {
-                    if warned.is_empty() {
-                        return SweepAction::Nothing;
-                    }
-                    for approval in warned {
-                        self.record(now, EventData::ApprovalExpiring(approval));
-                    }
-                    self.due_at = self.next_approval_due(policy);
-                    return SweepAction::Warned;
-                };
-                for approval in expired {
-                    self.record(now, EventData::ApprovalExpired(approval));
-                }
-                self.cancel_pending_approvals(now);
-                self.error = Some(approval_expired_message(&action, policy.approval_timeout));
-                self.complete(RunStatus::Failed, now);
-                SweepAction::Failed
-            }
-            RunStatus::Running => {
-                // The lease has expired: a worker that receives the message takes over.
-                self.due_at = Some(now.plus(policy.requeue_after));
-                SweepAction::Enqueue
-            }
-            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled => SweepAction::Nothing,
-        }
     }
 }

@@ -8,6 +8,8 @@ use ulid::Ulid;
 
 use super::*;
 
+mod tool_calls;
+
 const T0: i64 = 1_795_303_478_123;
 
 fn at(offset_ms: i64) -> Timestamp {
@@ -529,129 +531,4 @@ fn a_claim_that_would_fill_the_log_fails_the_run_instead() {
     assert!(run.error.as_deref().unwrap().contains("limit of 3 events"), "{:?}", run.error);
     // A hand-back took the last place: the end is recorded one past it.
     assert_eq!((kinds(&run).last(), run.events_logged()), (Some(&"run.failed"), 4));
-}
-
-fn awaiting_tool_call() -> Run {
-    let mut run = running();
-    let request = ApprovalRequest {
-        action: "Call the tool `deploy`".into(),
-        call: Some(ProposedCall { tool: "deploy".into(), arguments: serde_json::json!({"env": "prod", "version": 7}) }),
-    };
-    run.park("w1", vec![(approval_id(1), request)], serde_json::json!({}), at(20), &policy()).unwrap();
-    run
-}
-
-fn edit(arguments: serde_json::Value) -> DecisionRequest {
-    ask(Decision::Edit(arguments), None)
-}
-
-#[test]
-fn a_decision_for_other_arguments_changes_nothing() {
-    let mut run = awaiting_tool_call();
-    let digest = run.approvals[0].arguments_sha256().unwrap();
-    let before = run.clone();
-    let stale = DecisionRequest { seen_sha256: Some("0".repeat(64)), ..ask(Decision::Approve, None) };
-    assert_eq!(run.decide(approval_id(1), stale, at(30), &policy()), Err(TransitionError::ArgumentsChanged));
-    assert_eq!(run, before);
-    let bound = DecisionRequest { seen_sha256: Some(digest), ..ask(Decision::Approve, None) };
-    assert_eq!(run.decide(approval_id(1), bound, at(30), &policy()), Ok(DecideOutcome::Requeued));
-}
-
-#[test]
-fn an_edit_approves_with_the_new_arguments_and_repeats_only_as_itself() {
-    let mut run = awaiting_tool_call();
-    let edited = serde_json::json!({"env": "staging", "version": 7});
-    assert_eq!(run.decide(approval_id(1), edit(edited.clone()), at(30), &policy()), Ok(DecideOutcome::Requeued));
-    let approval = &run.approvals[0];
-    assert_eq!((approval.status, approval.edited_arguments.as_ref()), (ApprovalStatus::Approved, Some(&edited)));
-    assert_eq!(approval.arguments_to_use(), Some(&edited));
-    assert_eq!(approval.call.as_ref().unwrap().arguments["env"], "prod", "what was proposed stays on record");
-    assert_eq!(run.decide(approval_id(1), edit(edited), at(31), &policy()), Ok(DecideOutcome::Unchanged));
-    // The same value written otherwise (as a store reads `7.0` back as `7`).
-    let rewritten = serde_json::json!({"version": 7.0, "env": "staging"});
-    assert_eq!(run.decide(approval_id(1), edit(rewritten), at(31), &policy()), Ok(DecideOutcome::Unchanged));
-    for other in [edit(serde_json::json!({"env": "dev"})), ask(Decision::Approve, None)] {
-        assert_eq!(
-            run.decide(approval_id(1), other, at(32), &policy()),
-            Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved))
-        );
-    }
-}
-
-#[test]
-fn an_action_has_no_arguments_to_edit_or_bind_to() {
-    let mut run = awaiting(1);
-    assert_eq!(run.approvals[0].kind(), ApprovalKind::Action);
-    assert_eq!(run.approvals[0].arguments_sha256(), None);
-    assert_eq!(
-        run.decide(approval_id(1), edit(serde_json::json!({})), at(30), &policy()),
-        Err(TransitionError::NothingToEdit)
-    );
-    let bound = DecisionRequest { seen_sha256: Some("0".repeat(64)), ..ask(Decision::Approve, None) };
-    assert_eq!(run.decide(approval_id(1), bound, at(30), &policy()), Err(TransitionError::ArgumentsChanged));
-    assert_eq!(run.approvals[0].status, ApprovalStatus::Pending);
-}
-
-#[test]
-fn extending_moves_expiry_later_only_and_warns_again() {
-    let mut run = awaiting(1);
-    let expires_at = run.approvals[0].expires_at.unwrap();
-    let warn_at = run.due_at.unwrap();
-    assert_eq!(run.sweep(warn_at, &policy()), SweepAction::Warned);
-    assert!(run.approvals[0].expiry_warned);
-    run.take_events();
-
-    let day = Duration::from_secs(24 * 60 * 60);
-    assert_eq!(run.extend_approval(approval_id(1), Duration::from_secs(60), warn_at, &policy()), Ok(Changed::No));
-    assert_eq!(run.approvals[0].expires_at, Some(expires_at), "never earlier than it was");
-
-    let now = warn_at.plus(Duration::from_secs(1));
-    assert_eq!(run.extend_approval(approval_id(1), day, now, &policy()), Ok(Changed::Yes));
-    assert_eq!(run.approvals[0].expires_at, Some(now.plus(day)));
-    assert!(!run.approvals[0].expiry_warned);
-    let warning = policy().approval_warning.as_millis() as i64;
-    assert_eq!(run.due_at, Some(Timestamp::from_millis(now.plus(day).millis() - warning)));
-    assert_eq!(kinds(&run), ["approval.extended"]);
-    assert_eq!(run.extend_approval(approval_id(2), day, now, &policy()), Err(TransitionError::NoSuchApproval));
-    run.decide(approval_id(1), ask(Decision::Approve, None), now, &policy()).unwrap();
-    assert_eq!(
-        run.extend_approval(approval_id(1), day, now, &policy()),
-        Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved))
-    );
-}
-
-#[test]
-fn an_approval_past_its_time_expires_at_the_boundary_and_is_never_decided() {
-    let mut run = awaiting(1);
-    let expires_at = run.approvals[0].expires_at.unwrap();
-    let just_before = Timestamp::from_millis(expires_at.millis() - 1);
-    assert!(!run.clone().expire_if_due(approval_id(1), just_before, &policy()));
-    assert!(run.expire_if_due(approval_id(1), expires_at, &policy()));
-    assert_eq!((run.status, run.approvals[0].status), (RunStatus::Failed, ApprovalStatus::Expired));
-    assert_eq!(
-        run.decide(approval_id(1), ask(Decision::Approve, None), expires_at, &policy()),
-        Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Expired))
-    );
-}
-
-#[test]
-fn edits_may_not_take_a_run_past_its_arguments_total() {
-    let mut run = awaiting_tool_call();
-    let big = serde_json::json!({"env": "x".repeat(MAX_APPROVAL_ARGUMENTS_PER_RUN)});
-    assert_eq!(run.decide(approval_id(1), edit(big), at(30), &policy()), Err(TransitionError::TooManyArguments));
-    assert_eq!(run.approvals[0].status, ApprovalStatus::Pending);
-    assert!(run.pending_events.iter().all(|event| event.data.kind() != "approval.decided"));
-}
-
-#[test]
-fn a_decision_that_leaves_others_pending_moves_the_sweepers_next_look() {
-    let mut run = awaiting(2);
-    let day = Duration::from_secs(24 * 60 * 60);
-    run.extend_approval(approval_id(2), day * 7, at(25), &policy()).unwrap();
-    assert_eq!(
-        run.decide(approval_id(1), ask(Decision::Approve, None), at(30), &policy()),
-        Ok(DecideOutcome::Recorded)
-    );
-    let warning = policy().approval_warning.as_millis() as i64;
-    assert_eq!(run.due_at, Some(Timestamp::from_millis(at(25).plus(day * 7).millis() - warning)));
 }

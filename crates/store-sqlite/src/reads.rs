@@ -143,6 +143,28 @@ impl EventLog for SqliteStore {
         .await
     }
 
+    async fn event(&self, run_id: RunId, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
+        let (run_id, seq) = (run_id.to_string(), seq.min(i64::MAX as u64) as i64);
+        self.read(move |connection| {
+            connection
+                .prepare_cached("SELECT type, created_at, data FROM run_events WHERE run_id = ?1 AND seq = ?2")
+                .and_then(|mut statement| {
+                    statement
+                        .query_row(params![run_id, seq], |row| {
+                            Ok(StoredEvent {
+                                seq: seq as u64,
+                                kind: row.get(0)?,
+                                at: Timestamp::from_millis(row.get(1)?),
+                                data: row.get(2)?,
+                            })
+                        })
+                        .optional()
+                })
+                .map_err(unavailable)
+        })
+        .await
+    }
+
     fn event_signal(&self, run_id: RunId) -> Option<watch::Receiver<u64>> {
         let mut signals = crate::lock(&self.inner.event_signals);
         if signals.len() >= EVENT_SIGNALS_KEPT && !signals.contains_key(&run_id) {

@@ -31,8 +31,19 @@ pub(super) fn enqueue_deliveries(connection: &Connection, owner: &Owner, events:
                AND EXISTS (SELECT 1 FROM json_each(webhooks.events) WHERE value IN ('*', ?5))",
         )
         .map_err(unavailable)?;
+    // A run's second event says its create went through: its run.created,
+    // held until then, is due with it (and before it: the older row).
+    let mut wake = connection
+        .prepare_cached(
+            "UPDATE webhook_outbox SET next_attempt_at = ?2
+             WHERE run_id = ?1 AND seq = 1 AND attempts = 0 AND next_attempt_at > ?2",
+        )
+        .map_err(unavailable)?;
     let mut queued = 0;
     for event in events {
+        if event.seq == 2 {
+            queued += wake.execute(params![event.run_id.to_string(), event.at.millis()]).map_err(unavailable)?;
+        }
         queued += statement
             .execute(params![
                 owner.as_str(),

@@ -59,7 +59,8 @@ const WEBHOOK_QUEUE_URL: (&str, &str) = ("AGENT_RUNS_WEBHOOK_QUEUE_URL", "!Ref W
 /// What changing a run takes: the read, the Query of its last event (when
 /// its count fell behind its log) and the conditional transaction.
 const CHANGE_RUNS: Grant = Grant::Table(&["GetItem", "Query", "PutItem", "UpdateItem", "DeleteItem"]);
-/// Sending a run's id to the workers (the queue's attributes: its backlog).
+/// Sending a run's id to the workers (the queue's attributes: the warm-up's
+/// first call, which opens the connection).
 const SEND_RUNS: Grant = Grant::Queue("RunQueue", &["SendMessage", "GetQueueAttributes"]);
 
 pub const FUNCTIONS: [Function; 16] = [
@@ -289,13 +290,13 @@ pub const FUNCTIONS: [Function; 16] = [
         memory: None,
         extra: "",
         environment: &[WEBHOOK_QUEUE_URL],
-        // The endpoint and the event; whether a held run.created's run moved
-        // on (Query); the attempt, the endpoint's health and the claim of a
-        // retry (so a repeated message queues it once). A failed delivery's
-        // next attempt is a new message; one that could not be attempted is
+        // The endpoint and the event (and a held run.created's run's second
+        // one); the attempt, the endpoint's health and the claim of a retry
+        // (so a repeated message queues it once). A failed delivery's next
+        // attempt is a new message; one that could not be attempted is
         // hidden for a while.
         grants: &[
-            Grant::Table(&["GetItem", "Query", "PutItem", "UpdateItem"]),
+            Grant::Table(&["GetItem", "PutItem", "UpdateItem"]),
             Grant::Queue("WebhookDeliveryQueue", &["SendMessage", "ChangeMessageVisibility"]),
         ],
         trigger: Trigger::Events(

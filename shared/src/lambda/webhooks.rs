@@ -17,12 +17,12 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use async_trait::async_trait;
 
 use crate::aws::AwsServices;
-use crate::domain::{Clock, Owner, Timestamp, WebhookEndpoint, WebhookStatus};
+use crate::domain::{Clock, Owner, WebhookEndpoint, WebhookStatus};
 use crate::error_chain;
 use crate::metrics::{EmfSink, MetricsSink};
 use crate::queue::{DeliveryMessage, WebhookQueue};
-use crate::store::{Delivery, DynamoStore, StoreError, WebhookStore, decode_stream_event};
-use crate::webhooks::{AttemptResult, DeliveryError, DeliveryQueue, EARLY_ENOUGH, WebhookEngine};
+use crate::store::{Delivery, DynamoStore, EventLog, StoreError, WebhookStore, decode_stream_event};
+use crate::webhooks::{AttemptResult, DeliveryError, DeliveryQueue, EARLY_ENOUGH, Held, WebhookEngine};
 
 /// Queues the deliveries of a batch of stream records, in order. At the
 /// first record that cannot be queued it stops and reports that record,
@@ -134,10 +134,12 @@ impl DeliveryQueue for SqsDeliveries<'_> {
         Ok(())
     }
 
-    async fn hold(&self, delivery: &Delivery<Received>, until: Timestamp) -> Result<(), DeliveryError> {
-        // A message of its own that comes back then to look again.
-        let held = DeliveryMessage { not_before: Some(until), ..delivery.place.message.clone() };
-        self.queue.send_later(&held, until.since(self.clock.now())).await.map_err(DeliveryError::Queue)
+    /// As a message of its own that comes back to look again: nothing
+    /// wakes a message when the run moves on.
+    async fn hold(&self, delivery: &Delivery<Received>, held: Held) -> Result<(), DeliveryError> {
+        let until = held.look_again;
+        let message = DeliveryMessage { not_before: Some(until), ..delivery.place.message.clone() };
+        self.queue.send_later(&message, until.since(self.clock.now())).await.map_err(DeliveryError::Queue)
     }
 }
 

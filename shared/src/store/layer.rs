@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::{
     BatchWriteError, DueRun, EventLog, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
-    ListRequest, RunLists, RunStore, Settled, StoreError, Upkeep, ViewPage,
+    ListRequest, RunLists, RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage,
 };
 use crate::domain::{Owner, Run, RunId, Timestamp};
 
@@ -25,6 +25,7 @@ pub enum Call<'a> {
     ListViews,
     Inbox,
     Events(RunId),
+    Event(RunId),
     Due,
     SettleCounts { deadline: Option<std::time::Instant> },
 }
@@ -42,6 +43,7 @@ impl Call<'_> {
             Call::ListViews => "list_views",
             Call::Inbox => "inbox",
             Call::Events(_) => "events",
+            Call::Event(_) => "event",
             Call::Due => "due",
             Call::SettleCounts { .. } => "settle_counts",
         }
@@ -175,6 +177,7 @@ impl<S: RunStore + ?Sized, H: Hooks> RunStore for Layered<S, H> {
 
 /// Puts back the runs a write was given, where they were kept.
 fn restore(runs: &mut [Run], kept: Option<Vec<Run>>) {
+    debug_assert!(kept.is_some() || runs.is_empty(), "a hook put an error in place of a write without MAY_FAIL_AFTER");
     if let Some(kept) = kept {
         runs.clone_from_slice(&kept);
     }
@@ -199,6 +202,10 @@ impl<S: RunLists + ?Sized, H: Hooks> RunLists for Layered<S, H> {
 impl<S: EventLog + ?Sized, H: Hooks> EventLog for Layered<S, H> {
     async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
         self.read(Call::Events(run_id), self.inner.events(run_id, after, limit)).await
+    }
+
+    async fn event(&self, run_id: RunId, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
+        self.read(Call::Event(run_id), self.inner.event(run_id, seq)).await
     }
 
     fn event_signal(&self, run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {

@@ -229,6 +229,9 @@ pub trait EventLog: Send + Sync + 'static {
     /// the caller checks.
     async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError>;
 
+    /// The run's event `seq`, if it exists (strongly consistent).
+    async fn event(&self, run_id: RunId, seq: u64) -> Result<Option<StoredEvent>, StoreError>;
+
     /// Where the store can tell, a signal that changes after every commit
     /// of new events of the run: take it before reading, then wait on it.
     /// `None`: the store cannot tell, and a reader polls.

@@ -53,15 +53,26 @@ pub trait DeliveryQueue: Send + Sync {
     /// delivery's next attempt at `result.retry_at`, or drops it.
     async fn finish(&self, delivery: &Delivery<Self::Place>, result: &AttemptResult) -> Result<(), DeliveryError>;
 
-    /// Puts the delivery back, not attempted, until `until`.
-    async fn hold(&self, delivery: &Delivery<Self::Place>, until: Timestamp) -> Result<(), DeliveryError>;
+    /// Puts the delivery back, not attempted: until `held.look_again` where
+    /// nothing wakes it, until `held.settles` where its store wakes it when
+    /// its run moves on.
+    async fn hold(&self, delivery: &Delivery<Self::Place>, held: Held) -> Result<(), DeliveryError>;
+}
+
+/// How long a `run.created` waits for its create's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// When to look again whether the run moved on.
+    pub look_again: Timestamp,
+    /// When the create is surely answered (at the latest, it goes then).
+    pub settles: Timestamp,
 }
 
 /// What [`WebhookEngine::deliver`] did.
 #[derive(Debug, Clone)]
 pub enum Delivered {
-    /// Put back until then, not attempted.
-    Held(Timestamp),
+    /// Put back, not attempted.
+    Held(Held),
     Attempted(AttemptResult),
 }
 
@@ -95,9 +106,9 @@ impl WebhookEngine {
         queue: &Q,
         delivery: &Delivery<Q::Place>,
     ) -> Result<Delivered, DeliveryError> {
-        if let Some(until) = self.held_until(delivery).await.map_err(DeliveryError::Read)? {
-            queue.hold(delivery, until).await?;
-            return Ok(Delivered::Held(until));
+        if let Some(held) = self.held(delivery).await.map_err(DeliveryError::Read)? {
+            queue.hold(delivery, held).await?;
+            return Ok(Delivered::Held(held));
         }
         let number = delivery.attempts.saturating_add(1);
         let result = self.deliverer.attempt(&delivery.endpoint, delivery.run_id, &delivery.event, number).await;
@@ -106,10 +117,10 @@ impl WebhookEngine {
     }
 
     /// Until when a `run.created` waits: while its create may still be
-    /// undone and its run has not moved on, it looks again every
-    /// [`HOLD_STEP`]; by [`CREATE_SETTLED_AFTER`] an undone create's event
-    /// is gone (and its delivery with it).
-    async fn held_until<P>(&self, delivery: &Delivery<P>) -> Result<Option<Timestamp>, StoreError> {
+    /// undone and its run has not moved on (it has no second event), it
+    /// looks again every [`HOLD_STEP`]; by [`CREATE_SETTLED_AFTER`] an
+    /// undone create's event is gone (and its delivery with it).
+    async fn held<P>(&self, delivery: &Delivery<P>) -> Result<Option<Held>, StoreError> {
         let event = &delivery.event;
         if event.seq != 1 || event.kind != "run.created" {
             return Ok(None);
@@ -119,7 +130,7 @@ impl WebhookEngine {
         if settles <= now.plus(EARLY_ENOUGH) {
             return Ok(None);
         }
-        let moved_on = !self.events.events(delivery.run_id, 1, 1).await?.events.is_empty();
-        Ok((!moved_on).then(|| now.plus(HOLD_STEP).min(settles)))
+        let moved_on = self.events.event(delivery.run_id, 2).await?.is_some();
+        Ok((!moved_on).then(|| Held { look_again: now.plus(HOLD_STEP).min(settles), settles }))
     }
 }

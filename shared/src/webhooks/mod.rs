@@ -19,7 +19,7 @@ use crate::public_network;
 use crate::store::StoredEvent;
 use crate::views::EventView;
 
-pub use engine::{CREATE_SETTLED_AFTER, Delivered, DeliveryError, DeliveryQueue, EARLY_ENOUGH, WebhookEngine};
+pub use engine::{CREATE_SETTLED_AFTER, Delivered, DeliveryError, DeliveryQueue, EARLY_ENOUGH, Held, WebhookEngine};
 pub use outbox_worker::{OutboxQueue, OutboxWorker};
 
 /// The most of an error text an attempt keeps.

@@ -13,8 +13,8 @@ use tokio::task::JoinSet;
 
 use async_trait::async_trait;
 
-use super::{AttemptResult, Delivered, DeliveryError, DeliveryQueue, WebhookEngine};
-use crate::domain::{Owner, Timestamp, WebhookId};
+use super::{AttemptResult, Delivered, DeliveryError, DeliveryQueue, Held, WebhookEngine};
+use crate::domain::{Owner, WebhookId};
 use crate::error_chain;
 use crate::store::{Delivery, DueSkip, Outbox, PendingDelivery};
 
@@ -202,10 +202,12 @@ impl OutboxWorker {
                 status = ?result.attempt.http_status,
                 "webhook attempt"
             ),
-            Ok(Delivered::Held(until)) => tracing::debug!(%webhook_id, %until, "a run.created held"),
-            // Left in the outbox as it was: taken again at the next read.
+            Ok(Delivered::Held(held)) => tracing::debug!(%webhook_id, until = %held.settles, "a run.created held"),
             Err(error) => {
-                tracing::error!(error = %error_chain(&error), %webhook_id, "a webhook delivery stays in the outbox")
+                // Left in the outbox as it was, and taken again after a pause
+                // (not at once: the store is failing).
+                tracing::error!(error = %error_chain(&error), %webhook_id, "a webhook delivery stays in the outbox");
+                tokio::time::sleep(ERROR_PAUSE).await;
             }
         }
     }
@@ -238,8 +240,10 @@ impl DeliveryQueue for OutboxQueue<'_> {
         }
     }
 
-    async fn hold(&self, delivery: &Delivery<i64>, until: Timestamp) -> Result<(), DeliveryError> {
-        self.0.hold_delivery(delivery, until).await.map_err(DeliveryError::Hold)
+    /// Until the create is surely answered: the run's second event, when
+    /// it commits, makes the row due at once.
+    async fn hold(&self, delivery: &Delivery<i64>, held: Held) -> Result<(), DeliveryError> {
+        self.0.hold_delivery(delivery, held.settles).await.map_err(DeliveryError::Hold)
     }
 }
 

@@ -5,6 +5,7 @@
 //! overwrite a state it does not own.
 
 mod pool;
+mod step;
 mod sweeper;
 
 use std::sync::Arc;
@@ -13,11 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::agents::{AgentRegistry, MustFinish, Step, StepInput};
-use crate::domain::{
-    ApprovalId, ApprovalRequest, ClaimOutcome, Clock, EventData, ExecutionPolicy, IdGenerator, Run, Timestamp,
-    TransitionError,
-};
+use crate::agents::AgentRegistry;
+use crate::domain::{ClaimOutcome, Clock, EventData, ExecutionPolicy, IdGenerator, Run, Timestamp, TransitionError};
 use crate::queue::RunMessage;
 use crate::store::{ChangeError, RunStore, StoreError, Transition, change_run, change_run_if};
 use crate::telemetry::{self, Span, SpanKind};
@@ -198,199 +196,6 @@ impl Worker {
                 let _ = self.hand_back(&mut attempt).await;
                 // Progress counts only once stored (`run` is as last written).
                 Err(Interrupted { error, progressed: attempt.run.checkpoint != claimed })
-            }
-        }
-    }
-
-    /// Steps the agent until the run finishes, parks, is handed back or is
-    /// lost to a cancel or takeover.
-    async fn execute(&self, attempt: &mut Attempt, stop: &watch::Receiver<bool>) -> Result<Outcome, WorkerError> {
-        let Some(agent) = self.agents.resolve(&attempt.run.agent).await? else {
-            let error = format!("The agent `{}` is no longer configured.", attempt.run.agent);
-            return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;
-        };
-
-        let mut usage = attempt.run.usage;
-        let mut step_events = Vec::new();
-        let mut last_check = Instant::now();
-        loop {
-            let run = &attempt.run;
-            let (input, approvals) = (run.input.clone(), run.approvals.clone());
-            let must_finish = MustFinish::default();
-            let stepping = agent.step(StepInput {
-                run_id: run.id,
-                input: &input,
-                checkpoint: attempt.checkpoint.as_ref(),
-                approvals: &approvals,
-                usage: &mut usage,
-                budget: run.budget,
-                events: &mut step_events,
-                must_finish: &must_finish,
-            });
-            // A step may wait long on a model or a tool: keep the lease
-            // meanwhile. A cancel or takeover gives the step up; so does a
-            // stop, unless the step has reached out to a tool, whose call is
-            // let finish (the Lambda deadline margin exceeds a tool's
-            // longest timeout) so its outcome is recorded.
-            let step = {
-                tokio::pin!(stepping);
-                let mut stop = stop.clone();
-                let stopped = async move {
-                    if stop.wait_for(|stop| *stop).await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                };
-                tokio::pin!(stopped);
-                // A step that hangs (a provider that never answers) must not
-                // keep the run past its time limit.
-                let time_left = self.policy.max_run_time.saturating_sub(attempt.run.execution_time(self.clock.now()));
-                let over_time = tokio::time::sleep(time_left);
-                tokio::pin!(over_time);
-                let (mut letting_finish, mut over_time_seen) = (false, false);
-                let mut ended = false;
-                // One timer across the loop: a stop or the time limit seen
-                // while a tool call finishes must not push the heartbeat back.
-                let heartbeat = tokio::time::sleep(self.heartbeat_every);
-                tokio::pin!(heartbeat);
-                let step = loop {
-                    tokio::select! {
-                        step = &mut stepping => {
-                            ended = true;
-                            break Some(step);
-                        }
-                        () = &mut stopped, if !letting_finish => {
-                            if !must_finish.is_set() {
-                                break None;
-                            }
-                            letting_finish = true;
-                        }
-                        () = &mut over_time, if !over_time_seen => {
-                            if !must_finish.is_set() {
-                                break Some(Step::Failed(crate::domain::time_limit_message(self.policy.max_run_time)));
-                            }
-                            over_time_seen = true;
-                        }
-                        () = &mut heartbeat => {
-                            heartbeat.as_mut().reset(tokio::time::Instant::now() + self.heartbeat_every);
-                            // A failed heartbeat does not give the step up at
-                            // once: the next one may succeed, and the write
-                            // after the step says whether the lease held.
-                            let sent = Instant::now();
-                            match self
-                                .write(&mut attempt.run, &attempt.lease, &[], Limited::Yes, |run, now, lease| {
-                                    run.heartbeat(lease, None, now, &self.policy)
-                                })
-                                .await
-                            {
-                                Ok(Ok(())) => attempt.renewed_at = sent,
-                                Ok(Err(_)) => return Ok(Outcome::LostLease),
-                                // The lease lapses before the next heartbeat, and
-                                // another worker may then take the run over: give
-                                // up a step that has not reached out to a tool
-                                // rather than have it run twice.
-                                Err(error)
-                                    if attempt.renewed_at.elapsed() + self.heartbeat_every >= self.policy.lease
-                                        && !must_finish.is_set() =>
-                                {
-                                    return Err(error);
-                                }
-                                Err(WorkerError::Transient(error)) => {
-                                    tracing::warn!(run_id = %attempt.run.id, error = %crate::error_chain(&error), "heartbeat failed during a step");
-                                }
-                            }
-                        }
-                    }
-                };
-                (step, ended)
-            };
-            // Only a step that ended reports what it did; one given up is
-            // done again from the saved state.
-            let (step, ended) = step;
-            let reported = if ended { std::mem::take(&mut step_events) } else { Vec::new() };
-            step_events.clear();
-            attempt.run.usage = usage;
-            let Some(step) = step else {
-                return self.hand_back(attempt).await;
-            };
-            // What a step reported goes with the state it leads to: the
-            // checkpoint of a step that goes on, or the step's own end (a
-            // write that, should it fail, hands the run back with neither).
-            let reported = if matches!(step, Step::Continue(_) | Step::Checkpoint(_)) {
-                attempt.events.extend(reported);
-                Vec::new()
-            } else {
-                reported
-            };
-            let mut save_now = attempt.events.len() >= EVENTS_FLUSH_AT
-                || (!attempt.events.is_empty() && attempt.renewed_at.elapsed() >= EVENTS_FLUSH_EVERY);
-            match step {
-                Step::Continue(next) => attempt.checkpoint = Some(next),
-                Step::Checkpoint(next) => {
-                    attempt.checkpoint = Some(next);
-                    save_now = true;
-                }
-                Step::Succeeded(output) => {
-                    return self
-                        .finish(attempt, reported, |run, now, lease| run.succeed(lease, output.clone(), now))
-                        .await;
-                }
-                Step::Failed(error) => {
-                    return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
-                }
-                Step::AwaitApproval { requests, .. }
-                    if attempt.run.approvals.len() + requests.len() > MAX_APPROVALS_PER_RUN =>
-                {
-                    let error = format!(
-                        "The agent asked for {} more approvals; a run may ask for at most {MAX_APPROVALS_PER_RUN} in all.",
-                        requests.len()
-                    );
-                    return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
-                }
-                Step::AwaitApproval { requests, checkpoint } => {
-                    let requests: Vec<(ApprovalId, ApprovalRequest)> = requests
-                        .into_iter()
-                        .map(|request| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), request))
-                        .collect();
-                    // Not kept in `attempt.checkpoint` (nor its events in
-                    // `attempt.events`): should the park fail, the run is
-                    // handed back with the state before this step, whose
-                    // approvals the parked checkpoint would count on.
-                    return self
-                        .finish(attempt, reported, |run, now, lease| {
-                            run.park(lease, requests.clone(), checkpoint.clone(), now, &self.policy)
-                        })
-                        .await;
-                }
-            }
-            if attempt.run.execution_time(self.clock.now()) >= self.policy.max_run_time {
-                let error = crate::domain::time_limit_message(self.policy.max_run_time);
-                return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;
-            }
-            if *stop.borrow() {
-                return self.hand_back(attempt).await;
-            }
-            // Between steps: a cancel or takeover ends the work here.
-            if save_now || attempt.renewed_at.elapsed() >= self.heartbeat_every {
-                let saved = attempt.checkpoint.clone();
-                let sent = Instant::now();
-                match self
-                    .write(&mut attempt.run, &attempt.lease, &attempt.events, Limited::Yes, |run, now, lease| {
-                        run.heartbeat(lease, saved.clone(), now, &self.policy)
-                    })
-                    .await?
-                {
-                    Ok(()) => attempt.events.clear(),
-                    Err(Refused::LeaseLost) => return Ok(Outcome::LostLease),
-                    Err(Refused::EventLimit) => return self.fail_for_event_limit(attempt).await,
-                }
-                attempt.renewed_at = sent;
-                last_check = Instant::now();
-            } else if last_check.elapsed() >= CANCEL_CHECK_EVERY {
-                match self.runs.get(&attempt.run.owner, attempt.run.id).await? {
-                    Some(current) if current.held_by(&attempt.lease) => attempt.run = Run { usage, ..current },
-                    _ => return Ok(Outcome::LostLease),
-                }
-                last_check = Instant::now();
             }
         }
     }

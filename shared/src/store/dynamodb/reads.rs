@@ -184,6 +184,10 @@ impl EventLog for DynamoStore {
         Ok(EventPage { events, has_more })
     }
 
+    async fn event(&self, run_id: RunId, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
+        self.get_item(run_pk(run_id), event_sk(seq)).await?.as_ref().map(decode_event).transpose()
+    }
+
     fn event_signal(&self, _run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {
         // Another process may write the run: a reader polls.
         None

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Up
 use aws_smithy_runtime_api::http::Response as HttpResponse;
 use serde::{Deserialize, Serialize};
 
-use super::{DynamoStore, Item, TransactFailure, defect, n, run_pk, s, text, unavailable};
+use super::{DynamoStore, Item, TransactFailure, defect, n, s, text, unavailable};
 use crate::domain::{
     DeliveryAttempt, DeliveryId, EndpointHealth, EventFilter, Owner, RunId, Timestamp, WebhookEndpoint, WebhookId,
     WebhookSecret, WebhookStatus,
@@ -158,11 +158,6 @@ impl DynamoStore {
             .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
             .expression_attribute_values(":pk", s(pk))
             .expression_attribute_values(":prefix", s(prefix))
-    }
-
-    /// The event `seq` of a run, as stored (strongly consistent).
-    pub async fn event(&self, run_id: RunId, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
-        self.get_item(run_pk(run_id), super::event_sk(seq)).await?.as_ref().map(super::decode_event).transpose()
     }
 
     /// Every endpoint of the owner (at most 20: one Query). One that

@@ -1,0 +1,445 @@
+//! The OpenAPI 3.1 document of the contract, built from the same constants,
+//! enums and agent registry that the operations use, so it cannot drift
+//! from them. `docs/openapi.json` is this document for the built-in agents
+//! (a test keeps the file equal to it), and `GET /v1/openapi.json` serves it
+//! for the running deployment.
+
+mod paths;
+mod schemas;
+
+use serde_json::{Value, json};
+
+use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
+use super::routes::{Operation, ROUTES};
+use super::{ApiError, MAX_BODY_BYTES};
+use super::{batch, create, events, inbox, webhooks};
+use crate::domain::{
+    ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS,
+    MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS,
+    MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER, RETRY_DELAYS, RunStatus,
+};
+
+pub const PATH: &str = "/v1/openapi.json";
+
+const ULID: &str = "[0-7][0-9A-HJKMNP-TV-Z]{25}";
+const TIMESTAMP: &str = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$";
+
+/// Every error code, with the status it comes with.
+pub fn error_codes() -> Vec<(u16, &'static str)> {
+    [
+        ApiError::invalid(None, ""),
+        ApiError::Unauthorized,
+        ApiError::Forbidden(String::new()),
+        ApiError::NotFound(String::new()),
+        ApiError::MethodNotAllowed { allow: String::new() },
+        ApiError::Conflict(String::new()),
+        ApiError::RequestTimeout,
+        ApiError::RequestTooLarge,
+        ApiError::UnsupportedMediaType,
+        ApiError::RateLimited { message: String::new(), retry_after_secs: 0 },
+        ApiError::Internal("".into()),
+        ApiError::Unavailable("".into()),
+    ]
+    .iter()
+    .map(|error| (error.status().as_u16(), error.code()))
+    .collect()
+}
+
+fn timestamp(nullable: bool) -> Value {
+    let kind = if nullable { json!(["string", "null"]) } else { json!("string") };
+    json!({"type": kind, "format": "date-time", "pattern": TIMESTAMP, "description": "RFC 3339, UTC, milliseconds."})
+}
+
+fn header(description: &str, schema: Value) -> Value {
+    json!({"description": description, "schema": schema})
+}
+
+fn error_response(description: &str, extra_headers: &[(&str, Value)]) -> Value {
+    let mut headers = json!({"x-request-id": {"$ref": "#/components/headers/RequestId"}});
+    for (name, value) in extra_headers {
+        headers[*name] = value.clone();
+    }
+    json!({
+        "description": description,
+        "headers": headers,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    })
+}
+
+fn run_response(description: &str, status_headers: Value) -> Value {
+    let mut headers = json!({"x-request-id": {"$ref": "#/components/headers/RequestId"}});
+    for (name, value) in status_headers.as_object().into_iter().flatten() {
+        headers[name] = value.clone();
+    }
+    json!({
+        "description": description,
+        "headers": headers,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}}
+    })
+}
+
+/// The responses every operation can give besides its own.
+fn common_errors(responses: &mut Value, with_body: bool) {
+    let retry_after = json!({"$ref": "#/components/headers/RetryAfter"});
+    responses["400"] = json!({"$ref": "#/components/responses/InvalidRequest"});
+    responses["401"] = json!({"$ref": "#/components/responses/Unauthorized"});
+    responses["403"] = error_response("The API key lacks the scope this operation needs (the message names it).", &[]);
+    responses["429"] =
+        error_response("Too many active runs, or too many requests.", &[("Retry-After", retry_after.clone())]);
+    responses["500"] = error_response("A defect; retry later and quote the x-request-id.", &[]);
+    responses["503"] = error_response("A dependency failed; safe to retry.", &[("Retry-After", retry_after)]);
+    if with_body {
+        responses["408"] =
+            error_response("The body did not arrive in time (embedded server); the connection is closed.", &[]);
+        responses["413"] = error_response(&format!("The body is larger than {} KiB.", MAX_BODY_BYTES / 1024), &[]);
+        responses["415"] = error_response("The body is not sent as application/json.", &[]);
+    }
+}
+
+fn operation(id: &str, summary: &str, parameters: Value, body: Option<Value>, mut responses: Value) -> Value {
+    common_errors(&mut responses, body.is_some());
+    let mut operation =
+        json!({"operationId": id, "summary": summary, "parameters": parameters, "responses": responses});
+    if let Some(body) = body {
+        operation["requestBody"] = body;
+    }
+    operation
+}
+
+/// A decision's body; `extra` adds the required properties a batch
+/// element has (a list, not an object, whose key order would depend on a
+/// `serde_json` feature). One object, with "`arguments` exactly with edit"
+/// as `if`/`then`/`else`: client generators (openapi-python-client,
+/// openapi-typescript) ignore those and see one model, while a `oneOf` of
+/// partial objects made openapi-python-client emit a model twice and
+/// generate a client that fails at import. Validators still apply the rule.
+fn decision_schema(extra: &[(&str, Value)]) -> Value {
+    let mut schema = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["decision"],
+        "properties": {
+            "decision": {"type": "string", "enum": ["approve", "reject", "edit"], "description": "edit: approve with `arguments` in place of the proposed ones (tool_call approvals only; checked against the tool's JSON Schema)."},
+            "comment": {"type": ["string", "null"], "maxLength": MAX_COMMENT_CHARS, "description": "A reject's comment reaches the model as the reason."},
+            "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": format!("With edit, and only with edit (required there): the arguments to call the tool with, at most {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON.")},
+            "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-fA-F]{64}$", "description": "The approval's arguments_sha256 as the person saw it; another value is 409 and nothing changes."}
+        },
+        "if": {"properties": {"decision": {"const": "edit"}}},
+        "then": {"required": ["arguments"], "properties": {"arguments": {"type": "object"}}},
+        "else": {"properties": {"arguments": {"type": "null"}}}
+    });
+    for (name, property) in extra {
+        schema["properties"][*name] = property.clone();
+        schema["required"].as_array_mut().expect("a list").push(json!(name));
+    }
+    schema
+}
+
+fn webhook_response(description: &str, with_secret: bool) -> Value {
+    let schema = if with_secret { "WebhookWithSecret" } else { "Webhook" };
+    json!({
+        "description": description,
+        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
+    })
+}
+
+fn webhook_schemas() -> serde_json::Map<String, Value> {
+    let event_types: Vec<&str> = std::iter::once("*").chain(EVENT_TYPES).collect();
+    let retries: Vec<String> = RETRY_DELAYS.iter().map(|delay| format!("{} s", delay.as_secs())).collect();
+    let webhook = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["id", "url", "events", "description", "status", "created_at"],
+        "properties": {
+            "id": {"type": "string", "pattern": format!("^wh_{ULID}$")},
+            "url": {"type": "string", "format": "uri"},
+            "events": {"type": "array", "items": {"type": "string", "enum": event_types}},
+            "description": {"type": ["string", "null"]},
+            "status": {"type": "string", "enum": ["enabled", "disabled"], "description": "disabled: by a 410 Gone answer, or after every attempt failed for 5 days."},
+            "created_at": timestamp(false)
+        }
+    });
+    let mut with_secret = webhook.clone();
+    with_secret["properties"]["secret"] = json!({"type": "string", "pattern": "^whsec_[A-Za-z0-9+/]{43}=$", "description": "The signing secret: HMAC-SHA256 with its base64-decoded bytes, per the Standard Webhooks specification."});
+    with_secret["required"].as_array_mut().expect("a list").push(json!("secret"));
+    let list = |item: &str| {
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["data", "next_cursor"],
+            "properties": {
+                "data": {"type": "array", "items": {"$ref": format!("#/components/schemas/{item}")}},
+                "next_cursor": {"type": ["string", "null"]}
+            }
+        })
+    };
+    let schemas = json!({
+        "Webhook": webhook,
+        "WebhookWithSecret": with_secret,
+        "WebhookList": list("Webhook"),
+        "CreateWebhook": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["url", "events"],
+            "description": format!("At most {MAX_WEBHOOKS_PER_OWNER} endpoints per owner. Deliveries are POSTs signed per standardwebhooks.com (webhook-id: the event's id, webhook-timestamp, webhook-signature) with body {{\"type\", \"timestamp\", \"data\": <the event>}}; a 2xx is delivered, anything else is retried after {} (each ±20 %).", retries.join(", ")),
+            "properties": {
+                "url": {"type": "string", "maxLength": MAX_WEBHOOK_URL_BYTES, "description": "https, and not a loopback, private, link-local or metadata address (checked again on the resolved address at every delivery), unless the deployment allows private addresses."},
+                "events": {"type": "array", "minItems": 1, "uniqueItems": true, "items": {"type": "string", "enum": event_types}, "description": "Event types, or [\"*\"] alone for all."},
+                "description": {"type": ["string", "null"], "maxLength": MAX_WEBHOOK_DESCRIPTION_CHARS}
+            }
+        },
+        "Deleted": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "deleted"],
+            "properties": {"id": {"type": "string"}, "deleted": {"const": true}}
+        },
+        "DeliveryAttempt": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "event_id", "type", "attempt", "http_status", "error", "duration_ms", "at"],
+            "properties": {
+                "id": {"type": "string", "pattern": format!("^dlv_{ULID}$")},
+                "event_id": {"type": "string", "pattern": format!("^evt_{ULID}$"), "description": "Also the delivery's webhook-id header."},
+                "type": {"type": "string", "enum": EVENT_TYPES},
+                "attempt": {"type": "integer", "minimum": 1},
+                "http_status": {"type": ["integer", "null"], "description": "The endpoint's answer; null when there was none."},
+                "error": {"type": ["string", "null"], "description": "Why the attempt failed; null when delivered."},
+                "duration_ms": {"type": "integer", "minimum": 0},
+                "at": timestamp(false)
+            }
+        },
+        "DeliveryList": list("DeliveryAttempt")
+    });
+    match schemas {
+        Value::Object(map) => map,
+        _ => unreachable!("an object literal"),
+    }
+}
+
+/// A run's budget (or a create's), described.
+fn budget(description: &str) -> Value {
+    json!({
+        "type": ["object", "null"],
+        "additionalProperties": false,
+        "description": description,
+        "properties": {
+            "max_total_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": create::MAX_BUDGET, "description": "Tokens (input and output) the run may use."},
+            "max_tool_calls": {"type": ["integer", "null"], "minimum": 0, "maximum": create::MAX_BUDGET, "description": "Tool calls the run may make."}
+        }
+    })
+}
+
+/// What the paths and the schemas both describe, made once.
+struct Parts<'a> {
+    agents: &'a [&'a str],
+    default_agent: &'a str,
+    statuses: Vec<&'static str>,
+    approval_statuses: Vec<&'static str>,
+    codes: Vec<&'static str>,
+    run_id: Value,
+    approval_id: Value,
+    not_found: Value,
+    webhook_id: Value,
+    webhook_not_found: Value,
+    page_parameters: Value,
+    conflict: Value,
+    links: Value,
+    usage: Value,
+    approval: Value,
+    inbox_entry: Value,
+}
+
+impl<'a> Parts<'a> {
+    fn new(agents: &'a [&'a str], default_agent: &'a str) -> Self {
+        let statuses: Vec<&'static str> = RunStatus::ALL.iter().map(|status| status.as_str()).collect();
+        let approval_statuses: Vec<&'static str> = ApprovalStatus::ALL.iter().map(|status| status.as_str()).collect();
+        let codes: Vec<&'static str> = error_codes().into_iter().map(|(_, code)| code).collect();
+        let run_id = json!({"name": "run_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^run_{ULID}$")}});
+        let approval_id = json!({"name": "approval_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^apr_{ULID}$")}});
+        let not_found = json!({"$ref": "#/components/responses/NotFound"});
+        let webhook_id = json!({"name": "webhook_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^wh_{ULID}$")}});
+        let webhook_not_found = error_response("No such webhook endpoint for this API key's owner.", &[]);
+        let page_parameters = json!([
+            {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": webhooks::MAX_LIMIT}, {"const": ""}], "default": webhooks::DEFAULT_LIMIT}},
+            {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page of the same list.", "schema": {"type": "string"}}
+        ]);
+        let conflict = error_response("The run or approval is not in a state that allows this.", &[]);
+        let links = json!({
+            "GetRun": {"operationId": "getRun", "parameters": {"run_id": "$response.body#/id"}},
+            "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}},
+            "ListRunEvents": {"operationId": "listRunEvents", "parameters": {"run_id": "$response.body#/id"}}
+        });
+
+        let usage = json!({
+            "description": "Tokens the agent's model used so far: present only for runs of a defined agent whose provider reports them.",
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["input_tokens", "output_tokens", "total_tokens", "tool_calls"],
+            "properties": {
+                "input_tokens": {"type": "integer", "minimum": 0},
+                "output_tokens": {"type": "integer", "minimum": 0},
+                "total_tokens": {"type": "integer", "minimum": 0},
+                "tool_calls": {"type": "integer", "minimum": 0, "description": "HTTP tool calls made."}
+            }
+        });
+        let approval = json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments"],
+            "properties": {
+                "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
+                "kind": {"type": "string", "enum": [ApprovalKind::Action.as_str(), ApprovalKind::ToolCall.as_str()], "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly."},
+                "action": {"type": "string", "description": "In plain words, what approving does."},
+                "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
+                "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments the model proposed."},
+                "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` serialized per RFC 8785 (the JSON Canonicalization Scheme: any JCS library computes it); send it with a decision to bind the decision to this exact call."},
+                "edited_arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments a person approved instead (decision edit); the tool is called with these."},
+                "status": {"type": "string", "enum": approval_statuses},
+                "requested_at": timestamp(false),
+                "resolved_at": timestamp(true),
+                "comment": {"type": ["string", "null"]},
+                "expires_at": {"description": "When a pending approval expires: the run then fails.", "anyOf": [timestamp(true)]},
+                "resolved_by": {"type": ["string", "null"], "pattern": format!("^key_{ULID}$"), "description": "The id of the API key that approved or rejected it; null while pending and for a cancel or expiry."}
+            }
+        });
+        let mut inbox_entry = approval.clone();
+        inbox_entry["properties"]["run_id"] = json!({"type": "string", "pattern": format!("^run_{ULID}$")});
+        inbox_entry["properties"]["agent"] = json!({"type": "string"});
+        inbox_entry["properties"]["run_status"] = json!({"type": "string", "enum": statuses});
+        for key in ["run_id", "agent", "run_status"] {
+            inbox_entry["required"].as_array_mut().expect("a list").push(json!(key));
+        }
+        Parts {
+            agents,
+            default_agent,
+            statuses,
+            approval_statuses,
+            codes,
+            run_id,
+            approval_id,
+            not_found,
+            webhook_id,
+            webhook_not_found,
+            page_parameters,
+            conflict,
+            links,
+            usage,
+            approval,
+            inbox_entry,
+        }
+    }
+}
+
+/// The document, with `agents` as the values `agent` may take.
+pub fn document(agents: &[&str], default_agent: &str) -> Value {
+    let parts = Parts::new(agents, default_agent);
+    let mut paths = serde_json::Map::new();
+    for route in &ROUTES {
+        let mut spec = paths::spec(route, &parts);
+        // The scope the key needs, from the route table (role names of a
+        // bearer scheme, as OpenAPI 3.1 allows).
+        spec["security"] = json!([{"bearer": [route.scope.as_str()]}]);
+        let methods = paths.entry(route.path).or_insert_with(|| json!({}));
+        methods[route.method.as_str().to_ascii_lowercase()] = spec;
+    }
+    paths.insert(
+        PATH.into(),
+        json!({
+            "get": {
+                "operationId": "getOpenApi",
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object", "additionalProperties": true}}}}}
+            }
+        }),
+    );
+    schemas::document(paths, &parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::agents::AgentRegistry;
+    use crate::domain::{Approval, ApprovalId, ExecutionPolicy, Owner, Run, RunId, Timestamp};
+    use crate::views::RunView;
+
+    fn builtin() -> Value {
+        let agents = AgentRegistry::builtin("echo").unwrap();
+        document(&agents.names_list(), agents.default_name())
+    }
+
+    fn keys(value: &Value) -> BTreeSet<String> {
+        value.as_object().unwrap().keys().cloned().collect()
+    }
+
+    fn required(schema: &Value) -> BTreeSet<String> {
+        schema["required"].as_array().unwrap().iter().map(|key| key.as_str().unwrap().to_owned()).collect()
+    }
+
+    #[test]
+    fn the_committed_document_is_the_generated_one() {
+        let committed: Value = serde_json::from_str(include_str!("../../../../docs/openapi.json")).unwrap();
+        assert!(
+            committed == builtin(),
+            "docs/openapi.json is out of date: run `cargo run -p agent-runs -- openapi > docs/openapi.json`"
+        );
+    }
+
+    #[test]
+    fn the_run_and_approval_schemas_have_exactly_the_keys_the_handlers_send() {
+        let id = RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1));
+        let mut run = Run::new(
+            id,
+            Owner::parse("acme").unwrap(),
+            "echo".into(),
+            "x".into(),
+            Default::default(),
+            &ExecutionPolicy::default(),
+        );
+        run.approvals.push(Approval {
+            id: ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_124, 2)),
+            action: "a".into(),
+            call: None,
+            status: ApprovalStatus::Pending,
+            requested_at: Timestamp::from_millis(1_795_303_478_124),
+            resolved_at: None,
+            comment: None,
+            expires_at: None,
+            expiry_warned: false,
+            resolved_by: None,
+            edited_arguments: None,
+        });
+        let view = serde_json::to_value(RunView::from(&run)).unwrap();
+        let schemas = &builtin()["components"]["schemas"];
+        assert_eq!(keys(&view), required(&schemas["Run"]));
+        // A run whose model reported tokens has `usage` too, and one created
+        // with a budget `budget`; both are optional.
+        run.usage = Some(Default::default());
+        run.budget = crate::domain::Budget { max_total_tokens: Some(5), max_tool_calls: None };
+        let with_usage = serde_json::to_value(RunView::from(&run)).unwrap();
+        // `trace_id` is there when traces are exported (tests/traces.rs).
+        let mut optional = keys(&with_usage);
+        assert!(optional.insert("trace_id".into()));
+        assert_eq!(optional, keys(&schemas["Run"]["properties"]));
+        assert_eq!(keys(&with_usage["usage"]), required(&schemas["Run"]["properties"]["usage"]));
+        assert_eq!(keys(&view["pending_approvals"][0]), required(&schemas["Approval"]));
+        let pattern = schemas["Run"]["properties"]["created_at"]["pattern"].as_str().unwrap();
+        assert_eq!(pattern, TIMESTAMP);
+        assert_eq!(view["created_at"].as_str().unwrap().len(), 24);
+    }
+
+    #[test]
+    fn every_error_code_and_status_filter_is_listed() {
+        let document = builtin();
+        let codes = &document["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"];
+        assert_eq!(codes.as_array().unwrap().len(), 12);
+        let statuses = &document["paths"]["/v1/agent/runs"]["get"]["parameters"][0]["schema"]["enum"];
+        assert_eq!(statuses.as_array().unwrap().len(), RunStatus::ALL.len() + 1, "the six states and empty");
+        let agents = &document["components"]["schemas"]["CreateRun"]["properties"]["agent"]["examples"];
+        assert_eq!(agents, &json!(["echo", "script"]));
+    }
+}
