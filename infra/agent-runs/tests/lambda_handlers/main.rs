@@ -1,0 +1,220 @@
+//! The Lambda handlers fed API Gateway v2 and SQS event fixtures, on
+//! DynamoDB and SQS in the AWS API emulator: the end-to-end path create →
+//! SQS → worker → get, approvals and cancels, and the budget of AWS calls
+//! each operation makes, counted by an SDK interceptor.
+
+#[path = "../../../../shared/tests/support/stand_in.rs"]
+mod stand_in;
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use agent_runs_shared::api::{Api, Operation};
+use agent_runs_shared::auth::generate_key;
+use agent_runs_shared::aws::AwsServices;
+use agent_runs_shared::config::Config;
+use agent_runs_shared::domain::AgentDefinition;
+use agent_runs_shared::domain::{Clock, IdGenerator, KeyId, Owner, RunId, SystemClock};
+use agent_runs_shared::lambda::{from_api_response, handle_batch, handle_dead_letters, into_api_request};
+use agent_runs_shared::store::{AgentStore, KeyStore, RunStore, StoreError};
+use agent_runs_shared::worker::Worker;
+use agent_runs_testkit::faults::{AwsError, AwsErrorInterceptor, FailNext, FaultPlan, Healthy, RandomFailures};
+use aws_lambda_events::event::sqs::SqsEvent;
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
+use serde_json::{Value, json};
+use support::events::sqs_event;
+use tokio::sync::watch;
+
+mod conflicts;
+mod runs;
+mod webhooks;
+
+/// Records the name of every AWS operation the clients send.
+#[derive(Debug, Clone, Default)]
+struct CallLog(Arc<Mutex<Vec<String>>>);
+
+impl Intercept for CallLog {
+    fn name(&self) -> &'static str {
+        "CallLog"
+    }
+
+    /// Both services speak AWS JSON: the operation is in `X-Amz-Target`
+    /// (`DynamoDB_20120810.GetItem`, `AmazonSQS.SendMessage`). Retries would
+    /// show up as repeats.
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let target = context.request().headers().get("x-amz-target").unwrap_or_default();
+        let operation = target.rsplit('.').next().unwrap_or_default();
+        self.0.lock().unwrap().push(operation.to_owned());
+        Ok(())
+    }
+}
+
+impl CallLog {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+struct Aws {
+    services: AwsServices,
+    api: Api,
+    worker: Worker,
+    calls: CallLog,
+    /// A client of the table without the interceptors, to look at items.
+    dynamodb: aws_sdk_dynamodb::Client,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    webhook_queue_url: String,
+    key: String,
+}
+
+impl Aws {
+    async fn new() -> Aws {
+        Self::with_faults(Arc::new(Healthy), AwsError::Throttling).await
+    }
+
+    /// DynamoDB calls picked by `plan` are answered with `error`.
+    async fn with_faults(plan: Arc<dyn FaultPlan>, error: AwsError) -> Aws {
+        Self::with(plan, error, &[]).await
+    }
+
+    /// With more configuration.
+    async fn with(plan: Arc<dyn FaultPlan>, error: AwsError, settings: &[(&str, &str)]) -> Aws {
+        let mut resources: HashMap<String, String> = support::create_aws_resources().into_iter().collect();
+        resources.extend(settings.iter().map(|(name, value)| (name.to_string(), value.to_string())));
+        let config = Config::from_lookup(|name| resources.get(name).cloned()).unwrap();
+        let sdk = support::aws_sdk_config().await;
+        let calls = CallLog::default();
+        let dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .interceptor(calls.clone())
+            .interceptor(AwsErrorInterceptor::new(plan, error))
+            .build();
+        let sqs_config = aws_sdk_sqs::config::Builder::from(&sdk).interceptor(calls.clone()).build();
+        let services = AwsServices::new(config, dynamodb, sqs_config).unwrap();
+        let now = SystemClock.now();
+        let issued = generate_key(
+            KeyId::from_ulid(IdGenerator::default().ulid_at(now)),
+            Owner::parse("dev").unwrap(),
+            None,
+            now,
+        );
+        services.store.put_key(&issued.stored).await.unwrap();
+        let api = services.services.api();
+        let worker = services.services.worker();
+        calls.take();
+        Aws {
+            api,
+            worker,
+            calls,
+            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            sqs: aws_sdk_sqs::Client::new(&sdk),
+            queue_url: resources["AGENT_RUNS_QUEUE_URL"].clone(),
+            webhook_queue_url: resources["AGENT_RUNS_WEBHOOK_QUEUE_URL"].clone(),
+            key: issued.secret,
+            services,
+        }
+    }
+
+    /// Invokes the function for `operation` with the API Gateway fixture
+    /// changed to this method, path and body.
+    async fn invoke(&self, operation: Operation, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.invoke_with(operation, method, path, body, &[]).await
+    }
+
+    /// [`Aws::invoke`] with these headers added.
+    async fn invoke_with(
+        &self,
+        operation: Operation,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let mut event: Value = serde_json::from_str(include_str!("../fixtures/apigw-v2-create-run.json")).unwrap();
+        for (name, value) in headers {
+            event["headers"][*name] = (*value).into();
+        }
+        let (path, query) = path.split_once('?').unwrap_or((path, ""));
+        event["rawPath"] = path.into();
+        event["rawQueryString"] = query.into();
+        event["requestContext"]["http"]["method"] = method.into();
+        event["requestContext"]["http"]["path"] = path.into();
+        event["headers"]["authorization"] = format!("Bearer {}", self.key).into();
+        event["body"] = body.map_or(Value::Null, |body| body.to_string().into());
+        let request = lambda_http::request::from_str(&event.to_string()).unwrap();
+        let response = from_api_response(self.api.handle_as(Some(operation), into_api_request(request)).await);
+        assert_eq!(response.headers()["x-request-id"], "CIvM5hJ0IAMEbHg=", "API Gateway's request id");
+        assert_eq!(response.headers()["content-type"], "application/json");
+        let status = response.status().as_u16();
+        let body = match response.into_body() {
+            lambda_http::Body::Text(text) => serde_json::from_str(&text).unwrap(),
+            other => panic!("JSON goes back as text: {other:?}"),
+        };
+        (status, body)
+    }
+
+    /// Receives what is waiting in the queue and hands it to the worker
+    /// handler as an SQS event built from the fixture.
+    async fn deliver(&self) -> (SqsEvent, Vec<String>) {
+        let event = sqs_event(self.receive().await);
+        let failures = self.run_worker(event.clone()).await;
+        (event, failures)
+    }
+
+    /// The bodies of the messages waiting in the queue, taken off it.
+    async fn receive(&self) -> Vec<String> {
+        let received = self
+            .sqs
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(2)
+            .send()
+            .await
+            .unwrap();
+        let messages = received.messages.unwrap_or_default();
+        assert!(!messages.is_empty(), "a message was queued");
+        for message in &messages {
+            self.sqs
+                .delete_message()
+                .queue_url(&self.queue_url)
+                .receipt_handle(message.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+        messages.iter().map(|message| message.body().unwrap().to_owned()).collect()
+    }
+
+    /// The owner's count of runs not yet terminal, as stored.
+    async fn active_runs(&self) -> i64 {
+        self.services.store.active_runs(&Owner::parse("dev").unwrap()).await.unwrap()
+    }
+
+    async fn listed_ids(&self) -> Vec<String> {
+        let (status, listed) = self.invoke(Operation::List, "GET", "/v1/agent/runs", None).await;
+        assert_eq!(status, 200, "{listed}");
+        listed["data"].as_array().unwrap().iter().map(|run| id(run).to_owned()).collect()
+    }
+
+    async fn run_worker(&self, event: SqsEvent) -> Vec<String> {
+        let (_stop_sender, stop) = watch::channel(false);
+        let response = handle_batch(&self.worker, self.services.services.adapters.queue.as_ref(), event, &stop).await;
+        response.batch_item_failures.into_iter().map(|failure| failure.item_identifier).collect()
+    }
+}
+
+fn id(run: &Value) -> &str {
+    run["id"].as_str().unwrap()
+}

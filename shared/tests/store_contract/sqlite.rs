@@ -1,0 +1,109 @@
+//! What only the SQLite store does: purging, paging past bad rows, list views.
+
+use super::*;
+
+#[tokio::test]
+pub(super) async fn sqlite_purges_expired_idempotency_records_as_new_ones_come_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    let records = || -> i64 {
+        let file = rusqlite::Connection::open(&path).unwrap();
+        file.query_row("SELECT COUNT(*) FROM idempotency", [], |row| row.get(0)).unwrap()
+    };
+    // 40 keys at T0, each for 1 s.
+    for i in 0..40u64 {
+        let mut run = new_run("purge", i, 600 + u128::from(i));
+        let claim = claim(&format!("old{i}"), "r", T0);
+        assert!(matches!(store.insert(&mut run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
+    }
+    assert_eq!(records(), 40);
+    // An hour after they expired, each new key takes several old ones away.
+    let later = T0 + 3_604_000;
+    let mut one = new_run("purge", 2_000, 699);
+    assert!(matches!(
+        store.insert(&mut one, Some(&claim("early", "r", T0 + 2_000)), 1_000).await.unwrap(),
+        InsertOutcome::Inserted
+    ));
+    assert_eq!(records(), 41, "not purged within the hour after they expired");
+    for i in 0..3u64 {
+        let mut run = new_run("purge", 3_604_000 + i, 700 + u128::from(i));
+        let claim = claim(&format!("new{i}"), "r", later);
+        assert!(matches!(store.insert(&mut run, Some(&claim), 1_000).await.unwrap(), InsertOutcome::Inserted));
+    }
+    assert_eq!(records(), 3, "the expired 41 are gone, the 3 live ones stay");
+    // A live record is never purged: its key still replays.
+    let mut again = new_run("purge", 3_604_010, 710);
+    let outcome = store.insert(&mut again, Some(&claim("new0", "r", later + 10)), 1_000).await.unwrap();
+    assert!(matches!(outcome, InsertOutcome::IdempotencyKeyTaken(_)));
+}
+
+#[tokio::test]
+pub(super) async fn sqlite_due_pages_go_past_a_malformed_row_without_coming_up_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    let mut runs: Vec<Run> = (0..5u64).map(|i| new_run("due", i, 800 + u128::from(i))).collect();
+    for run in &mut runs {
+        insert(&store, run).await;
+    }
+    let file = rusqlite::Connection::open(&path).unwrap();
+    file.execute("UPDATE runs SET id = 'garbled' WHERE id = ?1", [runs[1].id.to_string()]).unwrap();
+    let page = store.due(Timestamp::MAX, None, 2).await.unwrap();
+    let ids: Vec<RunId> = page.iter().map(|due| due.key.run_id).collect();
+    assert_eq!(ids, [runs[0].id, runs[2].id], "the malformed row is left out and the page is still full");
+    let rest = store.due(Timestamp::MAX, page.last(), 10).await.unwrap();
+    assert_eq!(rest.iter().map(|due| due.key.run_id).collect::<Vec<_>>(), [runs[3].id, runs[4].id]);
+}
+
+/// The serving store answers a list with the JSON it made once per write:
+/// the same as encoding what the list reads, after every write, for runs
+/// in its cache and out of it, with any filter and cursor.
+#[tokio::test]
+pub(super) async fn sqlite_list_views_are_the_runs_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open_for_serving(&path, Durability::Process).unwrap();
+    let mut runs = Vec::new();
+    for i in 0..7 {
+        let mut run = new_run("views", i, u128::from(i));
+        if i == 2 {
+            // Too large for the cache: a page mixes cached and decoded runs.
+            run.input = "x".repeat(8 * 1024);
+        }
+        insert(&store, &mut run).await;
+        runs.push(run);
+    }
+    // Each page is what encoding the runs the list reads gives; then again
+    // after one run changed (its view made anew), and in a reopened store
+    // (nothing cached).
+    let expected = |store: SqliteStore, request: ListRequest| async move {
+        let page = store.list(&owner("views"), request).await.unwrap();
+        let views: Vec<String> = page
+            .runs
+            .iter()
+            .map(|run| serde_json::to_string(&agent_runs_shared::views::RunView::from(run)).unwrap())
+            .collect();
+        (views, page.runs.last().map(|run| run.id), page.has_more)
+    };
+    let check = |store: SqliteStore, request: ListRequest| async move {
+        let got = store.list_views(&owner("views"), request).await.unwrap();
+        let got = (got.views.iter().map(|view| view.to_string()).collect::<Vec<_>>(), got.last, got.has_more);
+        assert_eq!(got, expected(store, request).await, "{request:?}");
+    };
+    let all = ListRequest { status: None, before: None, limit: 100 };
+    check(store.clone(), all).await;
+    let mut changed = runs[3].clone();
+    changed.status = RunStatus::Running;
+    changed.started_at = Some(changed.created_at);
+    store.update(&mut changed).await.unwrap();
+    check(store.clone(), all).await;
+    check(store.clone(), ListRequest { status: Some(RunStatus::Running), before: None, limit: 5 }).await;
+    check(store.clone(), ListRequest { status: Some(RunStatus::Queued), before: Some(runs[5].id), limit: 2 }).await;
+    drop(store);
+    let reopened = SqliteStore::open_for_serving(&path, Durability::Process).unwrap();
+    check(reopened.clone(), all).await;
+    let page =
+        reopened.list_views(&owner("views"), ListRequest { status: None, before: None, limit: 3 }).await.unwrap();
+    assert_eq!((page.views.len(), page.last, page.has_more), (3, Some(runs[4].id), true));
+}
