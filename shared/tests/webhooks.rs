@@ -216,7 +216,7 @@ async fn a_run_created_waits_in_the_outbox_until_its_run_moves_on_and_goes_with_
     assert!(due().await.is_empty(), "held while its create may still be undone");
     assert!(attempted().await.is_empty());
     // A worker takes the run (so it was queued): its run.created is due
-    // with run.started, and first.
+    // with run.started, and is taken first.
     run.claim("w", clock.now(), &ExecutionPolicy::default()).unwrap();
     store.update(&mut run).await.unwrap();
     let now_due = due().await;
@@ -235,6 +235,21 @@ async fn a_run_created_waits_in_the_outbox_until_its_run_moves_on_and_goes_with_
     clock.advance(CREATE_SETTLED_AFTER);
     assert!(due().await.iter().all(|delivery| delivery.run_id != undone.id), "gone with its run");
     assert_eq!(attempted().await.len(), 2, "never attempted");
+
+    // The second event commits between the engine's look and its hold:
+    // the hold does not put the row back, so the wake is not lost.
+    let mut raced = insert_run(&store, 13).await;
+    let looked_at = due().await.into_iter().find(|delivery| delivery.run_id == raced.id).unwrap();
+    raced.claim("w", clock.now(), &ExecutionPolicy::default()).unwrap();
+    store.update(&mut raced).await.unwrap();
+    store.hold_delivery(&looked_at, clock.now().plus(CREATE_SETTLED_AFTER)).await.unwrap();
+    let kinds: Vec<String> = due()
+        .await
+        .into_iter()
+        .filter(|delivery| delivery.run_id == raced.id)
+        .map(|delivery| delivery.event.kind)
+        .collect();
+    assert_eq!(kinds, ["run.created", "run.started"], "still due, first");
 
     // Unclaimed, a create is surely answered after CREATE_SETTLED_AFTER: sent then.
     let late = insert_run(&store, 12).await;

@@ -32,7 +32,7 @@ pub(super) fn enqueue_deliveries(connection: &Connection, owner: &Owner, events:
         )
         .map_err(unavailable)?;
     // A run's second event says its create went through: its run.created,
-    // held until then, is due with it (and before it: the older row).
+    // held until then, is due with it (and taken first: the older row).
     let mut wake = connection
         .prepare_cached(
             "UPDATE webhook_outbox SET next_attempt_at = ?2
@@ -451,9 +451,14 @@ impl Outbox for SqliteStore {
     async fn hold_delivery(&self, delivery: &PendingDelivery, until: Timestamp) -> Result<(), StoreError> {
         let (id, webhook_id, attempts) = (delivery.place, delivery.endpoint.id.to_string(), delivery.attempts);
         self.write(move |transaction, _| {
+            // Not once the run's second event is in: it may have committed
+            // since the engine looked, and its wake found nothing to wake.
             transaction
                 .execute(
-                    "UPDATE webhook_outbox SET next_attempt_at = ?4 WHERE id = ?1 AND webhook_id = ?2 AND attempts = ?3",
+                    "UPDATE webhook_outbox SET next_attempt_at = ?4
+                     WHERE id = ?1 AND webhook_id = ?2 AND attempts = ?3
+                       AND NOT EXISTS (SELECT 1 FROM run_events
+                                       WHERE run_id = webhook_outbox.run_id AND seq = 2)",
                     params![id, webhook_id, attempts, until.millis()],
                 )
                 .map_err(unavailable)?;

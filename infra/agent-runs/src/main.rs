@@ -42,7 +42,8 @@ struct ApprovalsArgs {
 
 #[derive(clap::Args)]
 struct TemplateArgs {
-    /// Rewrite the generated part of this template in place.
+    /// Rewrite the generated part of this template in place, and the
+    /// `cargo lambda watch` router of the Cargo.toml beside it.
     #[arg(long, value_name = "TEMPLATE")]
     write: Option<PathBuf>,
 }
@@ -126,6 +127,11 @@ fn template(args: TemplateArgs) -> Result<(), Box<dyn std::error::Error>> {
     let regenerated = template::regenerate(&text)
         .ok_or_else(|| format!("{} has no generated part (a line `{}`)", path.display(), template::BEGIN.trim()))?;
     std::fs::write(&path, regenerated)?;
+    let manifest = path.with_file_name("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest)?;
+    let regenerated = template::regenerate_router(&text)
+        .ok_or_else(|| format!("{} has no `{}`", manifest.display(), template::ROUTER.trim()))?;
+    std::fs::write(&manifest, regenerated)?;
     Ok(())
 }
 

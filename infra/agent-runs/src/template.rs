@@ -348,6 +348,38 @@ pub fn regenerate(template: &str) -> Option<String> {
     Some(format!("{}{}{}", &template[..start], functions_yaml(), &template[end..]))
 }
 
+/// The header of the `cargo lambda watch` router in the workspace manifest.
+pub const ROUTER: &str = "[workspace.metadata.lambda.watch.router]\n";
+
+/// The `cargo lambda watch` router: each path's routes, from the route
+/// table, in its order.
+pub fn watch_router_toml() -> String {
+    let mut paths: Vec<&str> = Vec::new();
+    for route in &ROUTES {
+        if !paths.contains(&route.path) {
+            paths.push(route.path);
+        }
+    }
+    let mut toml = String::from(ROUTER);
+    for path in paths {
+        let targets: Vec<String> = ROUTES
+            .iter()
+            .filter(|route| route.path == path)
+            .map(|route| format!("{{ method = \"{}\", function = \"{}\" }}", route.method, route.function))
+            .collect();
+        let _ = writeln!(toml, "\"{path}\" = [{}]", targets.join(", "));
+    }
+    toml
+}
+
+/// `manifest` (the workspace's Cargo.toml) with its router, the lines from
+/// [`ROUTER`] to the next blank line, replaced by [`watch_router_toml`].
+pub fn regenerate_router(manifest: &str) -> Option<String> {
+    let start = manifest.find(ROUTER)?;
+    let end = manifest[start..].find("\n\n").map_or(manifest.len(), |end| start + end + 1);
+    Some(format!("{}{}{}", &manifest[..start], watch_router_toml(), &manifest[end..]))
+}
+
 /// Appends `text`'s lines, each indented by `indent` spaces.
 fn indented(yaml: &mut String, indent: usize, text: &str) {
     for line in text.lines() {

@@ -275,6 +275,11 @@ fn the_cargo_lambda_watch_router_is_the_route_table() {
     let expected: BTreeSet<(String, String)> =
         ROUTES.iter().map(|route| (route.key(), route.function.to_owned())).collect();
     assert_eq!(routed, expected, "[workspace.metadata.lambda.watch.router] against api::routes::ROUTES");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml")).unwrap();
+    assert!(
+        generated::regenerate_router(&text).as_deref() == Some(text.as_str()),
+        "the router is not what `cargo run -p agent-runs -- template --write template.yaml` writes"
+    );
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! The route table: every operation of the contract, declared once. The
-//! router of [`super::Api`], the local gateway's routing, and the checks
-//! of `template.yaml`, the `cargo lambda watch` router and the OpenAPI
-//! document all come from [`ROUTES`]. Adding an endpoint is one entry here,
-//! one module under `api/`, and (when it gets its own Lambda function) one
-//! `functions/<function>` crate and its `template.yaml` resource; the
-//! tests name whatever was forgotten.
+//! router of [`super::Api`], the local gateway's routing, the OpenAPI
+//! document's paths and scopes, and (through `agent-runs template`)
+//! `template.yaml`'s HTTP events and the `cargo lambda watch` router all
+//! come from [`ROUTES`]. Adding an endpoint is one entry here, one module
+//! under `api/` with its arm in the dispatch, its OpenAPI description, and
+//! (when it gets its own Lambda function) one `functions/<function>` crate
+//! and an entry of the function table; the tests name whatever was
+//! forgotten.
 
 use http::Method;
 

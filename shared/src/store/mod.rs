@@ -422,7 +422,8 @@ pub trait Outbox: Send + Sync + 'static {
         per_endpoint: u32,
     ) -> Result<Vec<PendingDelivery>, StoreError>;
     /// Puts the delivery back, not attempted, until `until` (unless it was
-    /// removed or moved on meanwhile).
+    /// removed or moved on meanwhile, or its run has its second event: a
+    /// held `run.created` is then due).
     async fn hold_delivery(&self, delivery: &PendingDelivery, until: Timestamp) -> Result<(), StoreError>;
     /// Records the attempt and its effect on the endpoint, then schedules
     /// the delivery's next attempt at `retry_at`, or drops it when `None`
