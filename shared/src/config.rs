@@ -6,6 +6,7 @@ use crate::api::{ApiLimits, HoldLimits, RateLimit};
 use crate::domain::{ExecutionPolicy, MAX_TOOL_TIMEOUT_MS};
 use crate::store::MAX_CHECKPOINT_BYTES;
 use crate::telemetry::{Sampler, TracesConfig};
+use crate::views::Shown;
 
 /// A worker stops taking steps this long before its Lambda deadline: enough
 /// for a tool call in flight to end (at most [`MAX_TOOL_TIMEOUT_MS`]) and
@@ -132,6 +133,12 @@ fn traces(env: &impl Fn(&str) -> Option<String>) -> Result<TracesConfig, ConfigE
 }
 
 impl Config {
+    /// What runs show beyond the contract's keys: `trace_id` where traces
+    /// are exported.
+    pub fn shown(&self) -> Shown {
+        Shown { trace_ids: self.traces.export }
+    }
+
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }

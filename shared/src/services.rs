@@ -95,6 +95,7 @@ impl Services {
             limits: self.config.limits.clone(),
             webhooks: self.adapters.webhooks.clone(),
             webhook_allow_private: self.config.webhook_allow_private,
+            shown: self.config.shown(),
         })
     }
 

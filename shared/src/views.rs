@@ -10,7 +10,14 @@ use crate::domain::{
     Approval, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, Run, RunId, Timestamp, Usage,
     WebhookEndpoint, canonical_json,
 };
-use crate::telemetry;
+/// What a deployment shows of a run beyond the contract's keys, decided
+/// once by the composition root (from the configuration) and passed to
+/// whatever renders runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Shown {
+    /// `trace_id`: when the deployment exports traces.
+    pub trace_ids: bool,
+}
 
 #[derive(Serialize)]
 pub struct RunView<'a> {
@@ -90,8 +97,8 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
     }
 }
 
-impl<'a> From<&'a Run> for RunView<'a> {
-    fn from(run: &'a Run) -> Self {
+impl<'a> RunView<'a> {
+    pub fn new(run: &'a Run, shown: Shown) -> Self {
         RunView {
             id: run.id.to_string(),
             status: run.status.as_str(),
@@ -107,7 +114,7 @@ impl<'a> From<&'a Run> for RunView<'a> {
             completed_at: rfc3339(run.completed_at),
             usage: run.usage,
             budget: (run.budget != Budget::default()).then_some(run.budget),
-            trace_id: telemetry::enabled().then(|| run.trace().trace_id_hex()),
+            trace_id: shown.trace_ids.then(|| run.trace().trace_id_hex()),
         }
     }
 }
@@ -182,8 +189,8 @@ impl<'a> From<&'a DeliveryAttempt> for DeliveryAttemptView<'a> {
 }
 
 /// The run's JSON as clients see it, ready to be spliced into a page.
-pub fn run_json(run: &Run) -> Result<std::sync::Arc<str>, serde_json::Error> {
-    serde_json::to_string(&RunView::from(run)).map(Into::into)
+pub fn run_json(run: &Run, shown: Shown) -> Result<std::sync::Arc<str>, serde_json::Error> {
+    serde_json::to_string(&RunView::new(run, shown)).map(Into::into)
 }
 
 /// A page of a list: `{"data", "next_cursor"}`.
@@ -215,12 +222,12 @@ impl<'a> From<&'a InboxEntry> for InboxEntryView<'a> {
 }
 
 /// The `data` of an event, as JSON: what the store keeps and clients get.
-pub fn event_data_json(data: &EventData) -> String {
+pub fn event_data_json(data: &EventData, shown: Shown) -> String {
     let encoded = match data {
         EventData::RunCreated(run)
         | EventData::RunSucceeded(run)
         | EventData::RunFailed(run)
-        | EventData::RunCanceled(run) => run_in_event(run),
+        | EventData::RunCanceled(run) => run_in_event(run, shown),
         EventData::RunStarted { attempt } => serde_json::to_string(&serde_json::json!({ "attempt": attempt })),
         EventData::RunAwaitingApproval { approval_ids } => {
             serde_json::to_string(&serde_json::json!({ "approval_ids": approval_ids }))
@@ -272,14 +279,14 @@ fn flagged(view: impl Serialize, truncated: bool) -> serde_json::Result<String> 
 /// The run in an event: its texts (`input`, `output`, `error`, approval
 /// actions) cut as every text in an event is, so an event stays small
 /// whatever the run holds.
-fn run_in_event(run: &Run) -> serde_json::Result<String> {
+fn run_in_event(run: &Run, shown: Shown) -> serde_json::Result<String> {
     let input = EventText::new(&run.input);
     let output = run.output.as_deref().map(EventText::new);
     let error = run.error.as_deref().map(EventText::new);
     let truncated = [Some(&input), output.as_ref(), error.as_ref()].into_iter().flatten().any(|text| text.truncated);
     let actions: Vec<EventText> = run.approvals.iter().map(|approval| EventText::new(&approval.action)).collect();
     let truncated = truncated || actions.iter().any(|action| action.truncated);
-    let mut view = RunView::from(run);
+    let mut view = RunView::new(run, shown);
     // The approvals' arguments are in their own events; a run's event
     // names the call by its digest, so that it stays small.
     let truncated = truncated || run.approvals.iter().any(|approval| approval.call.is_some());
@@ -333,4 +340,29 @@ pub struct EventPageView<'a> {
     pub data: Vec<EventView<'a>>,
     pub next_after: u64,
     pub has_more: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ExecutionPolicy, Owner};
+
+    /// `trace_id` is shown exactly when the composition root says so, in a
+    /// run's JSON and in the run inside its events alike.
+    #[test]
+    fn a_run_shows_its_trace_id_only_where_the_deployment_shows_it() {
+        let id = RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1));
+        let owner = Owner::parse("acme").unwrap();
+        let run = Run::new(id, owner, "echo".into(), "hi".into(), BTreeMap::new(), &ExecutionPolicy::default());
+        let trace = run.trace().trace_id_hex();
+        for trace_ids in [false, true] {
+            let shown = Shown { trace_ids };
+            let view: serde_json::Value = serde_json::from_str(&run_json(&run, shown).unwrap()).unwrap();
+            let event = event_data_json(&EventData::RunCreated(Box::new(run.clone())), shown);
+            let event: serde_json::Value = serde_json::from_str(&event).unwrap();
+            for json in [&view, &event] {
+                assert_eq!(json.get("trace_id").and_then(|id| id.as_str()), trace_ids.then_some(trace.as_str()));
+            }
+        }
+    }
 }

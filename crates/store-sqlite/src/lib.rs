@@ -34,6 +34,7 @@ use agent_runs_shared::store::{
     InboxPage, InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunLists, RunStore, Settled,
     StoreError, StoredEvent, StoredKey, Upkeep, ViewPage, run_view_json,
 };
+use agent_runs_shared::views::Shown;
 
 const READERS: usize = 4;
 
@@ -220,6 +221,8 @@ pub enum Durability {
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
+    /// What the runs' JSON (lists, events) shows beyond the contract.
+    shown: Shown,
 }
 
 struct Inner {
@@ -260,11 +263,11 @@ struct CachedRun {
 }
 
 impl CachedRun {
-    fn view(&self) -> Result<Arc<str>, StoreError> {
+    fn view(&self, shown: Shown) -> Result<Arc<str>, StoreError> {
         if let Some(view) = self.view.get() {
             return Ok(view.clone());
         }
-        let view = run_view_json(&self.run)?;
+        let view = run_view_json(&self.run, shown)?;
         if view.len() <= RECENT_RUN_MAX_BYTES {
             let _ = self.view.set(view.clone());
         }
@@ -398,7 +401,14 @@ impl SqliteStore {
             event_signals: Mutex::default(),
             deliveries_queued: tokio::sync::Notify::new(),
         };
-        Ok(Self { inner: Arc::new(inner) })
+        Ok(Self { inner: Arc::new(inner), shown: Shown::default() })
+    }
+
+    /// Renders runs in lists and events showing `shown` (what the
+    /// deployment's configuration says; nothing beyond the contract unless
+    /// told).
+    pub fn showing(self, shown: Shown) -> Self {
+        SqliteStore { shown, ..self }
     }
 
     /// Tells the cache of recent runs, if any, about a committed removal.
@@ -531,7 +541,7 @@ fn insert_run_row(connection: &Connection, run: &Run) -> Result<usize, StoreErro
 
 /// Writes the run's events, and for each an outbox row per enabled
 /// webhook endpoint of the owner that wants it; `true` when there were any.
-fn insert_events(connection: &Connection, owner: &Owner, events: &[Event]) -> Result<bool, StoreError> {
+fn insert_events(connection: &Connection, owner: &Owner, events: &[Event], shown: Shown) -> Result<bool, StoreError> {
     let mut statement = connection
         .prepare_cached("INSERT INTO run_events (run_id, seq, type, created_at, data) VALUES (?1, ?2, ?3, ?4, ?5)")
         .map_err(unavailable)?;
@@ -542,7 +552,7 @@ fn insert_events(connection: &Connection, owner: &Owner, events: &[Event]) -> Re
                 event.seq as i64,
                 event.data.kind(),
                 event.at.millis(),
-                agent_runs_shared::views::event_data_json(&event.data)
+                agent_runs_shared::views::event_data_json(&event.data, shown)
             ])
             .map_err(unavailable)?;
     }
@@ -594,6 +604,7 @@ struct PendingUpdate {
     next: Run,
     events: Vec<Event>,
     body: String,
+    shown: Shown,
 }
 
 impl PendingUpdate {
@@ -620,7 +631,7 @@ impl PendingUpdate {
         if changed != 1 {
             return Err(StoreError::Conflict);
         }
-        let queued = insert_events(transaction, &next.owner, &self.events)?;
+        let queued = insert_events(transaction, &next.owner, &self.events, self.shown)?;
         index_approvals(transaction, next, &self.events)?;
         Ok(queued)
     }

@@ -43,10 +43,10 @@ impl RunLists for SqliteStore {
         let mut last = None;
         for row in rows.into_iter().take(request.limit as usize) {
             let (id, view) = match row {
-                Ok(recent) => (recent.run.id, recent.view()?),
+                Ok(recent) => (recent.run.id, recent.view(self.shown)?),
                 Err(body) => {
                     let run = decode_run(&body)?;
-                    (run.id, run_view_json(&run)?)
+                    (run.id, run_view_json(&run, self.shown)?)
                 }
             };
             views.push(view);

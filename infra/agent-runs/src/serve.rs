@@ -101,7 +101,8 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let connections = u32::try_from(args.max_connections).unwrap_or(u32::MAX);
     config.limits.holds.total = args.max_held.unwrap_or(half_the_connections).min(connections);
     let durability = if args.sqlite_sync == "full" { Durability::Full } else { Durability::Process };
-    let store = SqliteStore::open_for_serving(db, durability).map_err(|error| error_chain(&error))?;
+    let store =
+        SqliteStore::open_for_serving(db, durability).map_err(|error| error_chain(&error))?.showing(config.shown());
 
     if store.list_keys().await?.is_empty() {
         let (secret, id) = issue(&store, Owner::parse("dev")?, Some("first start".into())).await?;

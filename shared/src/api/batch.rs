@@ -90,7 +90,7 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
             let data: Vec<RunView> = decisions
                 .iter()
                 .filter_map(|(run_id, _)| recorded.iter().find(|run| run.id == *run_id))
-                .map(RunView::from)
+                .map(|run| RunView::new(run, api.shown))
                 .collect();
             Ok(json_response(StatusCode::OK, &serde_json::json!({ "data": data })))
         }

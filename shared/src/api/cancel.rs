@@ -18,7 +18,7 @@ pub(super) async fn handle(
     let body = json_object(request.headers(), request.body(), true)?;
     reject_unknown_fields(&body, &[])?;
     match api.lifecycle.cancel(owner, run_id).await {
-        Ok(run) => Ok(changed_run_response(&run)),
+        Ok(run) => Ok(changed_run_response(&run, api.shown)),
         Err(ChangeError::Gone) => Err(ApiError::run_not_found()),
         Err(ChangeError::Refused(TransitionError::InvalidState(status))) => Err(ApiError::Conflict(format!(
             "The run has already {}; only queued, running or awaiting_approval runs can be canceled.",

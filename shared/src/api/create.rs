@@ -11,6 +11,7 @@ use crate::auth::Principal;
 use crate::domain::{Budget, IdempotencyKey, Metadata, Run, RunInput, RunTrace};
 use crate::lifecycle::{self, IdempotencyRequest, StartError, Started};
 use crate::telemetry;
+use crate::views::Shown;
 
 const FIELDS: &[&str] = &["input", "agent", "metadata", "budget"];
 const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
@@ -136,8 +137,8 @@ fn request_hash(new_run: &NewRun) -> String {
     sha256_hex(canonical.to_string().as_bytes())
 }
 
-fn created(run: &Run, replayed: bool) -> ApiResponse {
-    let mut response = run_response(StatusCode::CREATED, run);
+fn created(run: &Run, replayed: bool, shown: Shown) -> ApiResponse {
+    let mut response = run_response(StatusCode::CREATED, run, shown);
     let location = format!("/v1/agent/runs/{}", run.id);
     let headers = response.headers_mut();
     headers.insert(header::LOCATION, HeaderValue::from_str(&location).expect("run ids are ASCII"));
@@ -178,8 +179,8 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
         tracing::Span::current().record("run_id", tracing::field::display(run.id));
     }
     match started {
-        Ok(Started::Created(run)) => Ok(created(&run, false)),
-        Ok(Started::Replayed(run)) => Ok(created(&run, true)),
+        Ok(Started::Created(run)) => Ok(created(&run, false, api.shown)),
+        Ok(Started::Replayed(run)) => Ok(created(&run, true, api.shown)),
         Err(StartError::KeyReused) => Err(ApiError::Conflict(
             "This Idempotency-Key was already used with a different request. Use a new key for a new run.".into(),
         )),

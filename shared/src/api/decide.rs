@@ -189,7 +189,7 @@ pub(super) async fn handle(
     let request = decision.check(api, by, &run, approval_id).await?;
     let name = request.decision.name();
     match api.lifecycle.decide(run, approval_id, request).await {
-        Ok(run) => Ok(changed_run_response(&run)),
+        Ok(run) => Ok(changed_run_response(&run, api.shown)),
         Err(error) => Err(refused(error, |status| already_decided(status, name))),
     }
 }

@@ -37,7 +37,7 @@ pub(super) async fn handle(
     let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
     check_separate_approver(api, by, &run).await?;
     match api.lifecycle.extend(run, approval_id, extension).await {
-        Ok(run) => Ok(changed_run_response(&run)),
+        Ok(run) => Ok(changed_run_response(&run, api.shown)),
         Err(error) => Err(refused(error, |status| {
             format!("The approval is already {}; only a pending approval can be extended.", status.as_str())
         })),

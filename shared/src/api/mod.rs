@@ -46,6 +46,7 @@ use crate::lifecycle::Lifecycle;
 use crate::queue::RunQueue;
 use crate::store::{Store, WebhookStore};
 use crate::telemetry::{self, SpanKind};
+use crate::views::Shown;
 use rate_limit::RateLimiter;
 use routes::Resolved;
 
@@ -101,6 +102,8 @@ pub struct Api {
     openapi: Bytes,
     webhooks: Arc<dyn WebhookStore>,
     webhook_allow_private: bool,
+    /// What runs show beyond the contract's keys.
+    shown: Shown,
 }
 
 /// What [`Api`] is made of; [`crate::services::Services::api`] builds it.
@@ -115,11 +118,14 @@ pub struct ApiParts {
     pub webhooks: Arc<dyn WebhookStore>,
     /// Webhook URLs may be `http` and private addresses.
     pub webhook_allow_private: bool,
+    /// What runs show beyond the contract's keys.
+    pub shown: Shown,
 }
 
 impl Api {
     pub fn new(parts: ApiParts) -> Self {
-        let ApiParts { runs, queue, auth, agents, clock, policy, limits, webhooks, webhook_allow_private } = parts;
+        let ApiParts { runs, queue, auth, agents, clock, policy, limits, webhooks, webhook_allow_private, shown } =
+            parts;
         let rate_limiter = RateLimiter::new(limits.rate);
         let document = openapi::document(&agents.names_list(), agents.default_name());
         let openapi = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
@@ -136,6 +142,7 @@ impl Api {
             openapi,
             webhooks,
             webhook_allow_private,
+            shown,
         }
     }
 
@@ -276,7 +283,7 @@ impl Api {
         match route.operation {
             Operation::Create => create::handle(self, &principal, &request).await,
             Operation::List => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
-            Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
+            Operation::Get => get::handle(self.runs.as_ref(), self.shown, owner, run_id).await,
             Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
             Operation::Decide => decide::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
             Operation::Extend => extend::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
@@ -338,13 +345,13 @@ fn parse_run_id(text: &str) -> Result<RunId, ApiError> {
     text.parse().map_err(|_| ApiError::run_not_found())
 }
 
-fn run_response(status: http::StatusCode, run: &Run) -> ApiResponse {
-    response::json_response(status, &crate::views::RunView::from(run))
+fn run_response(status: http::StatusCode, run: &Run, shown: Shown) -> ApiResponse {
+    response::json_response(status, &crate::views::RunView::new(run, shown))
 }
 
 /// The run a request changed: its span joins the run's trace.
-fn changed_run_response(run: &Run) -> ApiResponse {
-    let mut response = run_response(http::StatusCode::OK, run);
+fn changed_run_response(run: &Run, shown: Shown) -> ApiResponse {
+    let mut response = run_response(http::StatusCode::OK, run, shown);
     response.extensions_mut().insert(run.trace());
     response
 }

@@ -9,6 +9,8 @@ pub mod record;
 
 use async_trait::async_trait;
 
+use crate::views::Shown;
+
 use crate::domain::{
     AgentDefinition, ApprovalStatus, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId, Owner,
     PreviousSecret, RunId, RunStatus, Scopes, Timestamp, WebhookEndpoint, WebhookId, WebhookSecret,
@@ -260,8 +262,8 @@ pub trait Store: RunStore + RunLists + EventLog + Upkeep {}
 impl<T: RunStore + RunLists + EventLog + Upkeep> Store for T {}
 
 /// A list page as clients see it, from the runs of a [`RunLists::list`].
-pub fn views_of(page: ListPage) -> Result<ViewPage, StoreError> {
-    let views = page.runs.iter().map(run_view_json).collect::<Result<_, _>>()?;
+pub fn views_of(page: ListPage, shown: Shown) -> Result<ViewPage, StoreError> {
+    let views = page.runs.iter().map(|run| run_view_json(run, shown)).collect::<Result<_, _>>()?;
     Ok(ViewPage { views, last: page.runs.last().map(|run| run.id), has_more: page.has_more })
 }
 
@@ -300,8 +302,8 @@ pub trait AgentStore: Send + Sync + 'static {
 }
 
 /// A run's JSON as clients see it, for a list page.
-pub fn run_view_json(run: &Run) -> Result<std::sync::Arc<str>, StoreError> {
-    crate::views::run_json(run).map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))
+pub fn run_view_json(run: &Run, shown: Shown) -> Result<std::sync::Arc<str>, StoreError> {
+    crate::views::run_json(run, shown).map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))
 }
 
 /// A replaced webhook secret as both stores keep it.

@@ -206,6 +206,7 @@ impl World {
             limits: ApiLimits::default(),
             webhooks: self.keys.clone(),
             webhook_allow_private: false,
+            shown: Default::default(),
         })
     }
 

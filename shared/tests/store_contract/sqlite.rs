@@ -82,7 +82,7 @@ pub(super) async fn sqlite_list_views_are_the_runs_as_written() {
         let views: Vec<String> = page
             .runs
             .iter()
-            .map(|run| serde_json::to_string(&agent_runs_shared::views::RunView::from(run)).unwrap())
+            .map(|run| serde_json::to_string(&agent_runs_shared::views::RunView::new(run, Default::default())).unwrap())
             .collect();
         (views, page.runs.last().map(|run| run.id), page.has_more)
     };

@@ -413,14 +413,14 @@ mod tests {
             resolved_by: None,
             edited_arguments: None,
         });
-        let view = serde_json::to_value(RunView::from(&run)).unwrap();
+        let view = serde_json::to_value(RunView::new(&run, crate::views::Shown::default())).unwrap();
         let schemas = &builtin()["components"]["schemas"];
         assert_eq!(keys(&view), required(&schemas["Run"]));
         // A run whose model reported tokens has `usage` too, and one created
         // with a budget `budget`; both are optional.
         run.usage = Some(Default::default());
         run.budget = crate::domain::Budget { max_total_tokens: Some(5), max_tool_calls: None };
-        let with_usage = serde_json::to_value(RunView::from(&run)).unwrap();
+        let with_usage = serde_json::to_value(RunView::new(&run, crate::views::Shown::default())).unwrap();
         // `trace_id` is there when traces are exported (tests/traces.rs).
         let mut optional = keys(&with_usage);
         assert!(optional.insert("trace_id".into()));

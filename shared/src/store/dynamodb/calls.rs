@@ -67,7 +67,14 @@ where
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into() }
+        Self { client, table: table.into(), shown: Shown::default() }
+    }
+
+    /// Renders runs in lists and events showing `shown` (what the
+    /// deployment's configuration says; nothing beyond the contract unless
+    /// told).
+    pub fn showing(self, shown: Shown) -> Self {
+        DynamoStore { shown, ..self }
     }
 
     /// A read of an item that never exists (API key lookups use the same
@@ -167,7 +174,7 @@ impl DynamoStore {
             items.push(TransactWriteItem::builder().delete(delete).build());
         }
         for event in events {
-            items.push(event_put(&self.table, next, event)?);
+            items.push(event_put(&self.table, next, event, self.shown)?);
         }
         Ok(items)
     }
@@ -291,7 +298,7 @@ impl DynamoStore {
             .map_err(defect)?;
         items.push(TransactWriteItem::builder().put(put_entry).build());
         for event in &events {
-            items.push(event_put(&self.table, written, event)?);
+            items.push(event_put(&self.table, written, event, self.shown)?);
         }
         Ok(items)
     }

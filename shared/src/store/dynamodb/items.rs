@@ -143,7 +143,7 @@ pub(super) fn inbox_keys(
 
 /// The event's item; the event that gives an approval its final status
 /// is also that approval's inbox entry.
-pub(super) fn event_put(table: &str, run: &Run, event: &Event) -> Result<TransactWriteItem, StoreError> {
+pub(super) fn event_put(table: &str, run: &Run, event: &Event, shown: Shown) -> Result<TransactWriteItem, StoreError> {
     let inbox = match &event.data {
         EventData::ApprovalDecided(approval)
         | EventData::ApprovalExpired(approval)
@@ -160,7 +160,7 @@ pub(super) fn event_put(table: &str, run: &Run, event: &Event) -> Result<Transac
         .item("seq", n(event.seq))
         .item("type", s(event.data.kind()))
         .item("at", n(event.at.millis()))
-        .item("data", s(crate::views::event_data_json(&event.data)))
+        .item("data", s(crate::views::event_data_json(&event.data, shown)))
         // Whose it is, for the webhook notifier reading the table's stream.
         .item("owner", s(run.owner.as_str()))
         // A seq is never written twice; should the run's count be wrong,

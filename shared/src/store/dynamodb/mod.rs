@@ -87,6 +87,7 @@ use super::{
     StoredEvent, Upkeep, ViewPage, views_of,
 };
 use crate::domain::{Approval, ApprovalId, ApprovalStatus, Event, EventData, Owner, RunId, RunStatus, Timestamp};
+use crate::views::Shown;
 
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
@@ -186,6 +187,8 @@ const TRANSACT_BACKOFF_CAP: Duration = Duration::from_secs(1);
 pub struct DynamoStore {
     client: Client,
     table: String,
+    /// What the runs' JSON (lists, events) shows beyond the contract.
+    shown: Shown,
 }
 
 type Item = HashMap<String, AttributeValue>;

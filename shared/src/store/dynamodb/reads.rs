@@ -152,7 +152,7 @@ impl RunLists for DynamoStore {
     }
 
     async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
-        views_of(self.list(owner, request).await?)
+        views_of(self.list(owner, request).await?, self.shown)
     }
 }
 
