@@ -406,7 +406,8 @@ impl SqliteStore {
 
     /// Renders runs in lists and events showing `shown` (what the
     /// deployment's configuration says; nothing beyond the contract unless
-    /// told).
+    /// told). Called right after opening, before any clone: the cache of
+    /// recent runs' JSON is shared by the clones.
     pub fn showing(self, shown: Shown) -> Self {
         SqliteStore { shown, ..self }
     }

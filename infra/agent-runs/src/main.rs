@@ -124,14 +124,15 @@ fn template(args: TemplateArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     };
     let text = std::fs::read_to_string(&path)?;
-    let regenerated = template::regenerate(&text)
+    let functions = template::regenerate(&text)
         .ok_or_else(|| format!("{} has no generated part (a line `{}`)", path.display(), template::BEGIN.trim()))?;
-    std::fs::write(&path, regenerated)?;
     let manifest = path.with_file_name("Cargo.toml");
     let text = std::fs::read_to_string(&manifest)?;
-    let regenerated = template::regenerate_router(&text)
+    let router = template::regenerate_router(&text)
         .ok_or_else(|| format!("{} has no `{}`", manifest.display(), template::ROUTER.trim()))?;
-    std::fs::write(&manifest, regenerated)?;
+    // Both made before either is written: a failure changes neither.
+    std::fs::write(&path, functions)?;
+    std::fs::write(&manifest, router)?;
     Ok(())
 }
 

@@ -372,11 +372,16 @@ pub fn watch_router_toml() -> String {
     toml
 }
 
-/// `manifest` (the workspace's Cargo.toml) with its router, the lines from
-/// [`ROUTER`] to the next blank line, replaced by [`watch_router_toml`].
+/// `manifest` (the workspace's Cargo.toml) with its router, the [`ROUTER`]
+/// line (at the start of a line) and the `"<path>" = [...]` lines after it,
+/// replaced by [`watch_router_toml`].
 pub fn regenerate_router(manifest: &str) -> Option<String> {
-    let start = manifest.find(ROUTER)?;
-    let end = manifest[start..].find("\n\n").map_or(manifest.len(), |end| start + end + 1);
+    let start =
+        manifest.match_indices(ROUTER).map(|(at, _)| at).find(|at| *at == 0 || manifest[..*at].ends_with('\n'))?;
+    let mut end = start + ROUTER.len();
+    while end < manifest.len() && manifest[end..].starts_with('"') {
+        end = manifest[end..].find('\n').map_or(manifest.len(), |line| end + line + 1);
+    }
     Some(format!("{}{}{}", &manifest[..start], watch_router_toml(), &manifest[end..]))
 }
 
@@ -529,4 +534,22 @@ fn write_alarm(yaml: &mut String, id: &str, metric: &str, description: &str) {
       AlarmActions: !If [HasAlarmTopic, [!Ref AlarmTopicArn], !Ref AWS::NoValue]
 "
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The router is found at the start of a line only, and ends at its
+    /// last entry whatever follows (a comment, another table, the end).
+    #[test]
+    fn the_router_is_replaced_and_nothing_around_it() {
+        let routes = watch_router_toml();
+        for after in ["", "\n[profile.x]\nlto = false\n", "# a comment\n[profile.x]\n"] {
+            let before = format!("# {ROUTER}[a]\nb = 1\n");
+            let manifest = format!("{before}{ROUTER}\"/old\" = [{{ method = \"GET\", function = \"old\" }}]\n{after}");
+            assert_eq!(regenerate_router(&manifest).unwrap(), format!("{before}{routes}{after}"));
+        }
+        assert_eq!(regenerate_router(&format!("# {ROUTER}")), None, "a commented header is no router");
+    }
 }

@@ -55,6 +55,17 @@ fn a_run_with_an_approval_is_one_trace_with_its_spans_in_place(target: Target) {
     server.post(&key, &decide, json!({"decision": "approve"})).expect_status(200);
     let done = server.wait_for_status(&key, id, "succeeded");
     assert_eq!(done["trace_id"], trace_id.as_str(), "a run keeps its trace");
+    // A list shows it, and so does the run inside its events: every
+    // rendering of the run takes the deployment's choice.
+    let listed = server.get(&key, RUNS);
+    let entry = listed.body["data"].as_array().unwrap().iter().find(|entry| entry["id"] == id).unwrap().clone();
+    assert_eq!(entry["trace_id"], trace_id.as_str(), "{entry}");
+    let events = server.get(&key, &format!("{RUNS}/{id}/events"));
+    let created = &events.body["data"][0];
+    assert_eq!(
+        (created["type"].as_str(), created["data"]["trace_id"].as_str()),
+        (Some("run.created"), Some(trace_id.as_str()))
+    );
 
     let in_trace = |spans: &[ReceivedSpan]| -> Vec<ReceivedSpan> {
         spans.iter().filter(|span| span.trace_id == trace_id).cloned().collect()
