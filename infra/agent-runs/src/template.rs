@@ -155,8 +155,9 @@ pub const FUNCTIONS: [Function; 16] = [
         timeout: None,
         memory: None,
         extra: "",
-        environment: &[RUN_QUEUE_URL],
-        grants: &[CHANGE_RUNS, SEND_RUNS],
+        // An extension (or the expiry it finds) never sends the run.
+        environment: &[],
+        grants: &[CHANGE_RUNS],
         trigger: Trigger::Routes,
     },
     Function {
