@@ -17,7 +17,7 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use async_trait::async_trait;
 
 use crate::aws::AwsServices;
-use crate::domain::{Clock, Owner, WebhookEndpoint, WebhookStatus};
+use crate::domain::{Clock, Owner, Timestamp, WebhookEndpoint, WebhookStatus};
 use crate::error_chain;
 use crate::metrics::{EmfSink, MetricsSink};
 use crate::queue::{DeliveryMessage, WebhookQueue};
@@ -86,36 +86,43 @@ fn backoff(record: &SqsMessage) -> Duration {
 }
 
 /// The delivery queue in SQS as the engine's queue: a delivery's place is
-/// the message it came in (its id and body). A failed attempt's next one
-/// is a message of its own, due at its time.
+/// the id of the message it came in. A failed attempt's next one is a
+/// message of its own, due at its time.
 struct SqsDeliveries<'a> {
     store: &'a DynamoStore,
     queue: &'a WebhookQueue,
     clock: &'a dyn Clock,
 }
 
-/// A received delivery message.
-struct Received {
-    id: String,
-    message: DeliveryMessage,
+/// The message that carries `delivery` on, after `attempts`, not before
+/// `not_before`: what a received message said, read back from the delivery
+/// it became (its endpoint and event were read by the message's keys).
+fn message_for(delivery: &Delivery<String>, attempts: u32, not_before: Timestamp) -> DeliveryMessage {
+    DeliveryMessage {
+        owner: delivery.endpoint.owner.clone(),
+        webhook_id: delivery.endpoint.id,
+        run_id: delivery.run_id,
+        seq: delivery.event.seq,
+        attempts,
+        not_before: Some(not_before),
+    }
 }
 
 #[async_trait]
 impl DeliveryQueue for SqsDeliveries<'_> {
-    type Place = Received;
+    type Place = String;
 
-    async fn finish(&self, delivery: &Delivery<Received>, result: &AttemptResult) -> Result<(), DeliveryError> {
-        let Received { id, message } = &delivery.place;
+    async fn finish(&self, delivery: &Delivery<String>, result: &AttemptResult) -> Result<(), DeliveryError> {
         // Made but not recorded (a 410 would not disable the endpoint):
         // made again later rather than lost.
         self.store
-            .record_attempt(&message.owner, &result.attempt, result.health)
+            .record_attempt(&delivery.endpoint.owner, &result.attempt, result.health)
             .await
             .map_err(DeliveryError::Record)?;
         let Some(retry_at) = result.retry_at else {
             return Ok(());
         };
-        let next = DeliveryMessage { attempts: result.attempt.attempt, not_before: Some(retry_at), ..message.clone() };
+        let next = message_for(delivery, result.attempt.attempt, retry_at);
         // Claimed first (by this message's id), so that two messages for
         // the same attempt (the notifier re-queueing a record, a send whose
         // answer was lost) go on as one series. Two receipts of the very
@@ -123,7 +130,7 @@ impl DeliveryQueue for SqsDeliveries<'_> {
         // and the claim of that next attempt makes them one series again.
         let claimed = self
             .store
-            .claim_retry(next.webhook_id, next.run_id, next.seq, next.attempts, id)
+            .claim_retry(next.webhook_id, next.run_id, next.seq, next.attempts, &delivery.place)
             .await
             .map_err(DeliveryError::Claim)?;
         if claimed {
@@ -136,10 +143,9 @@ impl DeliveryQueue for SqsDeliveries<'_> {
 
     /// As a message of its own that comes back to look again: nothing
     /// wakes a message when the run moves on.
-    async fn hold(&self, delivery: &Delivery<Received>, held: Held) -> Result<(), DeliveryError> {
-        let until = held.look_again;
-        let message = DeliveryMessage { not_before: Some(until), ..delivery.place.message.clone() };
-        self.queue.send_later(&message, until.since(self.clock.now())).await.map_err(DeliveryError::Queue)
+    async fn hold(&self, delivery: &Delivery<String>, held: Held) -> Result<(), DeliveryError> {
+        let message = message_for(delivery, delivery.attempts, held.look_again);
+        self.queue.send_later(&message, held.look_again.since(self.clock.now())).await.map_err(DeliveryError::Queue)
     }
 }
 
@@ -199,7 +205,7 @@ pub async fn handle_deliveries(
             }
         };
         let (run_id, attempts) = (message.run_id, message.attempts);
-        let delivery = Delivery { place: Received { id: id.clone(), message }, endpoint, run_id, event, attempts };
+        let delivery = Delivery { place: id.clone(), endpoint, run_id, event, attempts };
         match engine.deliver(deliveries, &delivery).await {
             Ok(_) => Ok(()),
             Err(error) => {

@@ -93,6 +93,27 @@ pub(super) async fn delivery_event(aws: &Aws, queue_url: &str) -> SqsEvent {
     serde_json::from_value(json!({ "Records": records })).unwrap()
 }
 
+/// Messages waiting on the delivery queue, delayed or not (not those
+/// received).
+async fn messages_waiting(aws: &Aws) -> u32 {
+    use aws_sdk_sqs::types::QueueAttributeName::{ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed};
+    let attributes = aws
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&aws.webhook_queue_url)
+        .attribute_names(ApproximateNumberOfMessages)
+        .attribute_names(ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default();
+    [ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed]
+        .iter()
+        .map(|name| attributes[name].parse::<u32>().unwrap())
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn webhooks_go_from_the_stream_through_the_delivery_queue_and_verify_with_the_standard_library() {
     use agent_runs_shared::lambda::{handle_deliveries, handle_stream};
@@ -253,24 +274,6 @@ pub(super) async fn a_run_created_is_held_until_its_create_is_answered_and_never
         }]}))
         .unwrap()
     };
-    // Messages waiting on the queue, delayed or not (not those received).
-    let waiting = || async {
-        use aws_sdk_sqs::types::QueueAttributeName::{ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed};
-        let attributes = aws
-            .sqs
-            .get_queue_attributes()
-            .queue_url(&aws.webhook_queue_url)
-            .attribute_names(ApproximateNumberOfMessages)
-            .attribute_names(ApproximateNumberOfMessagesDelayed)
-            .send()
-            .await
-            .unwrap();
-        let count = attributes.attributes.unwrap_or_default();
-        [ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed]
-            .iter()
-            .map(|name| count[name].parse::<u32>().unwrap())
-            .sum::<u32>()
-    };
 
     // A run no worker has taken yet: its run.created waits, as a delayed message.
     let (_, undone) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "a"}))).await;
@@ -279,7 +282,7 @@ pub(super) async fn a_run_created_is_held_until_its_create_is_answered_and_never
     let response = handle_deliveries(&engine, &aws.services.store, &queue, message_for(&undone)).await;
     assert!(response.batch_item_failures.is_empty());
     assert!(received(receiver.clone()).await.is_empty(), "not sent while its create may still be undone");
-    assert_eq!(waiting().await, 1, "held as a delayed message");
+    assert_eq!(messages_waiting(&aws).await, 1, "held as a delayed message");
     // Its queue send failed: the create is undone. The held message comes
     // back (in about 2 s, to look again); once the create is surely
     // answered it finds no event to send.
@@ -304,7 +307,7 @@ pub(super) async fn a_run_created_is_held_until_its_create_is_answered_and_never
     let response = handle_deliveries(&engine_at(later.now()), &aws.services.store, &queue, held).await;
     assert!(response.batch_item_failures.is_empty());
     assert!(received(receiver.clone()).await.is_empty(), "never sent for an undone create");
-    assert_eq!(waiting().await, 0, "and not held again");
+    assert_eq!(messages_waiting(&aws).await, 0, "and not held again");
 
     // A run that stays: sent once its create is surely answered...
     let (_, kept) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "b"}))).await;
@@ -322,7 +325,7 @@ pub(super) async fn a_run_created_is_held_until_its_create_is_answered_and_never
     let response = handle_deliveries(&engine, &aws.services.store, &queue, message_for(&taken)).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(received(receiver.clone()).await.len(), 2);
-    assert_eq!(waiting().await, 0, "neither was held");
+    assert_eq!(messages_waiting(&aws).await, 0, "neither was held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,23 +364,7 @@ pub(super) async fn two_messages_for_the_same_attempt_send_twice_under_one_id_an
         "under one id, for the receiver to drop"
     );
     // One next attempt queued between them (claimed once), due in about 5 s.
-    use aws_sdk_sqs::types::QueueAttributeName::{ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed};
-    let attributes = aws
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&aws.webhook_queue_url)
-        .attribute_names(ApproximateNumberOfMessages)
-        .attribute_names(ApproximateNumberOfMessagesDelayed)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap_or_default();
-    let waiting: u32 = [ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed]
-        .iter()
-        .map(|name| attributes[name].parse::<u32>().unwrap())
-        .sum();
-    assert_eq!(waiting, 1, "one series of retries");
+    assert_eq!(messages_waiting(&aws).await, 1, "one series of retries");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
