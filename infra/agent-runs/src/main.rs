@@ -123,11 +123,14 @@ fn template(args: TemplateArgs) -> Result<(), Box<dyn std::error::Error>> {
         print!("{}", template::functions_yaml());
         return Ok(());
     };
-    let text = std::fs::read_to_string(&path)?;
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).map_err(|error| format!("cannot read {}: {error}", path.display()))
+    };
+    let text = read(&path)?;
     let functions = template::regenerate(&text)
         .ok_or_else(|| format!("{} has no generated part (a line `{}`)", path.display(), template::BEGIN.trim()))?;
     let manifest = path.with_file_name("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest)?;
+    let text = read(&manifest)?;
     let router = template::regenerate_router(&text)
         .ok_or_else(|| format!("{} has no `{}`", manifest.display(), template::ROUTER.trim()))?;
     // Both made before either is written: a failure changes neither.
