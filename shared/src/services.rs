@@ -113,6 +113,7 @@ impl Services {
     /// Signs and sends webhook deliveries.
     pub fn deliverer(&self) -> Deliverer {
         Deliverer::new(DeliveryPolicy::new(self.config.webhook_allow_private), self.clock.clone())
+            .showing(self.config.shown())
     }
 
     /// Delivers webhook events from whichever queue the deployment has,

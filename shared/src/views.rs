@@ -7,8 +7,8 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::domain::{
-    Approval, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, Run, RunId, Timestamp, Usage,
-    WebhookEndpoint, canonical_json,
+    Approval, ApprovalSummary, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, Run, RunId,
+    RunSnapshot, Timestamp, Usage, WebhookEndpoint, canonical_json,
 };
 /// What a deployment shows of a run beyond the contract's keys, decided
 /// once by the composition root (from the configuration) and passed to
@@ -93,6 +93,28 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             expires_at: rfc3339(approval.expires_at),
             resolved_by: approval.resolved_by.map(|key| key.to_string()),
             edited_arguments: approval.edited_arguments.as_ref().map(canonical),
+        }
+    }
+}
+
+/// An approval inside a run's event: named by its digest, its arguments
+/// left to its own events.
+impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
+    fn from(approval: &'a ApprovalSummary) -> Self {
+        ApprovalView {
+            id: approval.id.to_string(),
+            kind: approval.kind.as_str(),
+            action: &approval.action.text,
+            tool: approval.tool.as_deref(),
+            arguments: None,
+            arguments_sha256: approval.arguments_sha256.clone(),
+            status: approval.status.as_str(),
+            requested_at: approval.requested_at.to_rfc3339(),
+            resolved_at: rfc3339(approval.resolved_at),
+            comment: approval.comment.as_deref(),
+            expires_at: rfc3339(approval.expires_at),
+            resolved_by: approval.resolved_by.map(|key| key.to_string()),
+            edited_arguments: None,
         }
     }
 }
@@ -276,29 +298,26 @@ fn flagged(view: impl Serialize, truncated: bool) -> serde_json::Result<String> 
     serde_json::to_string(&value)
 }
 
-/// The run in an event: its texts (`input`, `output`, `error`, approval
-/// actions) cut as every text in an event is, so an event stays small
-/// whatever the run holds.
-fn run_in_event(run: &Run, shown: Shown) -> serde_json::Result<String> {
-    let input = EventText::new(&run.input);
-    let output = run.output.as_deref().map(EventText::new);
-    let error = run.error.as_deref().map(EventText::new);
-    let truncated = [Some(&input), output.as_ref(), error.as_ref()].into_iter().flatten().any(|text| text.truncated);
-    let actions: Vec<EventText> = run.approvals.iter().map(|approval| EventText::new(&approval.action)).collect();
-    let truncated = truncated || actions.iter().any(|action| action.truncated);
-    let mut view = RunView::new(run, shown);
-    // The approvals' arguments are in their own events; a run's event
-    // names the call by its digest, so that it stays small.
-    let truncated = truncated || run.approvals.iter().any(|approval| approval.call.is_some());
-    for (approval, action) in view.pending_approvals.iter_mut().zip(&actions) {
-        approval.action = &action.text;
-        approval.arguments = None;
-        approval.edited_arguments = None;
-    }
-    view.input = &input.text;
-    view.output = output.as_ref().map(|text| text.text.as_str());
-    view.error = error.as_ref().map(|text| text.text.as_str());
-    flagged(view, truncated)
+/// The run in an event, as its snapshot keeps it.
+fn run_in_event(run: &RunSnapshot, shown: Shown) -> serde_json::Result<String> {
+    let view = RunView {
+        id: run.id.to_string(),
+        status: run.status.as_str(),
+        agent: &run.agent,
+        input: &run.input.text,
+        output: run.output.as_ref().map(|text| text.text.as_str()),
+        error: run.error.as_ref().map(|text| text.text.as_str()),
+        pending_approvals: run.approvals.iter().map(ApprovalView::from).collect(),
+        metadata: &run.metadata,
+        created_by: run.created_by.map(|key| key.to_string()),
+        created_at: run.created_at.to_rfc3339(),
+        started_at: rfc3339(run.started_at),
+        completed_at: rfc3339(run.completed_at),
+        usage: run.usage,
+        budget: (run.budget != Budget::default()).then_some(run.budget),
+        trace_id: shown.trace_ids.then(|| format!("{:032x}", run.trace_id)),
+    };
+    flagged(view, run.truncated())
 }
 
 fn approval_in_event(approval: &Approval) -> serde_json::Result<String> {
@@ -308,7 +327,7 @@ fn approval_in_event(approval: &Approval) -> serde_json::Result<String> {
     flagged(view, action.truncated)
 }
 
-/// An event as clients get it; `data` is spliced in as stored.
+/// An event as clients get it; `data` is spliced in as rendered.
 #[derive(Serialize)]
 pub struct EventView<'a> {
     pub id: String,
@@ -317,13 +336,13 @@ pub struct EventView<'a> {
     #[serde(rename = "type")]
     pub kind: &'a str,
     pub created_at: String,
-    pub data: &'a serde_json::value::RawValue,
+    pub data: Box<RawValue>,
 }
 
 impl<'a> EventView<'a> {
     /// The event `seq` of the run as clients see it, from its type, time
-    /// and data as stored; fails only when the data is not JSON.
-    pub fn of(run_id: RunId, seq: u64, kind: &'a str, at: Timestamp, data: &'a str) -> Result<Self, serde_json::Error> {
+    /// and rendered data; fails only when the data is not JSON.
+    pub fn of(run_id: RunId, seq: u64, kind: &'a str, at: Timestamp, data: &str) -> Result<Self, serde_json::Error> {
         Ok(EventView {
             id: EventId::of_event(run_id, seq, at).to_string(),
             seq,
@@ -358,7 +377,7 @@ mod tests {
         for trace_ids in [false, true] {
             let shown = Shown { trace_ids };
             let view: serde_json::Value = serde_json::from_str(&run_json(&run, shown).unwrap()).unwrap();
-            let event = event_data_json(&EventData::RunCreated(Box::new(run.clone())), shown);
+            let event = event_data_json(&EventData::RunCreated(Box::new(RunSnapshot::of(&run))), shown);
             let event: serde_json::Value = serde_json::from_str(&event).unwrap();
             for json in [&view, &event] {
                 assert_eq!(json.get("trace_id").and_then(|id| id.as_str()), trace_ids.then_some(trace.as_str()));

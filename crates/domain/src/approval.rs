@@ -54,6 +54,10 @@ impl ApprovalKind {
             ApprovalKind::ToolCall => "tool_call",
         }
     }
+
+    pub fn parse(text: &str) -> Option<ApprovalKind> {
+        [ApprovalKind::Action, ApprovalKind::ToolCall].into_iter().find(|kind| kind.as_str() == text)
+    }
 }
 
 /// The longest arguments (as canonical JSON) a call put to a human may

@@ -3,7 +3,11 @@
 //! writes them in the same write as the run, numbering them from the run's
 //! count, so the log holds exactly the changes that were made.
 
-use super::{Approval, ApprovalId, EventId, Run, RunId, Timestamp, Usage};
+use std::collections::BTreeMap;
+
+use super::{
+    Approval, ApprovalId, ApprovalKind, ApprovalStatus, Budget, EventId, KeyId, Run, RunId, RunStatus, Timestamp, Usage,
+};
 
 /// Texts in events (a `say` line, a model's reply, a tool's result) are cut
 /// to this many bytes, on a character boundary, and flagged.
@@ -50,7 +54,7 @@ pub const EVENT_TYPES: [&str; 17] = [
 /// What an event says, by type (`EventData::kind` names it on the wire).
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventData {
-    RunCreated(Box<Run>),
+    RunCreated(Box<RunSnapshot>),
     RunStarted {
         attempt: u32,
     },
@@ -60,9 +64,9 @@ pub enum EventData {
     RunResumed,
     /// A worker handed the run back to the queue (it was stopping).
     RunRequeued,
-    RunSucceeded(Box<Run>),
-    RunFailed(Box<Run>),
-    RunCanceled(Box<Run>),
+    RunSucceeded(Box<RunSnapshot>),
+    RunFailed(Box<RunSnapshot>),
+    RunCanceled(Box<RunSnapshot>),
     ApprovalRequested(Approval),
     ApprovalDecided(Approval),
     ApprovalExpiring(Approval),
@@ -79,6 +83,94 @@ pub enum EventData {
         usage: Option<Usage>,
     },
     ToolCompleted(Box<ToolCompleted>),
+}
+
+/// A run as its events show it: the keys clients see of a run, its texts
+/// cut as every text in an event is and its approvals named by their
+/// digest (their arguments are in their own events), so that an event
+/// stays small whatever the run holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSnapshot {
+    pub id: RunId,
+    pub status: RunStatus,
+    pub agent: String,
+    pub input: EventText,
+    pub output: Option<EventText>,
+    pub error: Option<EventText>,
+    pub approvals: Vec<ApprovalSummary>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_by: Option<KeyId>,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub completed_at: Option<Timestamp>,
+    pub usage: Option<Usage>,
+    pub budget: Budget,
+    /// The run's trace id, shown where the deployment shows traces.
+    pub trace_id: u128,
+}
+
+/// An approval inside a [`RunSnapshot`]: everything but the arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApprovalSummary {
+    pub id: ApprovalId,
+    pub kind: ApprovalKind,
+    pub action: EventText,
+    pub tool: Option<String>,
+    pub arguments_sha256: Option<String>,
+    pub status: ApprovalStatus,
+    pub requested_at: Timestamp,
+    pub resolved_at: Option<Timestamp>,
+    pub comment: Option<String>,
+    pub expires_at: Option<Timestamp>,
+    pub resolved_by: Option<KeyId>,
+}
+
+impl RunSnapshot {
+    pub fn of(run: &Run) -> Self {
+        RunSnapshot {
+            id: run.id,
+            status: run.status,
+            agent: run.agent.clone(),
+            input: EventText::new(&run.input),
+            output: run.output.as_deref().map(EventText::new),
+            error: run.error.as_deref().map(EventText::new),
+            approvals: run.approvals.iter().map(ApprovalSummary::of).collect(),
+            metadata: run.metadata.clone(),
+            created_by: run.created_by,
+            created_at: run.created_at,
+            started_at: run.started_at,
+            completed_at: run.completed_at,
+            usage: run.usage,
+            budget: run.budget,
+            trace_id: run.trace().trace_id,
+        }
+    }
+
+    /// Whether the snapshot leaves something of the run out: a text cut, or
+    /// an approval's arguments.
+    pub fn truncated(&self) -> bool {
+        let texts = [Some(&self.input), self.output.as_ref(), self.error.as_ref()];
+        texts.into_iter().flatten().any(|text| text.truncated)
+            || self.approvals.iter().any(|approval| approval.action.truncated || approval.tool.is_some())
+    }
+}
+
+impl ApprovalSummary {
+    pub fn of(approval: &Approval) -> Self {
+        ApprovalSummary {
+            id: approval.id,
+            kind: approval.kind(),
+            action: EventText::new(&approval.action),
+            tool: approval.call.as_ref().map(|call| call.tool.clone()),
+            arguments_sha256: approval.arguments_sha256(),
+            status: approval.status,
+            requested_at: approval.requested_at,
+            resolved_at: approval.resolved_at,
+            comment: approval.comment.clone(),
+            expires_at: approval.expires_at,
+            resolved_by: approval.resolved_by,
+        }
+    }
 }
 
 /// An HTTP tool call that ended, with or without an answer.
@@ -166,14 +258,14 @@ mod tests {
         let text = EventText::new("");
         let run = || {
             let policy = super::super::ExecutionPolicy::default();
-            Box::new(Run::new(
+            Box::new(RunSnapshot::of(&Run::new(
                 RunId::from_ulid(ulid::Ulid::nil()),
                 super::super::Owner::parse("o").unwrap(),
                 String::new(),
                 String::new(),
                 Default::default(),
                 &policy,
-            ))
+            )))
         };
         let all = [
             EventData::RunCreated(run()),

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::{
     Approval, ApprovalId, ApprovalRequest, ApprovalStatus, Budget, DecisionRequest, Event, EventData, KeyId,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, RunId, RunTrace, Timestamp, approval_arguments_bytes,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, RunId, RunSnapshot, RunTrace, Timestamp, approval_arguments_bytes,
     canonical_json,
 };
 
@@ -147,16 +147,21 @@ pub struct Run {
     /// How often the sweeper sent the run again in its current stretch of
     /// `queued`: each wait before the next send is twice the last.
     pub resends: u32,
-    /// Which item of its owner's active-run count the run holds, where a
-    /// store splits the count over several (DynamoDB): its end gives back
-    /// to the item its create took. Set by the store.
-    pub count_item: Option<u32>,
+    /// What the store that wrote or read the run keeps with it for its own
+    /// bookkeeping. Opaque here: the domain never reads or sets it, and a
+    /// store gets it back with the run it handed out, as an HTTP client
+    /// hands back an ETag.
+    pub store_note: StoreNote,
     /// How many events the run's log holds (the `seq` of the last).
     pub event_seq: u64,
     /// Events of the changes made since the run was read, oldest first: the
     /// store writes them with the run and numbers them from `event_seq`.
     pub pending_events: Vec<NewEvent>,
 }
+
+/// A store's note on a run it handed out (see [`Run::store_note`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreNote(pub Option<u32>);
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
@@ -309,7 +314,7 @@ impl Run {
             budget: Budget::default(),
             trace: None,
             resends: 0,
-            count_item: None,
+            store_note: StoreNote::default(),
             event_seq: 0,
             pending_events: Vec::new(),
         };
@@ -320,9 +325,10 @@ impl Run {
     /// The new run changed by `change`, and its `run.created` with it.
     fn set_at_creation(mut self, change: impl Fn(&mut Run)) -> Run {
         change(&mut self);
+        let snapshot = self.snapshot();
         for event in &mut self.pending_events {
             if let EventData::RunCreated(created) = &mut event.data {
-                change(created);
+                created.clone_from(&snapshot);
             }
         }
         self
@@ -354,8 +360,8 @@ impl Run {
     }
 
     /// The run as clients see it now, for an event that shows it.
-    fn snapshot(&self) -> Box<Run> {
-        Box::new(Run { checkpoint: None, pending_events: Vec::new(), ..self.clone() })
+    fn snapshot(&self) -> Box<RunSnapshot> {
+        Box::new(RunSnapshot::of(self))
     }
 
     /// How many events the log will hold once the pending ones are written.

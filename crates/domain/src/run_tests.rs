@@ -504,7 +504,7 @@ fn every_change_records_its_events_and_a_repeat_records_none() {
     run.succeed("w3", "done".into(), at(60)).unwrap();
     assert_eq!(kinds(&run), ["run.started", "run.succeeded"]);
     assert!(
-        matches!(&run.pending_events[1].data, EventData::RunSucceeded(shown) if shown.output.as_deref() == Some("done"))
+        matches!(&run.pending_events[1].data, EventData::RunSucceeded(shown) if shown.output.as_ref().map(|text| text.text.as_str()) == Some("done"))
     );
     run.take_events();
     assert_eq!(run.cancel(at(70)), Err(TransitionError::InvalidState(RunStatus::Succeeded)));

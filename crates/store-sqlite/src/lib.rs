@@ -32,9 +32,9 @@ use agent_runs_shared::domain::{
 };
 use agent_runs_shared::store::record::StoredRun;
 use agent_runs_shared::store::{
-    AgentStore, BatchWriteError, DueRun, EventLog, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry,
-    InboxPage, InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunLists, RunStore, Settled,
-    StoreError, StoredEvent, StoredKey, Upkeep, ViewPage, run_view_json,
+    AgentStore, BatchWriteError, DueRun, EVENT_FORMAT, EventLog, EventPage, IdempotencyClaim, IdempotencyRecord,
+    InboxEntry, InboxPage, InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunLists,
+    RunStore, Settled, StoreError, StoredEvent, StoredKey, Upkeep, ViewPage, decode_event, encode_event, run_view_json,
 };
 use agent_runs_shared::views::Shown;
 
@@ -369,9 +369,11 @@ fn insert_run_row(connection: &Connection, run: &Run) -> Result<usize, StoreErro
 
 /// Writes the run's events, and for each an outbox row per enabled
 /// webhook endpoint of the owner that wants it; `true` when there were any.
-fn insert_events(connection: &Connection, owner: &Owner, events: &[Event], shown: Shown) -> Result<bool, StoreError> {
+fn insert_events(connection: &Connection, owner: &Owner, events: &[Event]) -> Result<bool, StoreError> {
     let mut statement = connection
-        .prepare_cached("INSERT INTO run_events (run_id, seq, type, created_at, data) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .prepare_cached(
+            "INSERT INTO run_events (run_id, seq, type, created_at, data, format) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
         .map_err(unavailable)?;
     for event in events {
         statement
@@ -380,11 +382,47 @@ fn insert_events(connection: &Connection, owner: &Owner, events: &[Event], shown
                 event.seq as i64,
                 event.data.kind(),
                 event.at.millis(),
-                agent_runs_shared::views::event_data_json(&event.data, shown)
+                encode_event(&event.data),
+                EVENT_FORMAT
             ])
             .map_err(unavailable)?;
     }
     webhooks::enqueue_deliveries(connection, owner, events)
+}
+
+/// An event as its row holds it: `seq, type, created_at, format, data`
+/// from column `first` on.
+fn event_row(row: &rusqlite::Row, first: usize) -> rusqlite::Result<EventRow> {
+    Ok(EventRow {
+        seq: row.get::<_, i64>(first)? as u64,
+        kind: row.get(first + 1)?,
+        at: Timestamp::from_millis(row.get(first + 2)?),
+        format: row.get(first + 3)?,
+        data: row.get(first + 4)?,
+    })
+}
+
+/// The columns [`event_row`] reads, in its order.
+const EVENT_COLUMNS: &str =
+    "run_events.seq, run_events.type, run_events.created_at, run_events.format, run_events.data";
+
+struct EventRow {
+    seq: u64,
+    kind: String,
+    at: Timestamp,
+    format: u8,
+    data: String,
+}
+
+impl EventRow {
+    fn decode(self) -> Result<StoredEvent, StoreError> {
+        Ok(StoredEvent {
+            seq: self.seq,
+            data: decode_event(self.format, &self.kind, self.data)?,
+            kind: self.kind,
+            at: self.at,
+        })
+    }
 }
 
 /// Brings the inbox rows of the approvals whose status `events` changed up
@@ -432,7 +470,6 @@ struct PendingUpdate {
     next: Run,
     events: Vec<Event>,
     body: String,
-    shown: Shown,
 }
 
 impl PendingUpdate {
@@ -459,7 +496,7 @@ impl PendingUpdate {
         if changed != 1 {
             return Err(StoreError::Conflict);
         }
-        let queued = insert_events(transaction, &next.owner, &self.events, self.shown)?;
+        let queued = insert_events(transaction, &next.owner, &self.events)?;
         index_approvals(transaction, next, &self.events)?;
         Ok(queued)
     }

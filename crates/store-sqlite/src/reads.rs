@@ -118,24 +118,19 @@ impl EventLog for SqliteStore {
     async fn events(&self, run_id: RunId, after: u64, limit: u32) -> Result<EventPage, StoreError> {
         self.read(move |connection| {
             let fetch = i64::from(limit) + 1;
-            let mut events: Vec<StoredEvent> = connection
-                .prepare_cached(
-                    "SELECT seq, type, created_at, data FROM run_events
-                     WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
-                )
+            let rows: Vec<EventRow> = connection
+                .prepare_cached(&format!(
+                    "SELECT {EVENT_COLUMNS} FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
+                ))
                 .and_then(|mut statement| {
                     statement
                         .query_map(params![run_id.to_string(), after.min(i64::MAX as u64) as i64, fetch], |row| {
-                            Ok(StoredEvent {
-                                seq: row.get::<_, i64>(0)? as u64,
-                                kind: row.get(1)?,
-                                at: Timestamp::from_millis(row.get(2)?),
-                                data: row.get(3)?,
-                            })
+                            event_row(row, 0)
                         })?
                         .collect()
                 })
                 .map_err(unavailable)?;
+            let mut events = rows.into_iter().map(EventRow::decode).collect::<Result<Vec<_>, _>>()?;
             let has_more = events.len() > limit as usize;
             events.truncate(limit as usize);
             Ok(EventPage { events, has_more })
@@ -147,20 +142,11 @@ impl EventLog for SqliteStore {
         let (run_id, seq) = (run_id.to_string(), seq.min(i64::MAX as u64) as i64);
         self.read(move |connection| {
             connection
-                .prepare_cached("SELECT type, created_at, data FROM run_events WHERE run_id = ?1 AND seq = ?2")
-                .and_then(|mut statement| {
-                    statement
-                        .query_row(params![run_id, seq], |row| {
-                            Ok(StoredEvent {
-                                seq: seq as u64,
-                                kind: row.get(0)?,
-                                at: Timestamp::from_millis(row.get(1)?),
-                                data: row.get(2)?,
-                            })
-                        })
-                        .optional()
-                })
-                .map_err(unavailable)
+                .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM run_events WHERE run_id = ?1 AND seq = ?2"))
+                .and_then(|mut statement| statement.query_row(params![run_id, seq], |row| event_row(row, 0)).optional())
+                .map_err(unavailable)?
+                .map(EventRow::decode)
+                .transpose()
         })
         .await
     }

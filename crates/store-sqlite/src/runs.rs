@@ -48,7 +48,7 @@ impl RunStore for SqliteStore {
                     return Ok(InsertOutcome::TooManyActiveRuns);
                 }
                 let encoded_len = insert_run_row(transaction, &run)?;
-                let queued = insert_events(transaction, &run.owner, &events, store.shown)?;
+                let queued = insert_events(transaction, &run.owner, &events)?;
                 if let Some(claim) = &idempotency {
                     transaction
                         .prepare_cached(
@@ -149,7 +149,7 @@ impl RunStore for SqliteStore {
             next.version += 1;
             let events = next.take_events();
             let body = encode_run(&next).map_err(failed)?;
-            writes.push(PendingUpdate { expected: run.version, next, events, body, shown: self.shown });
+            writes.push(PendingUpdate { expected: run.version, next, events, body });
         }
         let store = self.clone();
         let written = self

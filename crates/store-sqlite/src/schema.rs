@@ -158,8 +158,13 @@ CREATE TABLE webhook_attempts (
 ) WITHOUT ROWID;
 ";
 
+/// Events' data as a stored record, rendered when read; the rows from
+/// before hold their JSON as clients got it (format 1).
+pub(super) const SCHEMA_9: &str = "ALTER TABLE run_events ADD COLUMN format INTEGER NOT NULL DEFAULT 1;";
+
 /// Schema version N is reached by running the first N steps, in order.
-pub(super) const MIGRATIONS: [&str; 8] = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8];
+pub(super) const MIGRATIONS: [&str; 9] =
+    [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9];
 
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 

@@ -4,14 +4,13 @@
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{SqliteStore, unavailable};
+use super::{EVENT_COLUMNS, SqliteStore, event_row, unavailable};
 use agent_runs_shared::domain::{
     DeliveryAttempt, DeliveryId, EndpointHealth, Event, EventFilter, Owner, PreviousSecret, Timestamp, WebhookEndpoint,
     WebhookId, WebhookSecret, WebhookStatus,
 };
 use agent_runs_shared::store::{
-    DueSkip, Outbox, Page, PendingDelivery, StoreError, StoredEvent, WebhookStore, decode_previous_secrets,
-    encode_previous_secrets,
+    DueSkip, Outbox, Page, PendingDelivery, StoreError, WebhookStore, decode_previous_secrets, encode_previous_secrets,
 };
 
 /// Attempts older than this are removed as new ones are recorded.
@@ -390,13 +389,12 @@ impl Outbox for SqliteStore {
             let mut due = Vec::new();
             let mut statement = connection
                 .prepare_cached(
-                    "SELECT webhook_outbox.id, webhook_outbox.run_id, webhook_outbox.attempts, run_events.seq,
-                            run_events.type, run_events.created_at, run_events.data
+                    &format!("SELECT webhook_outbox.id, webhook_outbox.run_id, webhook_outbox.attempts, {EVENT_COLUMNS}
                      FROM webhook_outbox
                      JOIN run_events ON run_events.run_id = webhook_outbox.run_id
                                     AND run_events.seq = webhook_outbox.seq
                      WHERE webhook_outbox.webhook_id = ?1 AND webhook_outbox.next_attempt_at <= ?2
-                     ORDER BY webhook_outbox.next_attempt_at, webhook_outbox.id LIMIT ?3",
+                     ORDER BY webhook_outbox.next_attempt_at, webhook_outbox.id LIMIT ?3"),
                 )
                 .map_err(unavailable)?;
             for row in endpoints {
@@ -419,12 +417,7 @@ impl Outbox for SqliteStore {
                             row.get::<_, i64>(0)?,
                             row.get::<_, String>(1)?,
                             row.get::<_, i64>(2)?,
-                            StoredEvent {
-                                seq: row.get::<_, i64>(3)? as u64,
-                                kind: row.get(4)?,
-                                at: Timestamp::from_millis(row.get(5)?),
-                                data: row.get(6)?,
-                            },
+                            event_row(row, 3)?,
                         ))
                     })
                     .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
@@ -433,6 +426,13 @@ impl Outbox for SqliteStore {
                     let Ok(run_id) = run_id.parse() else {
                         tracing::error!(outbox_id, "an outbox row names a malformed run id; left out");
                         continue;
+                    };
+                    let event = match event.decode() {
+                        Ok(event) => event,
+                        Err(error) => {
+                            tracing::error!(outbox_id, %error, "an outbox row's event cannot be read; left out");
+                            continue;
+                        }
                     };
                     due.push(PendingDelivery {
                         place: outbox_id,

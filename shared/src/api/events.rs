@@ -17,7 +17,7 @@ use super::response::json_response;
 use super::{Api, ApiError, ApiResponse, parse_run_id};
 use crate::domain::{Owner, RunId, RunStatus};
 use crate::store::{EventLog, EventPage, StoredEvent};
-use crate::views::{EventPageView, EventView};
+use crate::views::{EventPageView, EventView, Shown};
 
 pub const DEFAULT_LIMIT: u32 = 100;
 pub const MAX_LIMIT: u32 = 1_000;
@@ -55,6 +55,7 @@ pub struct EventStream {
     key: Option<KeyCheck>,
     /// The owner's share of held requests, given back with the stream.
     _hold: Option<Arc<Hold>>,
+    shown: Shown,
 }
 
 struct EventsQuery {
@@ -147,6 +148,7 @@ pub(super) async fn handle(
         let mut stream = EventStream::new(runs.clone(), run_id, after, ended, ends_at);
         stream.key = api.key_check(request);
         stream._hold = Some(Arc::new(hold));
+        stream.shown = api.shown;
         response.extensions_mut().insert(stream);
         return Ok(response);
     }
@@ -177,17 +179,17 @@ pub(super) async fn handle(
             break page;
         }
     };
-    Ok(json_response(StatusCode::OK, &page_view(run_id, after, &page)?))
+    Ok(json_response(StatusCode::OK, &page_view(run_id, after, &page, api.shown)?))
 }
 
-fn event_view(run_id: RunId, event: &StoredEvent) -> Result<EventView<'_>, ApiError> {
-    EventView::of(run_id, event.seq, &event.kind, event.at, &event.data)
+fn event_view(run_id: RunId, event: &StoredEvent, shown: Shown) -> Result<EventView<'_>, ApiError> {
+    EventView::of(run_id, event.seq, &event.kind, event.at, &event.data.render(shown))
         .map_err(|_| ApiError::Internal(format!("event {} of {run_id} has malformed data", event.seq).into()))
 }
 
-fn page_view(run_id: RunId, after: u64, page: &EventPage) -> Result<EventPageView<'_>, ApiError> {
+fn page_view(run_id: RunId, after: u64, page: &EventPage, shown: Shown) -> Result<EventPageView<'_>, ApiError> {
     Ok(EventPageView {
-        data: page.events.iter().map(|event| event_view(run_id, event)).collect::<Result<_, _>>()?,
+        data: page.events.iter().map(|event| event_view(run_id, event, shown)).collect::<Result<_, _>>()?,
         next_after: page.events.last().map_or(after, |event| event.seq),
         has_more: page.has_more,
     })
@@ -239,9 +241,9 @@ impl Waiting {
     }
 }
 
-fn frame(run_id: RunId, event: &StoredEvent) -> Result<Bytes, ApiError> {
-    let json =
-        serde_json::to_string(&event_view(run_id, event)?).map_err(|error| ApiError::Internal(Box::new(error)))?;
+fn frame(run_id: RunId, event: &StoredEvent, shown: Shown) -> Result<Bytes, ApiError> {
+    let json = serde_json::to_string(&event_view(run_id, event, shown)?)
+        .map_err(|error| ApiError::Internal(Box::new(error)))?;
     Ok(Bytes::from(format!("id: {}\nevent: {}\ndata: {json}\n\n", event.seq, event.kind)))
 }
 
@@ -257,7 +259,7 @@ impl EventStream {
     /// or key is checked here: the events operation does that first.
     #[doc(hidden)]
     pub fn new(log: Arc<dyn EventLog>, run_id: RunId, after: u64, ended: bool, ends_at: Instant) -> Self {
-        EventStream { log, run_id, after, ended, ends_at, key: None, _hold: None }
+        EventStream { log, run_id, after, ended, ends_at, key: None, _hold: None, shown: Shown::default() }
     }
 
     /// The stream's body: a message per event, a comment every
@@ -307,7 +309,7 @@ impl EventStream {
                 if state.done {
                     return None;
                 }
-                let EventStream { log, run_id, after, ended, .. } = &mut state.stream;
+                let EventStream { log, run_id, after, ended, shown, .. } = &mut state.stream;
                 state.waiting.mark_read();
                 let page = match log.events(*run_id, *after, STREAM_PAGE).await {
                     Ok(page) => page,
@@ -318,7 +320,7 @@ impl EventStream {
                     }
                 };
                 for event in &page.events {
-                    match frame(*run_id, event) {
+                    match frame(*run_id, event, *shown) {
                         Ok(frame) => state.ready.push_back(frame),
                         Err(error) => {
                             // Never skip one silently: end where it is.

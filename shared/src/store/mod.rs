@@ -4,6 +4,7 @@
 mod agent_record;
 mod change;
 mod dynamodb;
+mod event_record;
 mod layer;
 pub mod record;
 
@@ -24,6 +25,7 @@ pub use dynamodb::{
     MAX_CHECKPOINT_BYTES, Migrated, NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, RECOUNT_EVERY, STATUS_INDEX,
     decode_stream_event,
 };
+pub use event_record::{EVENT_FORMAT, EventBody, RENDERED_FORMAT, decode_event, encode_event};
 pub use layer::{Answer, Call, Hooks, Layered};
 
 /// An owner's runs not yet ended, unless `AGENT_RUNS_MAX_ACTIVE_RUNS` says otherwise.
@@ -152,13 +154,14 @@ pub struct DueRun {
     pub key: RunKey,
 }
 
-/// An event as stored: `data` is its JSON as clients get it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An event as read from a store; its `data` is rendered for clients when
+/// it is shown ([`EventBody::render`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
     pub seq: u64,
     pub kind: String,
     pub at: Timestamp,
-    pub data: String,
+    pub data: EventBody,
 }
 
 /// Events of one run, oldest first, and whether more exist after them.
@@ -384,7 +387,7 @@ pub trait WebhookStore: Send + Sync + 'static {
 
 /// A delivery whose time has come: the endpoint and the event as read,
 /// and the delivery's place in the queue it waits in.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Delivery<P> {
     pub place: P,
     /// The endpoint as the read found it (enabled).

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use crate::domain::{
-    Approval, ApprovalStatus, Budget, Lease, Owner, ProposedCall, Run, RunStatus, RunTrace, Timestamp, Usage,
-    canonical_json,
+    Approval, ApprovalStatus, Budget, Lease, Owner, ProposedCall, Run, RunStatus, RunTrace, StoreNote, Timestamp,
+    Usage, canonical_json,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -62,7 +62,7 @@ fn is_zero(number: &u64) -> bool {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct StoredApproval {
+pub(super) struct StoredApproval {
     id: String,
     action: String,
     status: String,
@@ -93,7 +93,7 @@ struct StoredLease {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct StoredUsage {
+pub(super) struct StoredUsage {
     input_tokens: u64,
     output_tokens: u64,
     total_tokens: u64,
@@ -103,7 +103,7 @@ struct StoredUsage {
 
 /// A client's budget for the run; absent when it set none.
 #[derive(Debug, Serialize, Deserialize)]
-struct StoredBudget {
+pub(super) struct StoredBudget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_total_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,7 +147,96 @@ impl StoredTrace {
     }
 }
 
-fn millis(at: Timestamp) -> i64 {
+impl From<&Approval> for StoredApproval {
+    fn from(approval: &Approval) -> Self {
+        StoredApproval {
+            id: approval.id.to_string(),
+            action: approval.action.clone(),
+            status: approval.status.as_str().to_owned(),
+            requested_at: approval.requested_at.millis(),
+            resolved_at: approval.resolved_at.map(millis),
+            comment: approval.comment.clone(),
+            expires_at: approval.expires_at.map(millis),
+            expiry_warned: approval.expiry_warned,
+            resolved_by: approval.resolved_by.map(|key| key.to_string()),
+            tool: approval.call.as_ref().map(|call| call.tool.clone()),
+            arguments: approval.call.as_ref().map(|call| canonical_json(&call.arguments)),
+            edited_arguments: approval.edited_arguments.as_ref().map(canonical_json),
+        }
+    }
+}
+
+impl TryFrom<StoredApproval> for Approval {
+    type Error = StoreError;
+
+    fn try_from(approval: StoredApproval) -> Result<Approval, StoreError> {
+        let json = |text: String| {
+            serde_json::from_str::<serde_json::Value>(&text).map_err(|_| malformed("approval arguments"))
+        };
+        let call = match (approval.tool, approval.arguments) {
+            (Some(tool), Some(arguments)) => Some(ProposedCall { tool, arguments: json(arguments)? }),
+            (None, None) => None,
+            _ => return Err(malformed("approval call")),
+        };
+        Ok(Approval {
+            id: approval.id.parse().map_err(|_| malformed("approval id"))?,
+            action: approval.action,
+            call,
+            edited_arguments: approval.edited_arguments.map(json).transpose()?,
+            status: ApprovalStatus::parse(&approval.status).ok_or_else(|| malformed("approval status"))?,
+            requested_at: Timestamp::from_millis(approval.requested_at),
+            resolved_at: at(approval.resolved_at),
+            comment: approval.comment,
+            expires_at: at(approval.expires_at),
+            expiry_warned: approval.expiry_warned,
+            resolved_by: approval
+                .resolved_by
+                .map(|key| key.parse().map_err(|_| malformed("approval resolved_by")))
+                .transpose()?,
+        })
+    }
+}
+
+impl From<Usage> for StoredUsage {
+    fn from(usage: Usage) -> Self {
+        StoredUsage {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            total_tokens: usage.total_tokens,
+            tool_calls: usage.tool_calls,
+        }
+    }
+}
+
+impl From<StoredUsage> for Usage {
+    fn from(usage: StoredUsage) -> Self {
+        Usage {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            total_tokens: usage.total_tokens,
+            tool_calls: usage.tool_calls,
+        }
+    }
+}
+
+impl StoredBudget {
+    /// Absent for the budget of a run created without one.
+    pub(super) fn of(budget: Budget) -> Option<StoredBudget> {
+        (budget != Budget::default()).then_some(StoredBudget {
+            max_total_tokens: budget.max_total_tokens,
+            max_tool_calls: budget.max_tool_calls,
+        })
+    }
+
+    pub(super) fn read(stored: Option<StoredBudget>) -> Budget {
+        stored.map_or_else(Budget::default, |budget| Budget {
+            max_total_tokens: budget.max_total_tokens,
+            max_tool_calls: budget.max_tool_calls,
+        })
+    }
+}
+
+pub(super) fn millis(at: Timestamp) -> i64 {
     at.millis()
 }
 
@@ -161,24 +250,7 @@ impl From<&Run> for StoredRun {
             input: run.input.clone(),
             output: run.output.clone(),
             error: run.error.clone(),
-            approvals: run
-                .approvals
-                .iter()
-                .map(|approval| StoredApproval {
-                    id: approval.id.to_string(),
-                    action: approval.action.clone(),
-                    status: approval.status.as_str().to_owned(),
-                    requested_at: approval.requested_at.millis(),
-                    resolved_at: approval.resolved_at.map(millis),
-                    comment: approval.comment.clone(),
-                    expires_at: approval.expires_at.map(millis),
-                    expiry_warned: approval.expiry_warned,
-                    resolved_by: approval.resolved_by.map(|key| key.to_string()),
-                    tool: approval.call.as_ref().map(|call| call.tool.clone()),
-                    arguments: approval.call.as_ref().map(|call| canonical_json(&call.arguments)),
-                    edited_arguments: approval.edited_arguments.as_ref().map(canonical_json),
-                })
-                .collect(),
+            approvals: run.approvals.iter().map(StoredApproval::from).collect(),
             created_by: run.created_by.map(|key| key.to_string()),
             metadata: run.metadata.clone(),
             created_at: run.created_at.millis(),
@@ -194,29 +266,21 @@ impl From<&Run> for StoredRun {
             checkpoint: run.checkpoint.clone(),
             execution_ms: run.execution_ms,
             running_since: run.running_since.map(millis),
-            usage: run.usage.map(|usage| StoredUsage {
-                input_tokens: usage.input_tokens,
-                output_tokens: usage.output_tokens,
-                total_tokens: usage.total_tokens,
-                tool_calls: usage.tool_calls,
-            }),
+            usage: run.usage.map(StoredUsage::from),
             resends: run.resends,
-            count_item: run.count_item,
+            count_item: run.store_note.0,
             event_seq: run.event_seq,
-            budget: (run.budget != Budget::default()).then_some(StoredBudget {
-                max_total_tokens: run.budget.max_total_tokens,
-                max_tool_calls: run.budget.max_tool_calls,
-            }),
+            budget: StoredBudget::of(run.budget),
             trace: run.trace.map(StoredTrace::from),
         }
     }
 }
 
-fn malformed(what: &str) -> StoreError {
+pub(super) fn malformed(what: &str) -> StoreError {
     StoreError::Defect(format!("stored run: malformed {what}"))
 }
 
-fn at(millis: Option<i64>) -> Option<Timestamp> {
+pub(super) fn at(millis: Option<i64>) -> Option<Timestamp> {
     millis.map(Timestamp::from_millis)
 }
 
@@ -224,36 +288,7 @@ impl TryFrom<StoredRun> for Run {
     type Error = StoreError;
 
     fn try_from(stored: StoredRun) -> Result<Run, StoreError> {
-        let approvals = stored
-            .approvals
-            .into_iter()
-            .map(|approval| {
-                let json = |text: String| {
-                    serde_json::from_str::<serde_json::Value>(&text).map_err(|_| malformed("approval arguments"))
-                };
-                let call = match (approval.tool, approval.arguments) {
-                    (Some(tool), Some(arguments)) => Some(ProposedCall { tool, arguments: json(arguments)? }),
-                    (None, None) => None,
-                    _ => return Err(malformed("approval call")),
-                };
-                Ok(Approval {
-                    id: approval.id.parse().map_err(|_| malformed("approval id"))?,
-                    action: approval.action,
-                    call,
-                    edited_arguments: approval.edited_arguments.map(json).transpose()?,
-                    status: ApprovalStatus::parse(&approval.status).ok_or_else(|| malformed("approval status"))?,
-                    requested_at: Timestamp::from_millis(approval.requested_at),
-                    resolved_at: at(approval.resolved_at),
-                    comment: approval.comment,
-                    expires_at: at(approval.expires_at),
-                    expiry_warned: approval.expiry_warned,
-                    resolved_by: approval
-                        .resolved_by
-                        .map(|key| key.parse().map_err(|_| malformed("approval resolved_by")))
-                        .transpose()?,
-                })
-            })
-            .collect::<Result<_, StoreError>>()?;
+        let approvals = stored.approvals.into_iter().map(Approval::try_from).collect::<Result<_, StoreError>>()?;
         Ok(Run {
             id: stored.id.parse().map_err(|_| malformed("id"))?,
             owner: Owner::parse(&stored.owner).map_err(|_| malformed("owner"))?,
@@ -277,19 +312,11 @@ impl TryFrom<StoredRun> for Run {
             checkpoint: stored.checkpoint,
             execution_ms: stored.execution_ms,
             running_since: at(stored.running_since),
-            usage: stored.usage.map(|usage| Usage {
-                input_tokens: usage.input_tokens,
-                output_tokens: usage.output_tokens,
-                total_tokens: usage.total_tokens,
-                tool_calls: usage.tool_calls,
-            }),
-            budget: stored.budget.map_or_else(Budget::default, |budget| Budget {
-                max_total_tokens: budget.max_total_tokens,
-                max_tool_calls: budget.max_tool_calls,
-            }),
+            usage: stored.usage.map(Usage::from),
+            budget: StoredBudget::read(stored.budget),
             trace: stored.trace.as_ref().and_then(StoredTrace::read),
             resends: stored.resends,
-            count_item: stored.count_item,
+            store_note: StoreNote(stored.count_item),
             event_seq: stored.event_seq,
             pending_events: Vec::new(),
         })

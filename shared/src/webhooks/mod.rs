@@ -17,7 +17,7 @@ use crate::domain::{
 use crate::metrics::{MetricsSink, Observation};
 use crate::public_network;
 use crate::store::StoredEvent;
-use crate::views::EventView;
+use crate::views::{EventView, Shown};
 
 pub use engine::{CREATE_SETTLED_AFTER, Delivered, DeliveryError, DeliveryQueue, EARLY_ENOUGH, Held, WebhookEngine};
 pub use outbox_worker::{OutboxQueue, OutboxWorker};
@@ -74,6 +74,7 @@ pub struct Deliverer {
     clock: Arc<dyn Clock>,
     ids: Arc<IdGenerator>,
     metrics: Option<Arc<dyn MetricsSink>>,
+    shown: Shown,
 }
 
 impl Deliverer {
@@ -91,7 +92,19 @@ impl Deliverer {
                 builder.no_proxy().dns_resolver(Arc::new(public_network::PublicAddressResolver))
             }
         });
-        Deliverer { client, policy, clock, ids: Arc::new(IdGenerator::default()), metrics: None }
+        Deliverer {
+            client,
+            policy,
+            clock,
+            ids: Arc::new(IdGenerator::default()),
+            metrics: None,
+            shown: Shown::default(),
+        }
+    }
+
+    /// Renders events as this deployment shows them.
+    pub fn showing(self, shown: Shown) -> Self {
+        Deliverer { shown, ..self }
     }
 
     /// Counts each attempt's outcome there.
@@ -157,7 +170,7 @@ impl Deliverer {
         if let Err(problem) = check_url(&endpoint.url, self.policy.allow_private) {
             return Err(problem.to_owned());
         }
-        let view = EventView::of(run_id, event.seq, &event.kind, event.at, &event.data)
+        let view = EventView::of(run_id, event.seq, &event.kind, event.at, &event.data.render(self.shown))
             .map_err(|_| "the event could not be read".to_owned())?;
         let event_json = serde_json::to_string(&view).map_err(|_| "the event could not be read".to_owned())?;
         let body = delivery_body(&event.kind, event.at, &event_json);

@@ -250,7 +250,7 @@ impl DeliveryQueue for OutboxQueue<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoredEvent;
+    use crate::store::{EventBody, StoredEvent};
 
     fn delivery(id: i64, endpoint: u128, owner: &str) -> PendingDelivery {
         let at = crate::domain::Timestamp::from_millis(0);
@@ -269,7 +269,7 @@ mod tests {
                 failing_since: None,
             },
             run_id: crate::domain::RunId::from_ulid(ulid::Ulid::from_parts(1, 1)),
-            event: StoredEvent { seq: 1, kind: "run.created".into(), at, data: "{}".into() },
+            event: StoredEvent { seq: 1, kind: "run.created".into(), at, data: EventBody::Rendered("{}".into()) },
             attempts: 0,
         }
     }

@@ -158,7 +158,10 @@ impl Fixture {
 /// The run's log: each event's type and data.
 async fn events(fixture: &Fixture, message: &RunMessage) -> Vec<(String, Value)> {
     let page = fixture.store.events(message.run_id, 0, 1_000).await.unwrap();
-    page.events.into_iter().map(|event| (event.kind, serde_json::from_str(&event.data).unwrap())).collect()
+    page.events
+        .into_iter()
+        .map(|event| (event.kind, serde_json::from_str(&event.data.render(Default::default())).unwrap()))
+        .collect()
 }
 
 /// The messages of the n-th model request.

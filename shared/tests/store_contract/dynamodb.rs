@@ -178,3 +178,30 @@ pub(super) async fn dynamodb_a_batch_of_ends_with_a_lost_answer_gives_its_places
     }
     assert_eq!(store.active_runs(&owner("batch-ends")).await.unwrap(), 0, "no place waits for the recount");
 }
+
+#[tokio::test]
+pub(super) async fn dynamodb_events_from_before_the_record_read_as_written() {
+    if emulator::without_emulator("dynamodb_events_from_before_the_record_read_as_written") {
+        return;
+    }
+    use aws_sdk_dynamodb::types::AttributeValue::{N, S};
+    let (client, table) = fresh_table().await;
+    let store = DynamoStore::new(client.clone(), table.clone());
+    let mut run = new_run("legacy", 0, 802);
+    insert(&store, &mut run).await;
+    // An item as events were written before the record: no `fmt`.
+    client
+        .put_item()
+        .table_name(&table)
+        .item("pk", S(format!("RUN#{}", run.id)))
+        .item("sk", S(format!("EV#{:012}", 2)))
+        .item("seq", N("2".into()))
+        .item("type", S("output.appended".into()))
+        .item("at", N(T0.to_string()))
+        .item("data", S(LEGACY_EVENT.into()))
+        .item("owner", S("legacy".into()))
+        .send()
+        .await
+        .unwrap();
+    events_from_before_the_record_read_as_written(&store, &run).await;
+}

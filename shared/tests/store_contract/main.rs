@@ -113,7 +113,9 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     // A database from before the inbox (schema 6) has it filled from its runs.
     let connection = rusqlite::Connection::open(&path).unwrap();
     // (Webhooks came after: schema 8.)
-    let without_webhooks = "DROP TABLE webhooks; DROP TABLE webhook_outbox; DROP TABLE webhook_attempts;";
+    // (Events' format column came last: schema 9.)
+    let without_webhooks = "ALTER TABLE run_events DROP COLUMN format;
+        DROP TABLE webhooks; DROP TABLE webhook_outbox; DROP TABLE webhook_attempts;";
     connection.execute_batch(&format!("{without_webhooks} DROP TABLE approvals; PRAGMA user_version = 6;")).unwrap();
     drop(connection);
     let store = SqliteStore::open(&path, Durability::Process).unwrap();
@@ -360,7 +362,7 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
         let found = store.get(&owner("before"), run.id).await.unwrap().unwrap();
         assert_eq!((found.status, found.version, found.event_seq), (run.status, run.version, run.event_seq));
         assert_eq!(found.checkpoint, run.checkpoint);
-        assert!(found.count_item.is_some(), "a moved run records its item of the count");
+        assert!(found.store_note.0.is_some(), "a moved run records its item of the count");
     }
     let listed = every_page(&store, &owner("before"), ListRequest { status: None, before: None, limit: 2 }).await;
     assert_eq!(listed, [vec![ended.id, big.id], vec![queued.id]]);

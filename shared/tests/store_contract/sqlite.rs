@@ -107,3 +107,21 @@ pub(super) async fn sqlite_list_views_are_the_runs_as_written() {
         reopened.list_views(&owner("views"), ListRequest { status: None, before: None, limit: 3 }).await.unwrap();
     assert_eq!((page.views.len(), page.last, page.has_more), (3, Some(runs[4].id), true));
 }
+
+#[tokio::test]
+pub(super) async fn sqlite_events_from_before_the_record_read_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    let mut run = new_run("legacy", 0, 801);
+    insert(&store, &mut run).await;
+    // A row as schema 8 wrote it: no format (the migration's default).
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute(
+            "INSERT INTO run_events (run_id, seq, type, created_at, data) VALUES (?1, 2, 'output.appended', ?2, ?3)",
+            rusqlite::params![run.id.to_string(), T0 as i64, LEGACY_EVENT],
+        )
+        .unwrap();
+    events_from_before_the_record_read_as_written(&store, &run).await;
+}

@@ -174,7 +174,7 @@ impl DynamoStore {
             items.push(TransactWriteItem::builder().delete(delete).build());
         }
         for event in events {
-            items.push(event_put(&self.table, next, event, self.shown)?);
+            items.push(event_put(&self.table, next, event)?);
         }
         Ok(items)
     }
@@ -251,7 +251,7 @@ impl DynamoStore {
             .expression_attribute_values(":events", s("EV#"))
             .scan_index_forward(false)
             .consistent_read(true);
-        let last = self.query_up_to(query, None, 1, |item| decode_event(&item)).await?;
+        let last = self.query_up_to(query, None, 1, |item| decode_event_item(&item)).await?;
         Ok(last.first().map_or(0, |event| event.seq))
     }
 
@@ -298,7 +298,7 @@ impl DynamoStore {
             .map_err(defect)?;
         items.push(TransactWriteItem::builder().put(put_entry).build());
         for event in &events {
-            items.push(event_put(&self.table, written, event, self.shown)?);
+            items.push(event_put(&self.table, written, event)?);
         }
         Ok(items)
     }

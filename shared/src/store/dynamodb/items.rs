@@ -71,7 +71,7 @@ pub(super) fn count_sample(own: u32, limit: u32) -> Vec<u32> {
 /// The item of the count that `run`'s create took (runs from before items
 /// were recorded: their own item under the default limit).
 pub(super) fn count_item(run: &Run) -> u32 {
-    run.count_item.unwrap_or_else(|| counter_shard(run.id, crate::store::DEFAULT_MAX_ACTIVE_RUNS))
+    run.store_note.0.unwrap_or_else(|| counter_shard(run.id, crate::store::DEFAULT_MAX_ACTIVE_RUNS))
 }
 
 /// The ids an item of the count holds.
@@ -143,7 +143,7 @@ pub(super) fn inbox_keys(
 
 /// The event's item; the event that gives an approval its final status
 /// is also that approval's inbox entry.
-pub(super) fn event_put(table: &str, run: &Run, event: &Event, shown: Shown) -> Result<TransactWriteItem, StoreError> {
+pub(super) fn event_put(table: &str, run: &Run, event: &Event) -> Result<TransactWriteItem, StoreError> {
     let inbox = match &event.data {
         EventData::ApprovalDecided(approval)
         | EventData::ApprovalExpired(approval)
@@ -160,7 +160,8 @@ pub(super) fn event_put(table: &str, run: &Run, event: &Event, shown: Shown) -> 
         .item("seq", n(event.seq))
         .item("type", s(event.data.kind()))
         .item("at", n(event.at.millis()))
-        .item("data", s(crate::views::event_data_json(&event.data, shown)))
+        .item("data", s(crate::store::encode_event(&event.data)))
+        .item("fmt", n(crate::store::EVENT_FORMAT))
         // Whose it is, for the webhook notifier reading the table's stream.
         .item("owner", s(run.owner.as_str()))
         // A seq is never written twice; should the run's count be wrong,
@@ -171,18 +172,22 @@ pub(super) fn event_put(table: &str, run: &Run, event: &Event, shown: Shown) -> 
     Ok(TransactWriteItem::builder().put(put).build())
 }
 
-pub(super) fn decode_event(item: &Item) -> Result<StoredEvent, StoreError> {
+pub(super) fn decode_event_item(item: &Item) -> Result<StoredEvent, StoreError> {
     let number = |name: &str| -> Result<i64, StoreError> {
         item.get(name)
             .and_then(|value| value.as_n().ok())
             .and_then(|text| text.parse().ok())
             .ok_or_else(|| defect(format!("event item without a numeric {name}")))
     };
+    // Events written before the stored record have no format.
+    let format = if item.contains_key("fmt") { number("fmt")? } else { i64::from(crate::store::RENDERED_FORMAT) };
+    let kind = text(item, "type")?.to_owned();
+    let format = u8::try_from(format).map_err(|_| defect("event item with an unknown format"))?;
     Ok(StoredEvent {
         seq: number("seq")? as u64,
-        kind: text(item, "type")?.to_owned(),
+        data: crate::store::decode_event(format, &kind, text(item, "data")?.to_owned())?,
+        kind,
         at: Timestamp::from_millis(number("at")?),
-        data: text(item, "data")?.to_owned(),
     })
 }
 

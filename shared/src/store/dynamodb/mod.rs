@@ -86,7 +86,9 @@ use super::{
     InboxRequest, InsertOutcome, ListPage, ListRequest, Run, RunKey, RunLists, RunStore, Settled, StoreError,
     StoredEvent, Upkeep, ViewPage, views_of,
 };
-use crate::domain::{Approval, ApprovalId, ApprovalStatus, Event, EventData, Owner, RunId, RunStatus, Timestamp};
+use crate::domain::{
+    Approval, ApprovalId, ApprovalStatus, Event, EventData, Owner, RunId, RunStatus, StoreNote, Timestamp,
+};
 use crate::views::Shown;
 
 pub const STATUS_INDEX: &str = "gsi1";
@@ -206,7 +208,12 @@ mod tests {
     use super::*;
 
     fn event(seq: u64) -> StoredEvent {
-        StoredEvent { seq, kind: "output.appended".into(), at: Timestamp::from_millis(0), data: "{}".into() }
+        StoredEvent {
+            seq,
+            kind: "output.appended".into(),
+            at: Timestamp::from_millis(0),
+            data: crate::store::EventBody::Rendered("{}".into()),
+        }
     }
 
     /// A full item's create reads every other item in use where there are

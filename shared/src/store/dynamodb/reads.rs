@@ -169,7 +169,7 @@ impl EventLog for DynamoStore {
             .expression_attribute_values(":first", s(event_sk(after + 1)))
             .expression_attribute_values(":last", s("EV#~"))
             .consistent_read(true);
-        let mut events = self.query_up_to(query, None, limit as usize + 1, |item| decode_event(&item)).await?;
+        let mut events = self.query_up_to(query, None, limit as usize + 1, |item| decode_event_item(&item)).await?;
         let mut has_more = events.len() > limit as usize;
         events.truncate(limit as usize);
         // A Query is read-committed item by item: it can see part of a
@@ -185,7 +185,7 @@ impl EventLog for DynamoStore {
     }
 
     async fn event(&self, run_id: RunId, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
-        self.get_item(run_pk(run_id), event_sk(seq)).await?.as_ref().map(decode_event).transpose()
+        self.get_item(run_pk(run_id), event_sk(seq)).await?.as_ref().map(decode_event_item).transpose()
     }
 
     fn event_signal(&self, _run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {

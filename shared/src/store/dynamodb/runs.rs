@@ -25,7 +25,7 @@ impl RunStore for DynamoStore {
             return Ok(InsertOutcome::TooManyActiveRuns);
         };
         let mut written = run.clone();
-        written.count_item = Some(item);
+        written.store_note = StoreNote(Some(item));
         let items = match self.create_items(&mut written, idempotency) {
             Ok(items) => items,
             Err(error) => {

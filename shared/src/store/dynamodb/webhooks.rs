@@ -144,7 +144,7 @@ pub fn decode_stream_event(item: &Item) -> Option<Result<(Owner, RunId, StoredEv
             .and_then(|id| id.parse().ok())
             .ok_or_else(|| defect("an event item's pk is not a run's"))?;
         let owner = Owner::parse(text(item, "owner")?).map_err(|_| defect("an event item without a valid owner"))?;
-        Ok((owner, run_id, super::decode_event(item)?))
+        Ok((owner, run_id, super::decode_event_item(item)?))
     };
     Some(decode())
 }
