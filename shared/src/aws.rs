@@ -49,7 +49,9 @@ impl AwsServices {
         let table = config.table.clone().ok_or(SetupError::Missing("AGENT_RUNS_TABLE"))?;
         let dynamodb = dynamodb.to_builder().timeout_config(store_call_timeouts()).build();
         let sqs = sqs.to_builder().timeout_config(store_call_timeouts()).build();
-        let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(dynamodb), table).showing(config.shown());
+        let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(dynamodb), table)
+            .showing(config.shown())
+            .writing_events(config.event_format);
         let sqs = aws_sdk_sqs::Client::from_conf(sqs);
         let queue = config.queue_url.clone().map(|url| SqsQueue::new(sqs.clone(), url));
         let webhook_queue = config.webhook_queue_url.clone().map(|url| WebhookQueue::new(sqs, url));

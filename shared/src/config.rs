@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::api::{ApiLimits, HoldLimits, RateLimit};
 use crate::domain::{ExecutionPolicy, MAX_TOOL_TIMEOUT_MS};
-use crate::store::MAX_CHECKPOINT_BYTES;
+use crate::store::{EVENT_FORMAT, EventFormat, MAX_CHECKPOINT_BYTES, RENDERED_FORMAT};
 use crate::telemetry::{Sampler, TracesConfig};
 use crate::views::Shown;
 
@@ -54,6 +54,10 @@ pub struct Config {
     pub webhook_queue_url: Option<String>,
     /// Traces, from the standard OpenTelemetry variables (docs/operations.md).
     pub traces: TracesConfig,
+    /// `AGENT_RUNS_EVENT_FORMAT`: `2` (the stored record, rendered on read)
+    /// or `1` (the JSON clients get, rendered at write), on DynamoDB: `1`
+    /// for a deploy over a release from before 2026-11-26 (docs/operations.md).
+    pub event_format: EventFormat,
 }
 
 fn read<T: std::str::FromStr>(
@@ -209,6 +213,13 @@ impl Config {
             webhook_allow_private: read(&env, "AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", false)?,
             webhook_queue_url: env("AGENT_RUNS_WEBHOOK_QUEUE_URL").filter(|url| !url.trim().is_empty()),
             traces: traces(&env)?,
+            event_format: match read(&env, "AGENT_RUNS_EVENT_FORMAT", EVENT_FORMAT)? {
+                EVENT_FORMAT => EventFormat::Record,
+                RENDERED_FORMAT => EventFormat::Rendered,
+                _ => {
+                    return Err(ConfigError { name: "AGENT_RUNS_EVENT_FORMAT", problem: "must be 1 or 2".into() });
+                }
+            },
         };
         if !(1_024..=MAX_CHECKPOINT_BYTES).contains(&config.max_checkpoint_bytes) {
             return Err(ConfigError {
@@ -274,6 +285,9 @@ mod tests {
             Config::from_lookup(move |asked| (asked == name).then(|| value.into()))
         };
         assert!(one("AGENT_RUNS_MAX_HELD_PER_OWNER", "0").is_err());
+        assert_eq!(config.event_format, EventFormat::Record);
+        assert_eq!(one("AGENT_RUNS_EVENT_FORMAT", "1").unwrap().event_format, EventFormat::Rendered);
+        assert!(one("AGENT_RUNS_EVENT_FORMAT", "3").is_err());
         assert!(one("AGENT_RUNS_STREAM_MAX_SECS", "0").is_err());
         assert!(one("AGENT_RUNS_STREAM_MAX_SECS", "18446744073709551615").is_err(), "a lifetime past any clock");
         assert_eq!(one("AGENT_RUNS_MAX_WAIT_SECS", "60").unwrap().limits.holds.max_wait, Duration::from_secs(20));

@@ -323,7 +323,7 @@ async fn a_run_that_would_outgrow_its_log_fails_with_the_limit_named() {
         .iter()
         .filter(|event| event.kind == "output.appended")
         .map(|event| {
-            serde_json::from_str::<serde_json::Value>(&event.data.render(Default::default())).unwrap()["text"]
+            serde_json::from_str::<serde_json::Value>(&event.data_json(Default::default()).unwrap()).unwrap()["text"]
                 .as_str()
                 .unwrap()
                 .to_owned()

@@ -32,9 +32,9 @@ use agent_runs_shared::domain::{
 };
 use agent_runs_shared::store::record::StoredRun;
 use agent_runs_shared::store::{
-    AgentStore, BatchWriteError, DueRun, EVENT_FORMAT, EventLog, EventPage, IdempotencyClaim, IdempotencyRecord,
-    InboxEntry, InboxPage, InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run, RunKey, RunLists,
-    RunStore, Settled, StoreError, StoredEvent, StoredKey, Upkeep, ViewPage, decode_event, encode_event, run_view_json,
+    AgentStore, BatchWriteError, DueRun, EventBody, EventFormat, EventLog, EventPage, IdempotencyClaim,
+    IdempotencyRecord, InboxEntry, InboxPage, InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run,
+    RunKey, RunLists, RunStore, Settled, StoreError, StoredEvent, StoredKey, Upkeep, ViewPage, run_view_json,
 };
 use agent_runs_shared::views::Shown;
 
@@ -376,14 +376,16 @@ fn insert_events(connection: &Connection, owner: &Owner, events: &[Event]) -> Re
         )
         .map_err(unavailable)?;
     for event in events {
+        // Always the record: a release from before it refuses this schema.
+        let data = EventBody::written(&event.data, EventFormat::Record, Shown::default());
         statement
             .execute(params![
                 event.run_id.to_string(),
                 event.seq as i64,
                 event.data.kind(),
                 event.at.millis(),
-                encode_event(&event.data),
-                EVENT_FORMAT
+                data.text(),
+                data.format()
             ])
             .map_err(unavailable)?;
     }
@@ -397,7 +399,8 @@ fn event_row(row: &rusqlite::Row, first: usize) -> rusqlite::Result<EventRow> {
         seq: row.get::<_, i64>(first)? as u64,
         kind: row.get(first + 1)?,
         at: Timestamp::from_millis(row.get(first + 2)?),
-        format: row.get(first + 3)?,
+        // A format this release does not know fails where the event is shown.
+        format: u8::try_from(row.get::<_, i64>(first + 3)?).unwrap_or(u8::MAX),
         data: row.get(first + 4)?,
     })
 }
@@ -414,14 +417,9 @@ struct EventRow {
     data: String,
 }
 
-impl EventRow {
-    fn decode(self) -> Result<StoredEvent, StoreError> {
-        Ok(StoredEvent {
-            seq: self.seq,
-            data: decode_event(self.format, &self.kind, self.data)?,
-            kind: self.kind,
-            at: self.at,
-        })
+impl From<EventRow> for StoredEvent {
+    fn from(row: EventRow) -> Self {
+        StoredEvent { seq: row.seq, kind: row.kind, at: row.at, data: EventBody::stored(row.format, row.data) }
     }
 }
 

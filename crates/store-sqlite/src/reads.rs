@@ -130,7 +130,7 @@ impl EventLog for SqliteStore {
                         .collect()
                 })
                 .map_err(unavailable)?;
-            let mut events = rows.into_iter().map(EventRow::decode).collect::<Result<Vec<_>, _>>()?;
+            let mut events: Vec<StoredEvent> = rows.into_iter().map(StoredEvent::from).collect();
             let has_more = events.len() > limit as usize;
             events.truncate(limit as usize);
             Ok(EventPage { events, has_more })
@@ -144,9 +144,8 @@ impl EventLog for SqliteStore {
             connection
                 .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM run_events WHERE run_id = ?1 AND seq = ?2"))
                 .and_then(|mut statement| statement.query_row(params![run_id, seq], |row| event_row(row, 0)).optional())
-                .map_err(unavailable)?
-                .map(EventRow::decode)
-                .transpose()
+                .map_err(unavailable)
+                .map(|row| row.map(StoredEvent::from))
         })
         .await
     }

@@ -427,18 +427,11 @@ impl Outbox for SqliteStore {
                         tracing::error!(outbox_id, "an outbox row names a malformed run id; left out");
                         continue;
                     };
-                    let event = match event.decode() {
-                        Ok(event) => event,
-                        Err(error) => {
-                            tracing::error!(outbox_id, %error, "an outbox row's event cannot be read; left out");
-                            continue;
-                        }
-                    };
                     due.push(PendingDelivery {
                         place: outbox_id,
                         endpoint: endpoint.clone(),
                         run_id,
-                        event,
+                        event: event.into(),
                         attempts: attempts.clamp(0, i64::from(u32::MAX)) as u32,
                     });
                 }

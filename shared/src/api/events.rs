@@ -183,7 +183,8 @@ pub(super) async fn handle(
 }
 
 fn event_view(run_id: RunId, event: &StoredEvent, shown: Shown) -> Result<EventView<'_>, ApiError> {
-    EventView::of(run_id, event.seq, &event.kind, event.at, &event.data.render(shown))
+    let data = event.data_json(shown).map_err(|error| ApiError::Internal(Box::new(error)))?;
+    EventView::of(run_id, event.seq, &event.kind, event.at, &data)
         .map_err(|_| ApiError::Internal(format!("event {} of {run_id} has malformed data", event.seq).into()))
 }
 

@@ -30,27 +30,71 @@ pub const EVENT_FORMAT: u8 = 2;
 /// Events written before the record (no format stored).
 pub const RENDERED_FORMAT: u8 = 1;
 
-/// An event's data as read from a store.
-#[derive(Debug, Clone, PartialEq)]
-pub enum EventBody {
-    /// Format 1: its JSON as clients got it when it was written.
-    Rendered(String),
-    /// What the event says, rendered when it is read.
-    Data(EventData),
+/// An event's data as a store keeps it: the text and its format. It is
+/// decoded only when shown, so that what cannot be read fails where it is
+/// shown (an events page, one webhook attempt), never the reads around it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventBody {
+    format: u8,
+    text: String,
 }
 
 impl EventBody {
-    /// The event's `data` as clients get it from this deployment.
-    pub fn render(&self, shown: Shown) -> Cow<'_, str> {
-        match self {
-            EventBody::Rendered(json) => Cow::Borrowed(json),
-            EventBody::Data(data) => Cow::Owned(event_data_json(data, shown)),
+    /// What a store read: `text` in `format`.
+    pub fn stored(format: u8, text: String) -> Self {
+        EventBody { format, text }
+    }
+
+    /// `data` as stores write it in `format` (rendered as `shown`).
+    pub fn written(data: &EventData, format: EventFormat, shown: Shown) -> Self {
+        match format {
+            EventFormat::Record => EventBody { format: EVENT_FORMAT, text: encode_event(data) },
+            EventFormat::Rendered => EventBody { format: RENDERED_FORMAT, text: event_data_json(data, shown) },
         }
+    }
+
+    pub fn format(&self) -> u8 {
+        self.format
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// What the event of type `kind` says; `None` for an event written as
+    /// rendered JSON.
+    pub fn decode(&self, kind: &str) -> Result<Option<EventData>, StoreError> {
+        match self.format {
+            RENDERED_FORMAT => Ok(None),
+            EVENT_FORMAT => decode_event(kind, &self.text).map(Some),
+            format => Err(StoreError::Defect(format!("stored event: unknown format {format}"))),
+        }
+    }
+
+    /// The data of the event of type `kind` as clients get it from this
+    /// deployment.
+    pub fn render(&self, kind: &str, shown: Shown) -> Result<Cow<'_, str>, StoreError> {
+        Ok(match self.decode(kind)? {
+            None => Cow::Borrowed(&self.text),
+            Some(data) => Cow::Owned(event_data_json(&data, shown)),
+        })
     }
 }
 
+/// Which format stores write events in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EventFormat {
+    /// The stored record, rendered on read.
+    #[default]
+    Record,
+    /// The JSON clients get, rendered at write: while a deployment may
+    /// still run a release from before the record (a deploy over one, or a
+    /// rollback to it), which would serve a record as it is.
+    Rendered,
+}
+
 /// The stored text of `data`, in [`EVENT_FORMAT`].
-pub fn encode_event(data: &EventData) -> String {
+fn encode_event(data: &EventData) -> String {
     let encoded = match data {
         EventData::RunCreated(run)
         | EventData::RunSucceeded(run)
@@ -85,21 +129,16 @@ pub fn encode_event(data: &EventData) -> String {
     encoded.unwrap_or_else(|_| "{}".to_owned())
 }
 
-/// The data of an event of type `kind`, stored as `text` in `format`.
-pub fn decode_event(format: u8, kind: &str, text: String) -> Result<EventBody, StoreError> {
-    match format {
-        RENDERED_FORMAT => return Ok(EventBody::Rendered(text)),
-        EVENT_FORMAT => {}
-        _ => return Err(StoreError::Defect(format!("stored event: unknown format {format}"))),
-    }
+/// The data of an event of type `kind` stored as `text` in [`EVENT_FORMAT`].
+fn decode_event(kind: &str, text: &str) -> Result<EventData, StoreError> {
     let data = match kind {
-        "run.created" => EventData::RunCreated(Box::new(read::<StoredSnapshot>(&text)?.try_into()?)),
-        "run.succeeded" => EventData::RunSucceeded(Box::new(read::<StoredSnapshot>(&text)?.try_into()?)),
-        "run.failed" => EventData::RunFailed(Box::new(read::<StoredSnapshot>(&text)?.try_into()?)),
-        "run.canceled" => EventData::RunCanceled(Box::new(read::<StoredSnapshot>(&text)?.try_into()?)),
-        "run.started" => EventData::RunStarted { attempt: read::<StoredStart>(&text)?.attempt },
+        "run.created" => EventData::RunCreated(Box::new(read::<StoredSnapshot>(text)?.try_into()?)),
+        "run.succeeded" => EventData::RunSucceeded(Box::new(read::<StoredSnapshot>(text)?.try_into()?)),
+        "run.failed" => EventData::RunFailed(Box::new(read::<StoredSnapshot>(text)?.try_into()?)),
+        "run.canceled" => EventData::RunCanceled(Box::new(read::<StoredSnapshot>(text)?.try_into()?)),
+        "run.started" => EventData::RunStarted { attempt: read::<StoredStart>(text)?.attempt },
         "run.awaiting_approval" => EventData::RunAwaitingApproval {
-            approval_ids: read::<StoredAwaiting>(&text)?
+            approval_ids: read::<StoredAwaiting>(text)?
                 .approval_ids
                 .iter()
                 .map(|id| id.parse().map_err(|_| malformed("approval id")))
@@ -107,15 +146,15 @@ pub fn decode_event(format: u8, kind: &str, text: String) -> Result<EventBody, S
         },
         "run.resumed" => EventData::RunResumed,
         "run.requeued" => EventData::RunRequeued,
-        "approval.requested" => EventData::ApprovalRequested(approval(&text)?),
-        "approval.decided" => EventData::ApprovalDecided(approval(&text)?),
-        "approval.expiring" => EventData::ApprovalExpiring(approval(&text)?),
-        "approval.extended" => EventData::ApprovalExtended(approval(&text)?),
-        "approval.expired" => EventData::ApprovalExpired(approval(&text)?),
-        "approval.canceled" => EventData::ApprovalCanceled(approval(&text)?),
-        "output.appended" => EventData::OutputAppended { text: read::<StoredText>(&text)?.into() },
+        "approval.requested" => EventData::ApprovalRequested(approval(text)?),
+        "approval.decided" => EventData::ApprovalDecided(approval(text)?),
+        "approval.expiring" => EventData::ApprovalExpiring(approval(text)?),
+        "approval.extended" => EventData::ApprovalExtended(approval(text)?),
+        "approval.expired" => EventData::ApprovalExpired(approval(text)?),
+        "approval.canceled" => EventData::ApprovalCanceled(approval(text)?),
+        "output.appended" => EventData::OutputAppended { text: read::<StoredText>(text)?.into() },
         "model.responded" => {
-            let reply = read::<StoredReply>(&text)?;
+            let reply = read::<StoredReply>(text)?;
             EventData::ModelResponded {
                 text: reply.text.into(),
                 tool_calls: reply.tool_calls,
@@ -123,7 +162,7 @@ pub fn decode_event(format: u8, kind: &str, text: String) -> Result<EventBody, S
             }
         }
         "tool.completed" => {
-            let call = read::<StoredToolCall>(&text)?;
+            let call = read::<StoredToolCall>(text)?;
             EventData::ToolCompleted(Box::new(ToolCompleted {
                 tool: call.tool,
                 arguments: call.arguments,
@@ -134,7 +173,7 @@ pub fn decode_event(format: u8, kind: &str, text: String) -> Result<EventBody, S
         }
         _ => return Err(StoreError::Defect(format!("stored event: unknown type {kind:?}"))),
     };
-    Ok(EventBody::Data(data))
+    Ok(data)
 }
 
 fn malformed(what: &str) -> StoreError {
@@ -417,11 +456,17 @@ mod tests {
         let all = every_kind();
         assert_eq!(all.iter().map(EventData::kind).collect::<Vec<_>>(), crate::domain::EVENT_TYPES);
         for data in all {
-            let body = decode_event(EVENT_FORMAT, data.kind(), encode_event(&data)).unwrap();
-            assert_eq!(body, EventBody::Data(data.clone()), "{}", data.kind());
+            let kind = data.kind();
+            let body = EventBody::written(&data, EventFormat::Record, Shown::default());
+            assert_eq!(body.format(), EVENT_FORMAT);
+            assert_eq!(body.decode(kind).unwrap().as_ref(), Some(&data), "{kind}");
             for trace_ids in [false, true] {
                 let shown = Shown { trace_ids };
-                assert_eq!(body.render(shown), event_data_json(&data, shown), "{}", data.kind());
+                assert_eq!(body.render(kind, shown).unwrap(), event_data_json(&data, shown), "{kind}");
+                // Rendered at write, as a deploy over an older release writes.
+                let rendered = EventBody::written(&data, EventFormat::Rendered, shown);
+                assert_eq!((rendered.format(), rendered.decode(kind).unwrap()), (RENDERED_FORMAT, None));
+                assert_eq!(rendered.render(kind, Shown::default()).unwrap(), event_data_json(&data, shown), "{kind}");
             }
         }
     }
@@ -447,8 +492,8 @@ mod tests {
     #[test]
     fn events_from_before_the_record_are_shown_as_they_were_written() {
         let json = r#"{"text":"old","truncated":false}"#;
-        let body = decode_event(RENDERED_FORMAT, "output.appended", json.to_owned()).unwrap();
-        assert_eq!(body.render(Shown { trace_ids: true }), json);
+        let body = EventBody::stored(RENDERED_FORMAT, json.to_owned());
+        assert_eq!(body.render("output.appended", Shown { trace_ids: true }).unwrap(), json);
     }
 
     #[test]
@@ -461,7 +506,8 @@ mod tests {
             (EVENT_FORMAT, "approval.decided", r#"{"id":"apr_x"}"#),
         ];
         for (format, kind, text) in cases {
-            assert!(matches!(decode_event(format, kind, text.to_owned()), Err(StoreError::Defect(_))), "{kind} {text}");
+            let body = EventBody::stored(format, text.to_owned());
+            assert!(matches!(body.render(kind, Shown::default()), Err(StoreError::Defect(_))), "{kind} {text}");
         }
     }
 }

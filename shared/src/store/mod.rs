@@ -25,7 +25,7 @@ pub use dynamodb::{
     MAX_CHECKPOINT_BYTES, Migrated, NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, RECOUNT_EVERY, STATUS_INDEX,
     decode_stream_event,
 };
-pub use event_record::{EVENT_FORMAT, EventBody, RENDERED_FORMAT, decode_event, encode_event};
+pub use event_record::{EVENT_FORMAT, EventBody, EventFormat, RENDERED_FORMAT};
 pub use layer::{Answer, Call, Hooks, Layered};
 
 /// An owner's runs not yet ended, unless `AGENT_RUNS_MAX_ACTIVE_RUNS` says otherwise.
@@ -155,13 +155,20 @@ pub struct DueRun {
 }
 
 /// An event as read from a store; its `data` is rendered for clients when
-/// it is shown ([`EventBody::render`]).
-#[derive(Debug, Clone, PartialEq)]
+/// it is shown ([`StoredEvent::data_json`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredEvent {
     pub seq: u64,
     pub kind: String,
     pub at: Timestamp,
     pub data: EventBody,
+}
+
+impl StoredEvent {
+    /// The event's `data` as clients get it from this deployment.
+    pub fn data_json(&self, shown: Shown) -> Result<std::borrow::Cow<'_, str>, StoreError> {
+        self.data.render(&self.kind, shown)
+    }
 }
 
 /// Events of one run, oldest first, and whether more exist after them.
@@ -387,7 +394,7 @@ pub trait WebhookStore: Send + Sync + 'static {
 
 /// A delivery whose time has come: the endpoint and the event as read,
 /// and the delivery's place in the queue it waits in.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery<P> {
     pub place: P,
     /// The endpoint as the read found it (enabled).

@@ -170,7 +170,8 @@ impl Deliverer {
         if let Err(problem) = check_url(&endpoint.url, self.policy.allow_private) {
             return Err(problem.to_owned());
         }
-        let view = EventView::of(run_id, event.seq, &event.kind, event.at, &event.data.render(self.shown))
+        let data = event.data_json(self.shown).map_err(|_| "the event could not be read".to_owned())?;
+        let view = EventView::of(run_id, event.seq, &event.kind, event.at, &data)
             .map_err(|_| "the event could not be read".to_owned())?;
         let event_json = serde_json::to_string(&view).map_err(|_| "the event could not be read".to_owned())?;
         let body = delivery_body(&event.kind, event.at, &event_json);

@@ -269,7 +269,12 @@ mod tests {
                 failing_since: None,
             },
             run_id: crate::domain::RunId::from_ulid(ulid::Ulid::from_parts(1, 1)),
-            event: StoredEvent { seq: 1, kind: "run.created".into(), at, data: EventBody::Rendered("{}".into()) },
+            event: StoredEvent {
+                seq: 1,
+                kind: "run.created".into(),
+                at,
+                data: EventBody::stored(crate::store::RENDERED_FORMAT, "{}".into()),
+            },
             attempts: 0,
         }
     }

@@ -160,7 +160,7 @@ async fn events(fixture: &Fixture, message: &RunMessage) -> Vec<(String, Value)>
     let page = fixture.store.events(message.run_id, 0, 1_000).await.unwrap();
     page.events
         .into_iter()
-        .map(|event| (event.kind, serde_json::from_str(&event.data.render(Default::default())).unwrap()))
+        .map(|event| (event.kind.clone(), serde_json::from_str(&event.data_json(Default::default()).unwrap()).unwrap()))
         .collect()
 }
 

@@ -404,7 +404,8 @@ pub(super) async fn events_are_written_with_their_change_and_read_in_order(store
     assert_eq!((run.event_seq, run.pending_events.len()), (1, 0), "the insert counted run.created");
     let created = store.events(run.id, 0, 10).await.unwrap();
     assert_eq!(kinds(&created), ["run.created"]);
-    let data: serde_json::Value = serde_json::from_str(&created.events[0].data.render(Default::default())).unwrap();
+    let data: serde_json::Value =
+        serde_json::from_str(&created.events[0].data_json(Default::default()).unwrap()).unwrap();
     assert_eq!((data["id"].as_str(), data["status"].as_str()), (Some(run.id.to_string().as_str()), Some("queued")));
     assert_eq!(created.events[0].at, run.created_at);
 
@@ -449,7 +450,8 @@ pub(super) async fn events_are_written_with_their_change_and_read_in_order(store
     let middle = store.events(run.id, 2, 3).await.unwrap();
     assert_eq!(middle.events.iter().map(|event| event.seq).collect::<Vec<_>>(), [3, 4, 5]);
     assert!(middle.has_more);
-    let text: serde_json::Value = serde_json::from_str(&middle.events[1].data.render(Default::default())).unwrap();
+    let text: serde_json::Value =
+        serde_json::from_str(&middle.events[1].data_json(Default::default()).unwrap()).unwrap();
     assert_eq!(text, serde_json::json!({"text": "two", "truncated": false}));
     let last = store.events(run.id, 6, 1).await.unwrap();
     assert_eq!((last.events.len(), last.has_more), (1, false));
@@ -585,17 +587,18 @@ pub(super) const LEGACY_EVENT: &str = r#"{"text":"from before","truncated":false
 /// After `run`'s `run.created`, the store holds [`LEGACY_EVENT`] as event 2:
 /// both read back, the new one rendered now, the old one as it was written.
 pub(super) async fn events_from_before_the_record_read_as_written(store: &dyn TestStore, run: &Run) {
-    use agent_runs_shared::store::EventBody;
+    use agent_runs_shared::store::{EventBody, RENDERED_FORMAT};
     use agent_runs_shared::views::Shown;
     let page = store.events(run.id, 0, 10).await.unwrap();
     assert_eq!(
         page.events.iter().map(|event| event.kind.as_str()).collect::<Vec<_>>(),
         ["run.created", "output.appended"]
     );
-    assert!(matches!(&page.events[0].data, EventBody::Data(EventData::RunCreated(created)) if created.id == run.id));
-    assert_eq!(page.events[1].data, EventBody::Rendered(LEGACY_EVENT.into()));
+    let created = page.events[0].data.decode("run.created").unwrap();
+    assert!(matches!(created, Some(EventData::RunCreated(created)) if created.id == run.id));
+    assert_eq!(page.events[1].data, EventBody::stored(RENDERED_FORMAT, LEGACY_EVENT.into()));
     let shown = Shown { trace_ids: true };
-    let created: serde_json::Value = serde_json::from_str(&page.events[0].data.render(shown)).unwrap();
+    let created: serde_json::Value = serde_json::from_str(&page.events[0].data_json(shown).unwrap()).unwrap();
     assert_eq!(created["trace_id"], run.trace().trace_id_hex(), "rendered as this deployment shows runs");
-    assert_eq!(store.event(run.id, 2).await.unwrap().unwrap().data.render(shown), LEGACY_EVENT);
+    assert_eq!(store.event(run.id, 2).await.unwrap().unwrap().data_json(shown).unwrap(), LEGACY_EVENT);
 }

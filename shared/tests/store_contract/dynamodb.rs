@@ -204,4 +204,19 @@ pub(super) async fn dynamodb_events_from_before_the_record_read_as_written() {
         .await
         .unwrap();
     events_from_before_the_record_read_as_written(&store, &run).await;
+    // A deploy over an earlier release writes events as that release did:
+    // the JSON clients get, rendered at write, which both releases serve.
+    use agent_runs_shared::store::{EventFormat, RENDERED_FORMAT};
+    use agent_runs_shared::views::Shown;
+    let store = store.writing_events(EventFormat::Rendered).showing(Shown { trace_ids: true });
+    let mut run = new_run("legacy", 1, 803);
+    insert(&store, &mut run).await;
+    let created = store.event(run.id, 1).await.unwrap().unwrap();
+    assert_eq!(created.data.format(), RENDERED_FORMAT);
+    let json: serde_json::Value = serde_json::from_str(created.data.text()).unwrap();
+    assert_eq!(
+        (json["id"].as_str(), json["trace_id"].as_str()),
+        (Some(&*run.id.to_string()), Some(&*run.trace().trace_id_hex()))
+    );
+    assert_eq!(created.data_json(Shown::default()).unwrap(), created.data.text());
 }

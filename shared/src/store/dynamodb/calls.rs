@@ -67,7 +67,7 @@ where
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into(), shown: Shown::default() }
+        Self { client, table: table.into(), shown: Shown::default(), event_format: EventFormat::default() }
     }
 
     /// Renders runs in lists and events showing `shown` (what the
@@ -75,6 +75,15 @@ impl DynamoStore {
     /// told).
     pub fn showing(self, shown: Shown) -> Self {
         DynamoStore { shown, ..self }
+    }
+
+    /// Writes events in `format` (see [`EventFormat`]).
+    pub fn writing_events(self, event_format: EventFormat) -> Self {
+        DynamoStore { event_format, ..self }
+    }
+
+    pub(super) fn event_body(&self, event: &Event) -> EventBody {
+        EventBody::written(&event.data, self.event_format, self.shown)
     }
 
     /// A read of an item that never exists (API key lookups use the same
@@ -174,7 +183,7 @@ impl DynamoStore {
             items.push(TransactWriteItem::builder().delete(delete).build());
         }
         for event in events {
-            items.push(event_put(&self.table, next, event)?);
+            items.push(event_put(&self.table, next, event, self.event_body(event))?);
         }
         Ok(items)
     }
@@ -298,7 +307,7 @@ impl DynamoStore {
             .map_err(defect)?;
         items.push(TransactWriteItem::builder().put(put_entry).build());
         for event in &events {
-            items.push(event_put(&self.table, written, event)?);
+            items.push(event_put(&self.table, written, event, self.event_body(event))?);
         }
         Ok(items)
     }

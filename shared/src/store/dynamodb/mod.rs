@@ -82,9 +82,9 @@ pub use webhooks::{NOTIFIED_EVENT_PREFIX, decode_stream_event};
 
 use super::record::StoredRun;
 use super::{
-    BatchWriteError, DueRun, EventLog, EventPage, IdempotencyClaim, IdempotencyRecord, InboxEntry, InboxPage,
-    InboxRequest, InsertOutcome, ListPage, ListRequest, Run, RunKey, RunLists, RunStore, Settled, StoreError,
-    StoredEvent, Upkeep, ViewPage, views_of,
+    BatchWriteError, DueRun, EventBody, EventFormat, EventLog, EventPage, IdempotencyClaim, IdempotencyRecord,
+    InboxEntry, InboxPage, InboxRequest, InsertOutcome, ListPage, ListRequest, RENDERED_FORMAT, Run, RunKey, RunLists,
+    RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage, views_of,
 };
 use crate::domain::{
     Approval, ApprovalId, ApprovalStatus, Event, EventData, Owner, RunId, RunStatus, StoreNote, Timestamp,
@@ -191,6 +191,7 @@ pub struct DynamoStore {
     table: String,
     /// What the runs' JSON (lists, events) shows beyond the contract.
     shown: Shown,
+    event_format: EventFormat,
 }
 
 type Item = HashMap<String, AttributeValue>;
@@ -212,7 +213,7 @@ mod tests {
             seq,
             kind: "output.appended".into(),
             at: Timestamp::from_millis(0),
-            data: crate::store::EventBody::Rendered("{}".into()),
+            data: crate::store::EventBody::stored(crate::store::RENDERED_FORMAT, "{}".into()),
         }
     }
 
