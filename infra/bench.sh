@@ -30,7 +30,7 @@ if ! command -v wrk > /dev/null; then
   echo "installing wrk (Debian package)"
   apt-get update -qq && apt-get install -y -qq wrk > /dev/null
 fi
-functions="create list get cancel decide extend decide-batch events approvals webhooks fallback worker sweeper dead-letter notifier deliver"
+functions="create list get cancel decide extend decide-batch events approvals webhooks policies fallback worker sweeper dead-letter notifier deliver"
 if [ "$build" = 1 ]; then
   cargo build --release --quiet --bins -p agent-runs -p agent-runs-bench $(printf -- '-p agent-runs-%s ' $functions)
 fi

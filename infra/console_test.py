@@ -178,6 +178,18 @@ try:
     wait_text("#notice", "Recorded: edit.")
     wait_text("#detail h2", "succeeded")
 
+    # The policy in force, read only.
+    rules = {"rules": [{"id": "protect-main", "tool": "delete_branch", "effect": "deny", "reason": "main is protected",
+                        "when": [{"path": "/branch", "op": "==", "value": "main"}]}]}
+    request = urllib.request.Request(f"{base}/v1/policies", method="PUT", data=json.dumps(rules).encode(),
+                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    urllib.request.urlopen(request).close()
+    driver.find_element(By.ID, "tab-policy").click()
+    wait_text("#list", "protect-main")
+    assert "when /branch == \"main\"" in text_of("#list"), text_of("#list")
+    assert "reason: main is protected" in text_of("#list"), text_of("#list")
+    assert "Policy version 1" in text_of("#list"), text_of("#list")
+
     # The runs tab, and a phone-width window.
     driver.find_element(By.ID, "tab-runs").click()
     wait_text("#list", tool_run)
@@ -192,6 +204,6 @@ try:
               and "status of 401" not in entry["message"] and "status of 400" not in entry["message"]]
     assert not errors, errors
     print("console: key, inbox, markup as text, approve, edit with schema error, keyboard reject, "
-          "the picked one of two approvals, numbers as the digest has them, phone width: ok")
+          "the picked one of two approvals, numbers as the digest has them, the policy, phone width: ok")
 finally:
     driver.quit()

@@ -69,6 +69,7 @@ impl AwsServices {
             agents: Arc::new(store.clone()),
             webhooks: Arc::new(store.clone()),
             queue: sends,
+            policies: Arc::new(store.clone()),
         };
         let services = Services::new(config, adapters, CacheDefaults::REMOTE);
         Ok(AwsServices { store, queue, webhook_queue, services })

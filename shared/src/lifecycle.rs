@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::domain::{
     ApprovalId, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner,
-    Run, RunId, RunTrace, Timestamp, TransitionError,
+    Resolver, Run, RunId, RunTrace, Timestamp, TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -444,7 +444,8 @@ impl Lifecycle {
                         let ours = decisions.iter().all(|decision| {
                             next.approvals.iter().any(|approval| {
                                 approval.id == decision.approval_id
-                                    && approval.resolved_by == decision.request.decided_by
+                                    && approval.resolved_by.as_ref().and_then(Resolver::key)
+                                        == decision.request.decided_by
                             })
                         });
                         progress.wrote |= ours && read_first.is_some_and(|version| next.version > version);

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::domain::{AttemptOutcome, Clock, EventData, Run, RunStatus, Timestamp};
+use crate::domain::{AttemptOutcome, Clock, EventData, Resolver, Run, RunStatus, Timestamp};
 use crate::store::{Answer, Call, Hooks, Layered, Store, StoreError};
 use crate::telemetry;
 
@@ -75,9 +75,12 @@ pub fn observations(run: &Run) -> Vec<Observation> {
                     tool_calls: usage.tool_calls,
                 })
             }
-            EventData::ApprovalDecided(approval) => approval
-                .resolved_at
-                .map(|resolved| Observation::ApprovalDecided { wait: between(approval.requested_at, resolved) }),
+            // A person's wait; a rule decides at once, and is not one.
+            EventData::ApprovalDecided(approval) if !matches!(approval.resolved_by, Some(Resolver::Policy(_))) => {
+                approval
+                    .resolved_at
+                    .map(|resolved| Observation::ApprovalDecided { wait: between(approval.requested_at, resolved) })
+            }
             _ => None,
         })
         .collect()

@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::domain::{Clock, SystemClock};
 use crate::metrics::MetricsSink;
 use crate::queue::RunQueue;
-use crate::store::{AgentStore, KeyStore, Store, WebhookStore};
+use crate::store::{AgentStore, KeyStore, PolicyStore, Store, WebhookStore};
 use crate::webhooks::{Deliverer, DeliveryPolicy, WebhookEngine};
 use crate::worker::{Sweeper, Worker};
 
@@ -28,6 +28,7 @@ pub struct Adapters {
     pub agents: Arc<dyn AgentStore>,
     pub webhooks: Arc<dyn WebhookStore>,
     pub queue: Arc<dyn RunQueue>,
+    pub policies: Arc<dyn PolicyStore>,
 }
 
 /// How long API keys and agent definitions are trusted without a read,
@@ -96,6 +97,7 @@ impl Services {
             webhooks: self.adapters.webhooks.clone(),
             webhook_allow_private: self.config.webhook_allow_private,
             shown: self.config.shown(),
+            policies: self.adapters.policies.clone(),
         })
     }
 
@@ -108,6 +110,7 @@ impl Services {
             self.agents(Some(Arc::new(runtime)))
         });
         Worker::new(self.adapters.runs.clone(), agents.clone(), self.clock.clone(), self.config.policy.clone())
+            .with_policies(self.adapters.policies.clone())
     }
 
     /// Signs and sends webhook deliveries.

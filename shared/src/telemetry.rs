@@ -453,8 +453,8 @@ fn approval_wait(parent: SpanParent, run: &Run, approval: &Approval, at: Timesta
     if let Some(call) = &approval.call {
         span.set("gen_ai.tool.name", call.tool.clone());
     }
-    if let Some(key) = approval.resolved_by {
-        span.set("agent_runs.approval.resolved_by", key.to_string());
+    if let Some(resolver) = &approval.resolved_by {
+        span.set("agent_runs.approval.resolved_by", resolver.to_string());
     }
     Some((span, approval.resolved_at.unwrap_or(at).to_system_time()))
 }

@@ -7,8 +7,8 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::domain::{
-    Approval, ApprovalSummary, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, Run, RunId,
-    RunSnapshot, Timestamp, Usage, WebhookEndpoint, canonical_json,
+    Approval, ApprovalSummary, Budget, DeliveryAttempt, EventData, EventId, EventText, InboxEntry, PolicyMatch, Run,
+    RunId, RunSnapshot, Timestamp, Usage, WebhookEndpoint, canonical_json,
 };
 /// What a deployment shows of a run beyond the contract's keys, decided
 /// once by the composition root (from the configuration) and passed to
@@ -64,9 +64,30 @@ pub struct ApprovalView<'a> {
     resolved_at: Option<String>,
     comment: Option<&'a str>,
     expires_at: Option<String>,
-    /// The key that decided it.
+    /// The key that decided it, or `policy:<rule id>`.
     resolved_by: Option<String>,
     edited_arguments: Option<Box<RawValue>>,
+    /// The policy's rule that decided it (or would have).
+    policy: Option<PolicyView<'a>>,
+}
+
+#[derive(Serialize)]
+pub struct PolicyView<'a> {
+    rule: &'a str,
+    effect: &'static str,
+    mode: &'static str,
+    version: u64,
+}
+
+impl<'a> From<&'a PolicyMatch> for PolicyView<'a> {
+    fn from(policy: &'a PolicyMatch) -> Self {
+        PolicyView {
+            rule: &policy.rule,
+            effect: policy.effect.as_str(),
+            mode: policy.mode.as_str(),
+            version: policy.version,
+        }
+    }
 }
 
 fn canonical(value: &serde_json::Value) -> Box<RawValue> {
@@ -91,8 +112,9 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             resolved_at: rfc3339(approval.resolved_at),
             comment: approval.comment.as_deref(),
             expires_at: rfc3339(approval.expires_at),
-            resolved_by: approval.resolved_by.map(|key| key.to_string()),
+            resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             edited_arguments: approval.edited_arguments.as_ref().map(canonical),
+            policy: approval.policy.as_ref().map(PolicyView::from),
         }
     }
 }
@@ -113,8 +135,9 @@ impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
             resolved_at: rfc3339(approval.resolved_at),
             comment: approval.comment.as_deref(),
             expires_at: rfc3339(approval.expires_at),
-            resolved_by: approval.resolved_by.map(|key| key.to_string()),
+            resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             edited_arguments: None,
+            policy: approval.policy.as_ref().map(PolicyView::from),
         }
     }
 }

@@ -96,5 +96,5 @@ async fn a_batch_beaten_by_another_key_does_not_claim_to_have_recorded_anything(
     assert_eq!(refused.index, Some(1), "the second run was rejected by the other key");
     assert!(!refused.partly_recorded, "this batch wrote nothing: the first run's approval is the other key's");
     let stored = store.get(&owner(), first.id).await.unwrap().unwrap();
-    assert_eq!(stored.approvals[0].resolved_by, Some(key(9)));
+    assert_eq!(stored.approvals[0].resolved_by, Some(agent_runs_shared::domain::Resolver::Key(key(9))));
 }

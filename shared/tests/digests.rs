@@ -34,6 +34,7 @@ fn service_digest(arguments: Value) -> String {
         expiry_warned: false,
         resolved_by: None,
         edited_arguments: None,
+        policy: None,
     };
     approval.arguments_sha256().unwrap()
 }

@@ -117,6 +117,7 @@ fn the_domain_crate_depends_only_on_pure_libraries() {
         "chrono",
         "jsonschema",
         "rand",
+        "regex",
         "ring",
         "serde",
         "serde_json",

@@ -67,6 +67,7 @@ async fn a_failed_request_and_a_run_log_their_cause_with_request_owner_run_and_t
         agents: sqlite.clone(),
         webhooks: sqlite.clone(),
         queue: Arc::new(queue),
+        policies: sqlite.clone(),
     };
     let services = Services::new(Config::from_lookup(|_| None).unwrap(), adapters, CacheDefaults::LOCAL);
     let api = services.api();

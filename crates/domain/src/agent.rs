@@ -90,6 +90,10 @@ pub struct ToolDefinition {
     /// A call waits for a human to approve it.
     #[serde(default)]
     pub requires_approval: bool,
+    /// A person decides every call, whatever the owner's policy allows (a
+    /// rule may still deny).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub always_ask: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

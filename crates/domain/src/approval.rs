@@ -4,7 +4,7 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{ApprovalId, InboxPosition, KeyId, Run, RunId, RunStatus, Timestamp};
+use super::{ApprovalId, InboxPosition, KeyId, PolicyMatch, Run, RunId, RunStatus, Timestamp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApprovalStatus {
@@ -88,18 +88,78 @@ pub struct ProposedCall {
     pub arguments: Value,
 }
 
-/// What an agent asks a human to decide.
+/// What an agent asks a human to decide, or what a rule decided in a
+/// person's place.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApprovalRequest {
     /// In plain words, what approving will do.
     pub action: String,
     /// The exact call, when approving makes one.
     pub call: Option<ProposedCall>,
+    /// The rule the approval names (see [`Approval::policy`]).
+    pub policy: Option<PolicyMatch>,
+    /// Set when that rule decided the call: the approval is recorded
+    /// already resolved, and no one is asked.
+    pub decided: Option<RuleDecision>,
+}
+
+/// What a rule decided in a person's place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleDecision {
+    Allowed,
+    /// Never made; the model is told `reason`.
+    Denied {
+        reason: Option<String>,
+    },
 }
 
 impl ApprovalRequest {
     pub fn action(action: impl Into<String>) -> Self {
-        ApprovalRequest { action: action.into(), call: None }
+        ApprovalRequest { action: action.into(), call: None, policy: None, decided: None }
+    }
+
+    /// A person is asked about `call`.
+    pub fn call(action: impl Into<String>, call: ProposedCall) -> Self {
+        ApprovalRequest { call: Some(call), ..ApprovalRequest::action(action) }
+    }
+}
+
+/// Who resolved an approval: a person's API key, or a policy's rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolver {
+    Key(KeyId),
+    /// The id of the rule.
+    Policy(String),
+}
+
+impl Resolver {
+    pub fn key(&self) -> Option<KeyId> {
+        match self {
+            Resolver::Key(key) => Some(*key),
+            Resolver::Policy(_) => None,
+        }
+    }
+}
+
+/// `key_<ulid>`, or `policy:<rule id>`.
+impl std::fmt::Display for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Resolver::Key(key) => key.fmt(f),
+            Resolver::Policy(rule) => write!(f, "policy:{rule}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Resolver {
+    type Err = super::MalformedId;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.strip_prefix("policy:") {
+            // Whatever id a rule had when it decided (ids are checked when put).
+            Some(rule) if !rule.is_empty() => Ok(Resolver::Policy(rule.to_owned())),
+            _ => text.parse().map(Resolver::Key),
+        }
     }
 }
 
@@ -167,11 +227,13 @@ pub struct Approval {
     pub expires_at: Option<Timestamp>,
     /// Whether `approval.expiring` was recorded for it.
     pub expiry_warned: bool,
-    /// The key that decided it; `None` while pending, and for a cancel or
-    /// an expiry.
-    pub resolved_by: Option<KeyId>,
+    /// The key (or the policy's rule) that decided it; `None` while
+    /// pending, and for a cancel or an expiry.
+    pub resolved_by: Option<Resolver>,
     /// The arguments a person approved in place of the proposed ones.
     pub edited_arguments: Option<Value>,
+    /// The policy's rule that decided it, or would have (`log_only`).
+    pub policy: Option<PolicyMatch>,
 }
 
 impl Approval {

@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    Approval, ApprovalId, ApprovalKind, ApprovalStatus, Budget, EventId, KeyId, Run, RunId, RunStatus, Timestamp, Usage,
+    Approval, ApprovalId, ApprovalKind, ApprovalStatus, Budget, EventId, KeyId, PolicyMatch, Resolver, Run, RunId,
+    RunStatus, Timestamp, Usage,
 };
 
 /// Texts in events (a `say` line, a model's reply, a tool's result) are cut
@@ -122,7 +123,8 @@ pub struct ApprovalSummary {
     pub resolved_at: Option<Timestamp>,
     pub comment: Option<String>,
     pub expires_at: Option<Timestamp>,
-    pub resolved_by: Option<KeyId>,
+    pub resolved_by: Option<Resolver>,
+    pub policy: Option<PolicyMatch>,
 }
 
 impl RunSnapshot {
@@ -168,7 +170,8 @@ impl ApprovalSummary {
             resolved_at: approval.resolved_at,
             comment: approval.comment.clone(),
             expires_at: approval.expires_at,
-            resolved_by: approval.resolved_by,
+            resolved_by: approval.resolved_by.clone(),
+            policy: approval.policy.clone(),
         }
     }
 }
@@ -254,6 +257,7 @@ mod tests {
             expiry_warned: false,
             resolved_by: None,
             edited_arguments: None,
+            policy: None,
         };
         let text = EventText::new("");
         let run = || {

@@ -7,6 +7,7 @@ mod cursor;
 mod event;
 mod fields;
 mod ids;
+mod policy;
 mod run;
 mod scope;
 mod time;
@@ -24,6 +25,7 @@ pub use fields::*;
 pub use ids::{
     ApprovalId, DeliveryId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId, WebhookId,
 };
+pub use policy::*;
 pub use run::*;
 pub use scope::{Scope, Scopes};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

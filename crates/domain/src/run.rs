@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::{
     Approval, ApprovalId, ApprovalRequest, ApprovalStatus, Budget, DecisionRequest, Event, EventData, KeyId,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, RunId, RunSnapshot, RunTrace, Timestamp, approval_arguments_bytes,
-    canonical_json,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, Resolver, RuleDecision, RunId, RunSnapshot, RunTrace, Timestamp,
+    approval_arguments_bytes, canonical_json,
 };
 
 mod work;
@@ -544,7 +544,7 @@ impl Run {
         approval.status = status;
         approval.resolved_at = Some(now.max(approval.requested_at));
         approval.comment = request.comment;
-        approval.resolved_by = request.decided_by;
+        approval.resolved_by = request.decided_by.map(Resolver::Key);
         approval.edited_arguments = edited_arguments;
         let decided = approval.clone();
         self.record(now, EventData::ApprovalDecided(decided));

@@ -12,10 +12,14 @@ pub enum Scope {
     /// Decide approvals, read the inbox (and read runs).
     ApprovalsDecide,
     WebhooksManage,
+    /// Replace the owner's approval policy and try rules on its history
+    /// (and read runs).
+    PoliciesManage,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 4] = [Scope::RunsRead, Scope::RunsWrite, Scope::ApprovalsDecide, Scope::WebhooksManage];
+    pub const ALL: [Scope; 5] =
+        [Scope::RunsRead, Scope::RunsWrite, Scope::ApprovalsDecide, Scope::WebhooksManage, Scope::PoliciesManage];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -23,6 +27,7 @@ impl Scope {
             Scope::RunsWrite => "runs:write",
             Scope::ApprovalsDecide => "approvals:decide",
             Scope::WebhooksManage => "webhooks:manage",
+            Scope::PoliciesManage => "policies:manage",
         }
     }
 
@@ -35,8 +40,8 @@ impl Scope {
     }
 }
 
-/// A key's scopes, with what each implies: `runs:write` and
-/// `approvals:decide` both include `runs:read`.
+/// A key's scopes, with what each implies: `runs:write`,
+/// `approvals:decide` and `policies:manage` include `runs:read`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Scopes(u8);
 
@@ -53,7 +58,7 @@ impl Scopes {
 
     pub fn allows(self, needed: Scope) -> bool {
         let implied = match needed {
-            Scope::RunsRead => Scope::RunsWrite.bit() | Scope::ApprovalsDecide.bit(),
+            Scope::RunsRead => Scope::RunsWrite.bit() | Scope::ApprovalsDecide.bit() | Scope::PoliciesManage.bit(),
             _ => 0,
         };
         self.0 & (needed.bit() | implied) != 0

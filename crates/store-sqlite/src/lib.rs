@@ -18,6 +18,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tokio::sync::watch;
 
 mod keys;
+mod policies;
 mod reads;
 mod runs;
 mod schema;
@@ -458,7 +459,7 @@ fn index_approvals(connection: &Connection, run: &Run, events: &[Event]) -> Resu
             ])
             .map_err(unavailable)?;
     }
-    Ok(())
+    policies::record_decisions(connection, run, events)
 }
 
 /// One run's write: the run as it is to be stored, on the condition that

@@ -162,9 +162,44 @@ CREATE TABLE webhook_attempts (
 /// before hold their JSON as clients got it (format 1).
 pub(super) const SCHEMA_9: &str = "ALTER TABLE run_events ADD COLUMN format INTEGER NOT NULL DEFAULT 1;";
 
+/// Approval policies, and the history of the tool calls people decided
+/// that a policy is tried on (filled from the runs already stored).
+pub(super) const SCHEMA_10: &str = "
+CREATE TABLE policies (
+    owner    TEXT    PRIMARY KEY,
+    version  INTEGER NOT NULL,
+    document TEXT    NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE decisions (
+    owner       TEXT    NOT NULL,
+    run_id      TEXT    NOT NULL,
+    approval_id TEXT    NOT NULL,
+    resolved_at INTEGER NOT NULL,
+    agent       TEXT    NOT NULL,
+    tool        TEXT    NOT NULL,
+    arguments   TEXT    NOT NULL,
+    decision    TEXT    NOT NULL,
+    PRIMARY KEY (run_id, approval_id)
+) WITHOUT ROWID;
+CREATE INDEX decisions_by_owner ON decisions (owner, resolved_at, run_id, approval_id);
+INSERT INTO decisions (owner, run_id, approval_id, resolved_at, agent, tool, arguments, decision)
+    SELECT runs.owner, runs.id, json_extract(approval.value, '$.id'), json_extract(approval.value, '$.resolved_at'),
+           json_extract(runs.body, '$.agent'), json_extract(approval.value, '$.tool'),
+           json_extract(approval.value, '$.arguments'),
+           CASE WHEN json_extract(approval.value, '$.status') = 'rejected' THEN 'rejected'
+                WHEN json_extract(approval.value, '$.edited_arguments') IS NOT NULL THEN 'edited'
+                ELSE 'approved' END
+    FROM runs, json_each(runs.body, '$.approvals') AS approval
+    WHERE json_extract(approval.value, '$.tool') IS NOT NULL
+      AND json_extract(approval.value, '$.arguments') IS NOT NULL
+      AND json_extract(approval.value, '$.resolved_at') IS NOT NULL
+      AND substr(json_extract(approval.value, '$.resolved_by'), 1, 4) = 'key_'
+      AND json_extract(approval.value, '$.status') IN ('approved', 'rejected');
+";
+
 /// Schema version N is reached by running the first N steps, in order.
-pub(super) const MIGRATIONS: [&str; 9] =
-    [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9];
+pub(super) const MIGRATIONS: [&str; 10] =
+    [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9, SCHEMA_10];
 
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 

@@ -18,7 +18,7 @@ pub struct Connection {
     url: String,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Subcommand)]
@@ -110,7 +110,7 @@ pub enum ApprovalsCommand {
 
 /// Writes to stdout; a reader that went away (`| head`) ends the program
 /// quietly, as it does any command-line tool.
-fn emit(text: &str) {
+pub(crate) fn emit(text: &str) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
     if let Err(error) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
@@ -129,14 +129,14 @@ pub enum Done {
     Unsuccessful,
 }
 
-struct Api {
+pub(crate) struct Api {
     http: reqwest::Client,
     url: String,
     key: String,
 }
 
 impl Api {
-    fn new(connection: &Connection) -> Result<Api, Error> {
+    pub(crate) fn new(connection: &Connection) -> Result<Api, Error> {
         let key = std::env::var("AGENT_RUNS_KEY")
             .ok()
             .filter(|key| !key.trim().is_empty())
@@ -151,20 +151,20 @@ impl Api {
     }
 
     /// Sends the request; the API's JSON answer, or its error's message.
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
         body: Option<Value>,
-        idempotency_key: Option<&str>,
+        header: Option<(&str, &str)>,
     ) -> Result<Value, Error> {
         let url = format!("{}{path}", self.url);
         let mut request = self.http.request(method, &url).bearer_auth(&self.key);
         if let Some(body) = body {
             request = request.json(&body);
         }
-        if let Some(key) = idempotency_key {
-            request = request.header("Idempotency-Key", key);
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
         }
         let response = request.send().await.map_err(|error| format!("cannot reach {url}: {}", cause(&error)))?;
         let status = response.status();
@@ -186,11 +186,11 @@ impl Api {
         }
     }
 
-    async fn get(&self, path: &str) -> Result<Value, Error> {
+    pub(crate) async fn get(&self, path: &str) -> Result<Value, Error> {
         self.call(reqwest::Method::GET, path, None, None).await
     }
 
-    async fn post(&self, path: &str, body: Value) -> Result<Value, Error> {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> Result<Value, Error> {
         self.call(reqwest::Method::POST, path, Some(body), None).await
     }
 }
@@ -238,7 +238,8 @@ pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done,
                 body["agent"] = agent.into();
             }
             let post = reqwest::Method::POST;
-            out.run(&api.call(post, "/v1/agent/runs", Some(body), idempotency_key.as_deref()).await?);
+            let header = idempotency_key.as_deref().map(|key| ("Idempotency-Key", key));
+            out.run(&api.call(post, "/v1/agent/runs", Some(body), header).await?);
         }
         RunsCommand::List { status, limit, cursor } => {
             let path = format!(
@@ -350,7 +351,7 @@ async fn watch(api: &Api, out: &Output, run_id: &str) -> Result<Done, Error> {
 
 /// How results are shown.
 struct Output {
-    json: bool,
+    pub(crate) json: bool,
     colour: bool,
 }
 

@@ -20,7 +20,7 @@ pub enum KeysCommand {
         #[arg(long)]
         name: Option<String>,
         /// What the key may do (repeatable): runs:read, runs:write,
-        /// approvals:decide, webhooks:manage. Without it, everything.
+        /// approvals:decide, webhooks:manage, policies:manage. Without it, everything.
         /// runs:write and approvals:decide include runs:read.
         #[arg(long = "scope", value_name = "SCOPE")]
         scopes: Vec<String>,

@@ -6,6 +6,7 @@ mod client;
 mod gateway;
 mod http_server;
 mod keys;
+mod policies;
 mod serve;
 mod template;
 
@@ -41,6 +42,14 @@ struct ApprovalsArgs {
 }
 
 #[derive(clap::Args)]
+struct PoliciesArgs {
+    #[command(flatten)]
+    connection: client::Connection,
+    #[command(subcommand)]
+    command: policies::PoliciesCommand,
+}
+
+#[derive(clap::Args)]
 struct TemplateArgs {
     /// Rewrite the generated part of this template in place, and the
     /// `cargo lambda watch` router of the Cargo.toml beside it.
@@ -72,6 +81,8 @@ enum Command {
     Runs(RunsArgs),
     /// The approvals inbox, through the HTTP API.
     Approvals(ApprovalsArgs),
+    /// The owner's approval policy: show, replace, try rules on past decisions.
+    Policies(PoliciesArgs),
 }
 
 fn main() -> ExitCode {
@@ -100,6 +111,7 @@ fn main() -> ExitCode {
             // asked and, for `watch`, the run succeeded.
             Command::Runs(args) => return exit(client::runs(args.command, &args.connection).await),
             Command::Approvals(args) => return exit(client::approvals(args.command, &args.connection).await),
+            Command::Policies(args) => return exit(policies::run(args.command, &args.connection).await),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

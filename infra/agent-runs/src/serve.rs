@@ -128,6 +128,7 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
         agents: Arc::new(store.clone()),
         webhooks: Arc::new(store.clone()),
         queue: queue.clone(),
+        policies: Arc::new(store.clone()),
     };
     let services = Services::new(config, adapters, CacheDefaults::LOCAL);
     let api = Arc::new(services.api());

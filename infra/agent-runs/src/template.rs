@@ -63,7 +63,7 @@ const CHANGE_RUNS: Grant = Grant::Table(&["GetItem", "Query", "PutItem", "Update
 /// first call, which opens the connection).
 const SEND_RUNS: Grant = Grant::Queue("RunQueue", &["SendMessage", "GetQueueAttributes"]);
 
-pub const FUNCTIONS: [Function; 16] = [
+pub const FUNCTIONS: [Function; 17] = [
     Function {
         name: "create",
         description: "POST /v1/agent/runs: create a run",
@@ -243,6 +243,17 @@ pub const FUNCTIONS: [Function; 16] = [
         environment: &[],
         // Endpoints and their count are written in one transaction.
         grants: &[Grant::Table(&["GetItem", "Query", "PutItem", "UpdateItem", "DeleteItem"])],
+        trigger: Trigger::Routes,
+    },
+    Function {
+        name: "policies",
+        description: "/v1/policies: the owner's approval policy, and rules tried on its history",
+        timeout: None,
+        memory: None,
+        extra: "",
+        environment: &[],
+        // A test replays up to 10,000 decisions read from their index.
+        grants: &[Grant::Table(&["GetItem", "PutItem"]), Grant::Indexes(&["gsi4"])],
         trigger: Trigger::Routes,
     },
     Function {

@@ -150,3 +150,31 @@ fn aws_migrate_moves_nothing_on_a_current_table_and_names_a_missing_one() {
     assert!(!missing.status.success());
     assert!(stderr(&missing).contains("ResourceNotFoundException"), "{}", stderr(&missing));
 }
+
+#[test]
+fn policies_are_tested_put_and_shown_from_the_command_line() {
+    let server = Server::start_on(Target::Embedded, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.json");
+    std::fs::write(
+        &file,
+        r#"{"rules": [{"id": "protect-main", "tool": "delete_branch", "effect": "deny", "reason": "main is protected",
+            "when": [{"path": "/branch", "op": "==", "value": "main"}]}]}"#,
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let tested = cli(&server, &["policies", "test", "--file", file, "--limit", "50"]);
+    assert!(tested.status.success(), "{}", stderr(&tested));
+    let table = stdout(&tested);
+    assert!(table.starts_with("0 decisions replayed: 0 would be allowed, 0 denied, 0 still asked"), "{table}");
+    assert!(table.lines().any(|line| line.split_whitespace().eq(["protect-main", "0", "0", "0"])), "{table}");
+
+    let put = json(&server, &["policies", "put", "--file", file, "--if-match", "0"]);
+    assert_eq!((&put["version"], &put["rules"][0]["id"]), (&Value::from(1), &Value::from("protect-main")));
+    let stale = cli(&server, &["policies", "put", "--file", file, "--if-match", "0"]);
+    assert_eq!(stale.status.code(), Some(2));
+    assert!(stderr(&stale).contains("HTTP 412"), "{}", stderr(&stale));
+    let shown = stdout(&cli(&server, &["policies", "get"]));
+    assert!(shown.starts_with("version 1"), "{shown}");
+    assert!(shown.contains("protect-main") && shown.contains("/branch == \"main\""), "{shown}");
+}

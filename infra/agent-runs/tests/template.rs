@@ -78,7 +78,8 @@ async fn the_emulator_resources_match_the_template() {
         [
             agent_runs_shared::store::STATUS_INDEX,
             agent_runs_shared::store::DUE_INDEX,
-            agent_runs_shared::store::APPROVALS_INDEX
+            agent_runs_shared::store::APPROVALS_INDEX,
+            agent_runs_shared::store::DECISIONS_INDEX
         ]
     );
     let ttl = dynamodb
@@ -175,6 +176,7 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
         "sweeper",
         "dead-letter",
         "webhooks",
+        "policies",
         "notifier",
         "deliver",
     ]

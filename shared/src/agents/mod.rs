@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::domain::{Approval, ApprovalRequest, Budget, EventData, RunId, Usage};
+use crate::domain::{Approval, ApprovalRequest, Budget, EventData, Policy, RunId, Usage};
 use crate::lock;
 use crate::store::{AgentStore, StoreError};
 
@@ -38,6 +38,9 @@ pub struct StepInput<'a> {
     pub events: &'a mut Vec<EventData>,
     /// Set by the agent when the step starts what must not be cut off.
     pub must_finish: &'a MustFinish,
+    /// The owner's approval policy, as read when the run was claimed (an
+    /// empty one for agents that make no tool calls).
+    pub policy: &'a Policy,
 }
 
 /// Set by a step that has started something whose outcome must be
@@ -78,6 +81,12 @@ pub trait Agent: Send + Sync + 'static {
     fn validate_input(&self, input: &str) -> Result<(), String>;
 
     async fn step(&self, input: StepInput<'_>) -> Step;
+
+    /// Whether its tool calls are put to the owner's approval policy (the
+    /// worker then reads it for each claim).
+    fn calls_tools(&self) -> bool {
+        false
+    }
 }
 
 /// The agents a deployment offers, by name, and the one used by default:

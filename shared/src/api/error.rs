@@ -14,6 +14,10 @@ const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 1;
 pub enum ApiError {
     #[error("{message}")]
     InvalidRequest { message: String, param: Option<String> },
+    /// What is wrong with one element of a list in the body (a policy's
+    /// rule): `error.index` names it.
+    #[error("{message}")]
+    InvalidRule { index: usize, param: String, message: String },
     #[error("unauthorized")]
     Unauthorized,
     /// A valid key that lacks the scope for the operation.
@@ -25,6 +29,9 @@ pub enum ApiError {
     MethodNotAllowed { allow: String },
     #[error("{0}")]
     Conflict(String),
+    /// An `If-Match` that no longer matches.
+    #[error("{0}")]
+    PreconditionFailed(String),
     #[error("request body too large")]
     RequestTooLarge,
     /// The body did not arrive within the server's time for it.
@@ -57,12 +64,13 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest { .. } | ApiError::InvalidRule { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             ApiError::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -74,12 +82,13 @@ impl ApiError {
 
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::InvalidRequest { .. } => "invalid_request",
+            ApiError::InvalidRequest { .. } | ApiError::InvalidRule { .. } => "invalid_request",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Conflict(_) => "conflict",
+            ApiError::PreconditionFailed(_) => "precondition_failed",
             ApiError::RequestTooLarge => "request_too_large",
             ApiError::RequestTimeout => "request_timeout",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
@@ -93,6 +102,8 @@ impl ApiError {
     fn public_message(&self) -> String {
         match self {
             ApiError::InvalidRequest { message, .. }
+            | ApiError::InvalidRule { message, .. }
+            | ApiError::PreconditionFailed(message)
             | ApiError::NotFound(message)
             | ApiError::Forbidden(message)
             | ApiError::Conflict(message)
@@ -131,6 +142,13 @@ impl ApiError {
         if let ApiError::InvalidRequest { param: Some(param), .. } = &self {
             error["param"] = param.clone().into();
         }
+        let index = match &self {
+            ApiError::InvalidRule { index, param, .. } => {
+                error["param"] = param.clone().into();
+                Some(*index)
+            }
+            _ => index,
+        };
         if let Some(index) = index {
             error["index"] = index.into();
         }

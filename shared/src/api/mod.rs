@@ -18,6 +18,7 @@ mod holds;
 mod inbox;
 mod list;
 pub mod openapi;
+mod policies;
 mod query;
 mod rate_limit;
 mod response;
@@ -44,7 +45,7 @@ use crate::domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId, RunTrace, S
 use crate::error_chain;
 use crate::lifecycle::Lifecycle;
 use crate::queue::RunQueue;
-use crate::store::{Store, WebhookStore};
+use crate::store::{PolicyStore, Store, WebhookStore};
 use crate::telemetry::{self, SpanKind};
 use crate::views::Shown;
 use rate_limit::RateLimiter;
@@ -104,6 +105,7 @@ pub struct Api {
     webhook_allow_private: bool,
     /// What runs show beyond the contract's keys.
     shown: Shown,
+    policies: Arc<dyn PolicyStore>,
 }
 
 /// What [`Api`] is made of; [`crate::services::Services::api`] builds it.
@@ -120,12 +122,24 @@ pub struct ApiParts {
     pub webhook_allow_private: bool,
     /// What runs show beyond the contract's keys.
     pub shown: Shown,
+    pub policies: Arc<dyn PolicyStore>,
 }
 
 impl Api {
     pub fn new(parts: ApiParts) -> Self {
-        let ApiParts { runs, queue, auth, agents, clock, policy, limits, webhooks, webhook_allow_private, shown } =
-            parts;
+        let ApiParts {
+            runs,
+            queue,
+            auth,
+            agents,
+            clock,
+            policy,
+            limits,
+            webhooks,
+            webhook_allow_private,
+            shown,
+            policies,
+        } = parts;
         let rate_limiter = RateLimiter::new(limits.rate);
         let document = openapi::document(&agents.names_list(), agents.default_name());
         let openapi = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
@@ -143,6 +157,7 @@ impl Api {
             webhooks,
             webhook_allow_private,
             shown,
+            policies,
         }
     }
 
@@ -302,6 +317,9 @@ impl Api {
             Operation::ListWebhookDeliveries => {
                 webhooks::deliveries(self, owner, params.get("webhook_id"), request.uri().query()).await
             }
+            Operation::GetPolicy => policies::get(self.policies.as_ref(), &principal, &request).await,
+            Operation::PutPolicy => policies::put(self.policies.as_ref(), &principal, self.clock.now(), &request).await,
+            Operation::TestPolicy => policies::test(self.policies.as_ref(), &principal, &request).await,
         }
     }
 
@@ -335,7 +353,7 @@ enum Serving {
 
 fn not_found_path() -> ApiError {
     ApiError::NotFound(
-        "No such path. Operations live under /v1/agent/runs, /v1/approvals and /v1/webhooks; the console is at /console."
+        "No such path. Operations live under /v1/agent/runs, /v1/approvals, /v1/webhooks and /v1/policies; the console is at /console."
             .into(),
     )
 }

@@ -45,6 +45,9 @@ struct StoredTool {
     timeout_ms: u64,
     max_response_bytes: usize,
     requires_approval: bool,
+    /// Absent (false) from definitions stored before policies.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    always_ask: bool,
 }
 
 fn provider_name(provider: ProviderKind) -> &'static str {
@@ -88,6 +91,7 @@ pub fn encode_agent(agent: &AgentDefinition) -> Result<String, StoreError> {
             timeout_ms: tool.timeout_ms,
             max_response_bytes: tool.max_response_bytes,
             requires_approval: tool.requires_approval,
+            always_ask: tool.always_ask,
         })
         .collect();
     let stored = StoredAgent {
@@ -126,6 +130,7 @@ pub fn decode_agent(text: &str) -> Result<AgentDefinition, StoreError> {
                 timeout_ms: tool.timeout_ms,
                 max_response_bytes: tool.max_response_bytes,
                 requires_approval: tool.requires_approval,
+                always_ask: tool.always_ask,
             })
         })
         .collect::<Result<_, StoreError>>()?;

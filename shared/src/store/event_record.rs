@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use super::record::{StoredApproval, StoredBudget, StoredUsage, at, millis};
+use super::record::{StoredApproval, StoredBudget, StoredPolicyMatch, StoredUsage, at, millis};
 use crate::domain::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalSummary, EventData, EventText, RunSnapshot, RunStatus, Timestamp,
     ToolCompleted,
@@ -276,6 +276,8 @@ struct StoredSummary {
     expires_at: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     resolved_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy: Option<StoredPolicyMatch>,
 }
 
 impl From<&RunSnapshot> for StoredSnapshot {
@@ -337,7 +339,8 @@ impl From<&ApprovalSummary> for StoredSummary {
             resolved_at: approval.resolved_at.map(millis),
             comment: approval.comment.clone(),
             expires_at: approval.expires_at.map(millis),
-            resolved_by: approval.resolved_by.map(|key| key.to_string()),
+            resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
+            policy: approval.policy.as_ref().map(StoredPolicyMatch::from),
         }
     }
 }
@@ -358,6 +361,7 @@ impl TryFrom<StoredSummary> for ApprovalSummary {
             comment: stored.comment,
             expires_at: at(stored.expires_at),
             resolved_by: stored.resolved_by.map(|key| key.parse().map_err(|_| malformed("resolved_by"))).transpose()?,
+            policy: stored.policy.map(StoredPolicyMatch::read).transpose()?,
         })
     }
 }
@@ -365,7 +369,10 @@ impl TryFrom<StoredSummary> for ApprovalSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ApprovalId, ExecutionPolicy, KeyId, Owner, ProposedCall, Run, RunId, RunTrace, Usage};
+    use crate::domain::{
+        ApprovalId, Effect, ExecutionPolicy, KeyId, Owner, PolicyMatch, ProposedCall, Resolver, RuleMode, Run, RunId,
+        RunTrace, Usage,
+    };
     use crate::views::event_data_json;
 
     fn at(millis: i64) -> Timestamp {
@@ -386,9 +393,16 @@ mod tests {
             comment: Some("ok".into()),
             expires_at: Some(at(3)),
             expiry_warned: true,
-            resolved_by: Some(KeyId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 9))),
+            resolved_by: Some(Resolver::Key(KeyId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 9)))),
             edited_arguments: call.then(|| serde_json::json!({"env": "staging"})),
+            policy: None,
         }
+    }
+
+    /// A call a rule decided.
+    fn by_policy() -> Approval {
+        let policy = PolicyMatch { rule: "small".into(), effect: Effect::Deny, mode: RuleMode::Enforce, version: 3 };
+        Approval { resolved_by: Some(Resolver::Policy("small".into())), policy: Some(policy), ..approval(4, true) }
     }
 
     /// A run with something in every field an event shows.
@@ -411,7 +425,7 @@ mod tests {
         run.started_at = Some(at(1));
         run.completed_at = Some(at(4));
         run.usage = Some(Usage { input_tokens: 3, output_tokens: 4, total_tokens: 7, tool_calls: 1 });
-        run.approvals = vec![approval(2, true), approval(3, false)];
+        run.approvals = vec![approval(2, true), approval(3, false), by_policy()];
         run
     }
 
@@ -432,7 +446,7 @@ mod tests {
             EventData::ApprovalExpiring(approval(3, false)),
             EventData::ApprovalExtended(approval(3, false)),
             EventData::ApprovalExpired(approval(3, false)),
-            EventData::ApprovalCanceled(approval(2, true)),
+            EventData::ApprovalCanceled(by_policy()),
             EventData::OutputAppended { text: text.clone() },
             EventData::ModelResponded {
                 text: text.clone(),

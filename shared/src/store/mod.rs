@@ -6,6 +6,7 @@ mod change;
 mod dynamodb;
 mod event_record;
 mod layer;
+mod policy_record;
 pub mod record;
 
 use async_trait::async_trait;
@@ -13,20 +14,22 @@ use async_trait::async_trait;
 use crate::views::Shown;
 
 use crate::domain::{
-    AgentDefinition, ApprovalStatus, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId, Owner,
-    PreviousSecret, RunId, RunStatus, Scopes, Timestamp, WebhookEndpoint, WebhookId, WebhookSecret,
+    AgentDefinition, ApprovalStatus, DecidedCall, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId,
+    Owner, Policy, PreviousSecret, Rule, RunId, RunStatus, Scopes, Timestamp, WebhookEndpoint, WebhookId,
+    WebhookSecret,
 };
 
 pub use crate::domain::{InboxEntry, Run};
 pub use agent_record::{decode_agent, encode_agent};
 pub use change::{CHANGE_ATTEMPTS, ChangeError, Transition, change_run, change_run_if, conflict_backoff};
 pub use dynamodb::{
-    ABANDONED_CREATE, APPROVALS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES,
+    ABANDONED_CREATE, APPROVALS_INDEX, DECISIONS_INDEX, DUE_INDEX, DUE_SHARDS, DynamoStore, INLINE_CHECKPOINT_BYTES,
     MAX_CHECKPOINT_BYTES, Migrated, NOTIFIED_EVENT_PREFIX, OWNER_SHARDS, RECOUNT_EVERY, STATUS_INDEX,
     decode_stream_event,
 };
 pub use event_record::{EVENT_FORMAT, EventBody, EventFormat, RENDERED_FORMAT};
 pub use layer::{Answer, Call, Hooks, Layered};
+pub use policy_record::{decode_policy, encode_policy, parse_human_decision};
 
 /// An owner's runs not yet ended, unless `AGENT_RUNS_MAX_ACTIVE_RUNS` says otherwise.
 pub const DEFAULT_MAX_ACTIVE_RUNS: u32 = 1_000;
@@ -309,6 +312,30 @@ pub trait AgentStore: Send + Sync + 'static {
     async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError>;
     /// `Ok(false)` when no such agent exists.
     async fn delete_agent(&self, name: &str) -> Result<bool, StoreError>;
+}
+
+/// Each owner's approval policy, and the decisions people made that a
+/// policy is tried on.
+#[async_trait]
+pub trait PolicyStore: Send + Sync + 'static {
+    /// The owner's document: version 0 and no rules when none was put.
+    async fn policy(&self, owner: &Owner) -> Result<Policy, StoreError>;
+    /// Replaces the owner's document with `rules`, put `at` by `by`, one
+    /// version on: the new document. With `expected`, only if its version
+    /// is still that (`None` when another put came first); without, over
+    /// whatever is there. All or nothing: a reader sees the old document
+    /// or the new one.
+    async fn put_policy(
+        &self,
+        owner: &Owner,
+        expected: Option<u64>,
+        rules: &[Rule],
+        at: Timestamp,
+        by: KeyId,
+    ) -> Result<Option<Policy>, StoreError>;
+    /// The owner's `limit` tool calls most recently decided by a person
+    /// (approved, edited or rejected), newest first.
+    async fn decided_calls(&self, owner: &Owner, limit: usize) -> Result<Vec<DecidedCall>, StoreError>;
 }
 
 /// A run's JSON as clients see it, for a list page.

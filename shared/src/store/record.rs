@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use crate::domain::{
-    Approval, ApprovalStatus, Budget, Lease, Owner, ProposedCall, Run, RunStatus, RunTrace, StoreNote, Timestamp,
-    Usage, canonical_json,
+    Approval, ApprovalStatus, Budget, Effect, Lease, Owner, PolicyMatch, ProposedCall, RuleMode, Run, RunStatus,
+    RunTrace, StoreNote, Timestamp, Usage, canonical_json,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -84,6 +84,39 @@ pub(super) struct StoredApproval {
     arguments: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     edited_arguments: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy: Option<StoredPolicyMatch>,
+}
+
+/// The rule an approval names.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct StoredPolicyMatch {
+    rule: String,
+    effect: String,
+    mode: String,
+    version: u64,
+}
+
+impl From<&PolicyMatch> for StoredPolicyMatch {
+    fn from(policy: &PolicyMatch) -> Self {
+        StoredPolicyMatch {
+            rule: policy.rule.clone(),
+            effect: policy.effect.as_str().to_owned(),
+            mode: policy.mode.as_str().to_owned(),
+            version: policy.version,
+        }
+    }
+}
+
+impl StoredPolicyMatch {
+    pub(super) fn read(self) -> Result<PolicyMatch, StoreError> {
+        Ok(PolicyMatch {
+            effect: Effect::parse(&self.effect).ok_or_else(|| malformed("approval policy effect"))?,
+            mode: RuleMode::parse(&self.mode).ok_or_else(|| malformed("approval policy mode"))?,
+            rule: self.rule,
+            version: self.version,
+        })
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -158,10 +191,11 @@ impl From<&Approval> for StoredApproval {
             comment: approval.comment.clone(),
             expires_at: approval.expires_at.map(millis),
             expiry_warned: approval.expiry_warned,
-            resolved_by: approval.resolved_by.map(|key| key.to_string()),
+            resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             tool: approval.call.as_ref().map(|call| call.tool.clone()),
             arguments: approval.call.as_ref().map(|call| canonical_json(&call.arguments)),
             edited_arguments: approval.edited_arguments.as_ref().map(canonical_json),
+            policy: approval.policy.as_ref().map(StoredPolicyMatch::from),
         }
     }
 }
@@ -193,6 +227,7 @@ impl TryFrom<StoredApproval> for Approval {
                 .resolved_by
                 .map(|key| key.parse().map_err(|_| malformed("approval resolved_by")))
                 .transpose()?,
+            policy: approval.policy.map(StoredPolicyMatch::read).transpose()?,
         })
     }
 }

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use crate::agents::AgentRegistry;
 use crate::domain::{ClaimOutcome, Clock, EventData, ExecutionPolicy, IdGenerator, Run, Timestamp, TransitionError};
 use crate::queue::RunMessage;
-use crate::store::{ChangeError, RunStore, StoreError, Transition, change_run, change_run_if};
+use crate::store::{ChangeError, PolicyStore, RunStore, StoreError, Transition, change_run, change_run_if};
 use crate::telemetry::{self, Span, SpanKind};
 
 pub use pool::{MAX_DELIVERIES, PoolSettings, WorkerPool};
@@ -106,6 +106,9 @@ pub struct Worker {
     /// How often the lease is renewed (and progress saved) while the agent works.
     heartbeat_every: Duration,
     id: String,
+    /// Where owners' approval policies are read; none: every tool decides
+    /// for itself.
+    policies: Option<Arc<dyn PolicyStore>>,
 }
 
 /// Between steps that write nothing, the run is read at most this often to
@@ -136,7 +139,12 @@ impl Worker {
         let ids = IdGenerator::default();
         let id = format!("wrk_{}", ids.ulid_at(clock.now()));
         let heartbeat_every = policy.lease / 3;
-        Worker { runs, agents, clock, policy, ids, heartbeat_every, id }
+        Worker { runs, agents, clock, policy, ids, heartbeat_every, id, policies: None }
+    }
+
+    /// Applies each owner's approval policy to its runs' tool calls.
+    pub fn with_policies(self, policies: Arc<dyn PolicyStore>) -> Self {
+        Worker { policies: Some(policies), ..self }
     }
 
     /// Handles one message to the end. `stop` asks the worker to hand the
@@ -203,8 +211,15 @@ impl Worker {
     /// Stopping: the run goes back to the queue with the agent's latest state.
     async fn hand_back(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
         let checkpoint = attempt.checkpoint.clone();
+        // Only this attempt writes the run while it holds it: a newer stored
+        // version is a write of its own whose answer was lost, and what that
+        // stored (a save, with the approvals a rule decided) is kept.
+        let known = attempt.run.version;
         let outcome = self
-            .finish(attempt, Vec::new(), |run, now, lease| run.release(lease, checkpoint.clone(), now, &self.policy))
+            .finish(attempt, Vec::new(), |run, now, lease| {
+                let checkpoint = if run.version == known { checkpoint.clone() } else { None };
+                run.release(lease, checkpoint, now, &self.policy)
+            })
             .await?;
         if outcome == Outcome::LostLease {
             // A release whose answer was lost (it landed, and the retry

@@ -11,7 +11,7 @@ use super::{
     Worker, WorkerError,
 };
 use crate::agents::{MustFinish, Step, StepInput};
-use crate::domain::{ApprovalId, ApprovalRequest, EventData, Run, Usage, time_limit_message};
+use crate::domain::{ApprovalId, ApprovalRequest, EventData, Policy, Run, Usage, time_limit_message};
 
 /// How waiting on a step ended.
 enum Waited {
@@ -37,6 +37,10 @@ impl Worker {
             let error = format!("The agent `{}` is no longer configured.", attempt.run.agent);
             return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;
         };
+        let policy = match &self.policies {
+            Some(policies) if agent.calls_tools() => policies.policy(&attempt.run.owner).await?,
+            _ => Policy::default(),
+        };
         let mut usage = attempt.run.usage;
         let mut step_events = Vec::new();
         let mut last_check = Instant::now();
@@ -52,6 +56,7 @@ impl Worker {
                 budget: attempt.run.budget,
                 events: &mut step_events,
                 must_finish: &must_finish,
+                policy: &policy,
             });
             let lease = (&mut attempt.run, attempt.lease.as_str(), &mut attempt.renewed_at);
             let waited = self.wait_for_step(stepping, &must_finish, stop, lease).await?;
@@ -91,6 +96,19 @@ impl Worker {
                 }
                 Step::Failed(error) => {
                     return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
+                }
+                Step::AwaitApproval { requests, .. } if requests.is_empty() => {
+                    let error = "The agent asked for approval of nothing.".to_owned();
+                    return self.finish(attempt, reported, |run, now, lease| run.fail(lease, error.clone(), now)).await;
+                }
+                Step::AwaitApproval { requests, checkpoint }
+                    if requests.iter().all(|request| request.decided.is_some()) =>
+                {
+                    if let Some(outcome) = self.record_rule_decisions(attempt, reported, requests, checkpoint).await? {
+                        return Ok(outcome);
+                    }
+                    // Saved with the decisions.
+                    false
                 }
                 Step::AwaitApproval { requests, checkpoint } => {
                     return self.park(attempt, reported, requests, checkpoint).await;
@@ -216,6 +234,43 @@ impl Worker {
             run.park(lease, requests.clone(), checkpoint.clone(), now, &self.policy)
         })
         .await
+    }
+
+    /// Every call the step asked about was decided by a rule: the decisions
+    /// are written with the step's checkpoint and events (as a save of
+    /// progress), and the agent goes on (`None`) with them in its
+    /// approvals.
+    async fn record_rule_decisions(
+        &self,
+        attempt: &mut Attempt,
+        reported: Vec<EventData>,
+        requests: Vec<ApprovalRequest>,
+        checkpoint: serde_json::Value,
+    ) -> Result<Option<Outcome>, WorkerError> {
+        if attempt.run.approvals.len() + requests.len() > MAX_APPROVALS_PER_RUN {
+            return self.park(attempt, reported, requests, checkpoint).await.map(Some);
+        }
+        let requests: Vec<(ApprovalId, ApprovalRequest)> = requests
+            .into_iter()
+            .map(|request| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), request))
+            .collect();
+        attempt.events.extend(reported);
+        let sent = Instant::now();
+        let written = self
+            .write(&mut attempt.run, &attempt.lease, &attempt.events, Limited::Yes, |run, now, lease| {
+                run.record_rule_decisions(lease, requests.clone(), checkpoint.clone(), now, &self.policy)
+            })
+            .await?;
+        match written {
+            Ok(()) => {
+                attempt.events.clear();
+                attempt.checkpoint = Some(checkpoint);
+                attempt.renewed_at = sent;
+                Ok(None)
+            }
+            Err(Refused::LeaseLost) => Ok(Some(Outcome::LostLease)),
+            Err(Refused::EventLimit) => self.fail_for_event_limit(attempt).await.map(Some),
+        }
     }
 
     /// Between steps: the checkpoint and events saved when due (renewing

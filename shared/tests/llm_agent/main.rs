@@ -25,6 +25,7 @@ use support::stand_in::{self, StandIn, Turn, text, tool_call};
 use tokio::sync::watch;
 
 mod network;
+mod policies;
 mod saves;
 mod tool_calls;
 
@@ -120,6 +121,7 @@ impl Fixture {
 
     fn worker(&self) -> Worker {
         Worker::new(Arc::new(self.store.clone()), self.agents.clone(), self.clock.clone(), self.policy.clone())
+            .with_policies(Arc::new(self.store.clone()))
     }
 
     /// A worker whose store calls fail as `plan` says, under `policy`.

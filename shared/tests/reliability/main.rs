@@ -207,6 +207,7 @@ impl World {
             webhooks: self.keys.clone(),
             webhook_allow_private: false,
             shown: Default::default(),
+            policies: self.keys.clone(),
         })
     }
 

@@ -14,7 +14,7 @@ use agent_runs_shared::domain::{
 };
 use agent_runs_shared::store::{
     AgentStore, DueRun, DynamoStore, EventLog, EventPage, IdempotencyClaim, InboxRequest, InsertOutcome, KeyStore,
-    ListRequest, Migrated, RunLists, RunStore, StoreError, StoredKey, Upkeep,
+    ListRequest, Migrated, PolicyStore, RunLists, RunStore, StoreError, StoredKey, Upkeep,
 };
 use agent_runs_store_sqlite::{Durability, SqliteStore};
 use agent_runs_testkit::faults::AwsError;
@@ -48,7 +48,13 @@ fn claim(key: &str, request: &str, at: u64) -> IdempotencyClaim {
     }
 }
 
-async fn run_contract(runs: Arc<dyn TestStore>, keys: &dyn KeyStore, agents: &dyn AgentStore) {
+async fn run_contract(
+    runs: Arc<dyn TestStore>,
+    keys: &dyn KeyStore,
+    agents: &dyn AgentStore,
+    policies: &dyn PolicyStore,
+) {
+    policies_are_replaced_whole_and_tried_on_what_people_decided(runs.as_ref(), policies).await;
     a_batch_of_runs_is_written_whole_or_not_at_all(runs.as_ref()).await;
     the_inbox_lists_approvals_newest_first_by_status_and_agent(runs.as_ref()).await;
     undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;
@@ -71,7 +77,7 @@ async fn run_contract(runs: Arc<dyn TestStore>, keys: &dyn KeyStore, agents: &dy
 async fn sqlite_store_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("nested/folder/runs.db"), Durability::Process).unwrap();
-    run_contract(Arc::new(store.clone()), &store, &store).await;
+    run_contract(Arc::new(store.clone()), &store, &store, &store).await;
 }
 
 /// The embedded server's store keeps recent runs in memory: the same
@@ -81,7 +87,7 @@ async fn sqlite_store_for_serving_keeps_the_contract_and_owns_its_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runs.db");
     let store = SqliteStore::open_for_serving(&path, Durability::Process).unwrap();
-    run_contract(Arc::new(store.clone()), &store, &store).await;
+    run_contract(Arc::new(store.clone()), &store, &store, &store).await;
     let error = SqliteStore::open_for_serving(&path, Durability::Process).err().expect("a second server is refused");
     assert!(agent_runs_shared::error_chain(&error).contains("another `agent-runs serve` is using"));
     // What the cache serves is what a plain reader of the file sees.
@@ -113,8 +119,8 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     // A database from before the inbox (schema 6) has it filled from its runs.
     let connection = rusqlite::Connection::open(&path).unwrap();
     // (Webhooks came after: schema 8.)
-    // (Events' format column came last: schema 9.)
-    let without_webhooks = "ALTER TABLE run_events DROP COLUMN format;
+    // (Events' format column came later, schema 9, then policies, 10.)
+    let without_webhooks = "DROP TABLE policies; DROP TABLE decisions; ALTER TABLE run_events DROP COLUMN format;
         DROP TABLE webhooks; DROP TABLE webhook_outbox; DROP TABLE webhook_attempts;";
     connection.execute_batch(&format!("{without_webhooks} DROP TABLE approvals; PRAGMA user_version = 6;")).unwrap();
     drop(connection);
@@ -179,7 +185,7 @@ async fn dynamodb_store_keeps_the_contract() {
     }
     let (client, table) = fresh_table().await;
     let store = DynamoStore::new(client.clone(), table.clone());
-    run_contract(Arc::new(store.clone()), &store, &store).await;
+    run_contract(Arc::new(store.clone()), &store, &store, &store).await;
 
     // A batch over one transaction's 100 items is written in several, of
     // whole runs (3 items each here), in order: one that loses a race

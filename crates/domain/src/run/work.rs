@@ -86,7 +86,9 @@ impl Run {
         Ok(())
     }
 
-    /// The agent asked for approvals: store them with its checkpoint and wait.
+    /// The agent asked for approvals: store them with its checkpoint and
+    /// wait for the ones a person decides (those a rule decided are
+    /// recorded resolved).
     pub fn park(
         &mut self,
         worker: &str,
@@ -96,27 +98,11 @@ impl Run {
         policy: &ExecutionPolicy,
     ) -> Result<(), TransitionError> {
         self.ensure_held_by(worker)?;
-        let requested_at = now.max(self.created_at);
-        let expires_at = requested_at.plus(policy.approval_timeout);
-        let mut approval_ids = Vec::with_capacity(requests.len());
-        for (id, request) in requests {
-            let approval = Approval {
-                id,
-                action: request.action,
-                call: request.call,
-                status: ApprovalStatus::Pending,
-                requested_at,
-                resolved_at: None,
-                comment: None,
-                expires_at: Some(expires_at),
-                expiry_warned: false,
-                resolved_by: None,
-                edited_arguments: None,
-            };
-            approval_ids.push(id);
-            self.record(now, EventData::ApprovalRequested(approval.clone()));
-            self.approvals.push(approval);
+        if requests.iter().all(|(_, request)| request.decided.is_some()) {
+            // Nothing a person could decide: the run would wait for ever.
+            return Err(TransitionError::InvalidState(self.status));
         }
+        let approval_ids = self.add_approvals(requests, now, policy);
         self.stop_clock(now);
         self.status = RunStatus::AwaitingApproval;
         self.lease = None;
@@ -128,6 +114,78 @@ impl Run {
         self.attempts = 0;
         self.checkpoint = Some(checkpoint);
         Ok(())
+    }
+
+    /// Every call the agent asked about was decided by a rule: the
+    /// approvals are recorded resolved, and the run goes on from
+    /// `checkpoint`.
+    pub fn record_rule_decisions(
+        &mut self,
+        worker: &str,
+        requests: Vec<(ApprovalId, ApprovalRequest)>,
+        checkpoint: serde_json::Value,
+        now: Timestamp,
+        policy: &ExecutionPolicy,
+    ) -> Result<(), TransitionError> {
+        self.ensure_held_by(worker)?;
+        if requests.iter().any(|(_, request)| request.decided.is_none()) {
+            return Err(TransitionError::InvalidState(self.status));
+        }
+        self.add_approvals(requests, now, policy);
+        self.renew_lease(worker, now, policy);
+        self.checkpoint = Some(checkpoint);
+        Ok(())
+    }
+
+    /// Adds the approvals asked for, with their events; those a rule
+    /// decided are resolved at once, by the rule. The ids of those left
+    /// pending.
+    fn add_approvals(
+        &mut self,
+        requests: Vec<(ApprovalId, ApprovalRequest)>,
+        now: Timestamp,
+        policy: &ExecutionPolicy,
+    ) -> Vec<ApprovalId> {
+        let requested_at = now.max(self.created_at);
+        let expires_at = requested_at.plus(policy.approval_timeout);
+        let mut pending = Vec::with_capacity(requests.len());
+        for (id, request) in requests {
+            if self.approvals.iter().any(|approval| approval.id == id) {
+                // The write was tried again after one that landed.
+                continue;
+            }
+            let mut approval = Approval {
+                id,
+                action: request.action,
+                call: request.call,
+                status: ApprovalStatus::Pending,
+                requested_at,
+                resolved_at: None,
+                comment: None,
+                // A rule's decision is made as it is asked: nothing to expire.
+                expires_at: request.decided.is_none().then_some(expires_at),
+                expiry_warned: false,
+                resolved_by: None,
+                edited_arguments: None,
+                policy: request.policy,
+            };
+            self.record(now, EventData::ApprovalRequested(approval.clone()));
+            let rule = approval.policy.as_ref().map(|policy| policy.rule.clone());
+            match (request.decided, rule) {
+                (Some(decided), Some(rule)) => {
+                    (approval.status, approval.comment) = match decided {
+                        RuleDecision::Allowed => (ApprovalStatus::Approved, None),
+                        RuleDecision::Denied { reason } => (ApprovalStatus::Rejected, reason),
+                    };
+                    approval.resolved_at = Some(requested_at);
+                    approval.resolved_by = Some(Resolver::Policy(rule));
+                    self.record(now, EventData::ApprovalDecided(approval.clone()));
+                }
+                _ => pending.push(id),
+            }
+            self.approvals.push(approval);
+        }
+        pending
     }
 
     /// A worker that stops (shutdown) hands the run back without using up an attempt.

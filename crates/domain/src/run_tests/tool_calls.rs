@@ -5,10 +5,10 @@ use super::*;
 
 fn awaiting_tool_call() -> Run {
     let mut run = running();
-    let request = ApprovalRequest {
-        action: "Call the tool `deploy`".into(),
-        call: Some(ProposedCall { tool: "deploy".into(), arguments: serde_json::json!({"env": "prod", "version": 7}) }),
-    };
+    let request = ApprovalRequest::call(
+        "Call the tool `deploy`",
+        ProposedCall { tool: "deploy".into(), arguments: serde_json::json!({"env": "prod", "version": 7}) },
+    );
     run.park("w1", vec![(approval_id(1), request)], serde_json::json!({}), at(20), &policy()).unwrap();
     run
 }
@@ -126,4 +126,69 @@ fn a_decision_that_leaves_others_pending_moves_the_sweepers_next_look() {
     );
     let warning = policy().approval_warning.as_millis() as i64;
     assert_eq!(run.due_at, Some(Timestamp::from_millis(at(25).plus(day * 7).millis() - warning)));
+}
+
+fn by_rule(n: u128, decided: Option<RuleDecision>, effect: Effect) -> (ApprovalId, ApprovalRequest) {
+    let policy = PolicyMatch { rule: format!("rule-{n}"), effect, mode: RuleMode::Enforce, version: 2 };
+    let call = ProposedCall { tool: "delete_branch".into(), arguments: serde_json::json!({"n": n}) };
+    (approval_id(n), ApprovalRequest { policy: Some(policy), decided, ..ApprovalRequest::call("Delete", call) })
+}
+
+/// A rule's decision is an approval already resolved, by the rule, with
+/// both events; the run waits only for what a person decides.
+#[test]
+fn calls_a_rule_decided_are_recorded_resolved_and_only_the_rest_wait() {
+    let mut run = running();
+    let requests = vec![
+        by_rule(1, Some(RuleDecision::Allowed), Effect::Allow),
+        by_rule(2, Some(RuleDecision::Denied { reason: Some("too many".into()) }), Effect::Deny),
+        by_rule(3, None, Effect::Ask),
+    ];
+    run.pending_events.clear();
+    run.park("w1", requests, serde_json::json!({}), at(20), &policy()).unwrap();
+    let statuses: Vec<_> = run.approvals.iter().map(|approval| approval.status).collect();
+    assert_eq!(statuses, [ApprovalStatus::Approved, ApprovalStatus::Rejected, ApprovalStatus::Pending]);
+    let denied = &run.approvals[1];
+    assert_eq!(denied.resolved_by, Some(Resolver::Policy("rule-2".into())));
+    assert_eq!((denied.resolved_at, denied.comment.as_deref()), (Some(at(20)), Some("too many")));
+    assert_eq!(run.approvals[2].policy.as_ref().map(|policy| policy.effect), Some(Effect::Ask));
+    assert_eq!(
+        kinds(&run),
+        [
+            "approval.requested",
+            "approval.decided",
+            "approval.requested",
+            "approval.decided",
+            "approval.requested",
+            "run.awaiting_approval"
+        ]
+    );
+    assert!(
+        matches!(&run.pending_events[5].data, EventData::RunAwaitingApproval { approval_ids } if approval_ids == &[approval_id(3)])
+    );
+    // The person's decision is all that resumes it.
+    assert_eq!(
+        run.decide(approval_id(3), ask(Decision::Approve, None), at(30), &policy()),
+        Ok(DecideOutcome::Requeued)
+    );
+}
+
+#[test]
+fn when_rules_decided_every_call_the_run_goes_on_and_never_parks() {
+    let mut run = running();
+    let all_decided = vec![by_rule(1, Some(RuleDecision::Allowed), Effect::Allow)];
+    assert_eq!(
+        run.clone().park("w1", all_decided.clone(), serde_json::json!({}), at(20), &policy()),
+        Err(TransitionError::InvalidState(RunStatus::Running)),
+        "no one could resume it"
+    );
+    run.record_rule_decisions("w1", all_decided, serde_json::json!({"step": 2}), at(20), &policy()).unwrap();
+    assert_eq!((run.status, run.approvals[0].status), (RunStatus::Running, ApprovalStatus::Approved));
+    assert_eq!(run.checkpoint, Some(serde_json::json!({"step": 2})));
+    let asked = vec![by_rule(2, None, Effect::Ask)];
+    assert!(run.record_rule_decisions("w1", asked, serde_json::json!({}), at(21), &policy()).is_err());
+    assert!(
+        run.record_rule_decisions("w2", vec![], serde_json::json!({}), at(21), &policy()).is_err(),
+        "not its lease"
+    );
 }

@@ -14,10 +14,12 @@ use support::{Server, Target, is_timestamp};
 
 mod approvals;
 mod events;
+mod policies;
 mod runs;
 
 use approvals::*;
 use events::*;
+use policies::*;
 use runs::*;
 
 const RUNS: &str = "/v1/agent/runs";
@@ -75,4 +77,5 @@ on_every_target!(
     scopes_limit_what_a_key_may_do_and_decisions_name_their_key,
     the_inbox_lists_approvals_across_runs_newest_first,
     a_batch_decides_across_runs_all_or_nothing,
+    policies_are_replaced_whole_conditionally_tried_on_history_and_enforced,
 );

@@ -16,9 +16,9 @@ use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
 use crate::domain::{
-    AgentDefinition, ApprovalRequest, ApprovalStatus, EventData, EventText, MAX_APPROVAL_ARGUMENTS_BYTES,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, ProposedCall, ProviderKind, ToolCompleted, approval_arguments_bytes,
-    canonical_json,
+    AgentDefinition, ApprovalRequest, ApprovalStatus, EventData, EventText, GatedCall, MAX_APPROVAL_ARGUMENTS_BYTES,
+    MAX_APPROVAL_ARGUMENTS_PER_RUN, Policy, ProposedCall, ProviderKind, Resolver, RuleDecision, ToolCompleted, Verdict,
+    approval_arguments_bytes, canonical_json,
 };
 
 use crate::telemetry::{self, Span, SpanKind};
@@ -197,6 +197,11 @@ struct Transcript {
     pending: Vec<PendingCall>,
 }
 
+/// What the model is told of a call a rule denied.
+fn denied_by(rule: &str, reason: Option<&str>) -> String {
+    format!("denied by policy {rule}: {}", reason.unwrap_or("no reason given"))
+}
+
 fn shorten(text: &str, max_chars: usize) -> String {
     if text.chars().count() <= max_chars {
         return text.to_owned();
@@ -219,10 +224,6 @@ impl LlmAgent {
         Ok((tool, tool.check_arguments(&call.arguments)?))
     }
 
-    fn needs_approval(&self, call: &ToolCall) -> bool {
-        self.tool(&call.name).is_some_and(|tool| tool.definition.requires_approval)
-    }
-
     /// The checkpoint for the worker to save, unless it grew too large.
     fn save(&self, transcript: &Transcript) -> Result<serde_json::Value, Step> {
         let value = serde_json::to_value(transcript)
@@ -241,19 +242,38 @@ impl LlmAgent {
         self.save(transcript).map_or_else(|failed| failed, Step::Checkpoint)
     }
 
-    /// What a human is asked: the call in plain words, and exactly.
-    fn approval_request(&self, call: &ToolCall) -> ApprovalRequest {
-        // Only checked calls wait for approval, but the definition may have
-        // changed since: the model's text is shown then (the call is checked
-        // again before it is made).
+    /// What the owner's policy, or else the tool, says of a call of `tool`.
+    fn verdict(&self, tool: &Tool, arguments: &serde_json::Value, policy: &Policy) -> Verdict {
+        policy.evaluate(&GatedCall {
+            agent: &self.definition.name,
+            tool: &tool.definition.name,
+            arguments,
+            requires_approval: tool.definition.requires_approval,
+            always_ask: tool.definition.always_ask,
+        })
+    }
+
+    /// What a human is asked about the call (the call in plain words, and
+    /// exactly), or what a rule of `policy` decided for them; `None` when
+    /// the call runs without an approval.
+    fn approval_request(&self, call: &ToolCall, policy: &Policy) -> Option<ApprovalRequest> {
+        let tool = self.tool(&call.name)?;
+        // Only checked calls get here, but the definition may have changed
+        // since: the model's text is used then (the call is checked again
+        // before it is made).
         let arguments = self.checked(call).map(|(_, arguments)| arguments).unwrap_or_else(|_| {
             serde_json::from_str(&call.arguments).unwrap_or_else(|_| serde_json::Value::String(call.arguments.clone()))
         });
+        let (policy, decided) = match self.verdict(tool, &arguments, policy) {
+            Verdict::Run => return None,
+            Verdict::Ask { policy } => (policy, None),
+            Verdict::Allowed { policy } => (Some(policy), Some(RuleDecision::Allowed)),
+            Verdict::Denied { policy, reason } => (Some(policy), Some(RuleDecision::Denied { reason })),
+        };
         let shown = canonical_json(&arguments);
-        ApprovalRequest {
-            action: format!("Call the tool `{}` with {}", call.name, shorten(&shown, MAX_ACTION_ARGUMENT_CHARS)),
-            call: Some(ProposedCall { tool: call.name.clone(), arguments }),
-        }
+        let action = format!("Call the tool `{}` with {}", call.name, shorten(&shown, MAX_ACTION_ARGUMENT_CHARS));
+        let call = ProposedCall { tool: call.name.clone(), arguments };
+        Some(ApprovalRequest { policy, decided, ..ApprovalRequest::call(action, call) })
     }
 
     /// Answers the first pending call: runs it, or tells the model a human
@@ -287,11 +307,17 @@ impl LlmAgent {
                     },
                 }
             }
-            Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => {
-                let comment =
-                    approval.comment.as_deref().map(|comment| format!(" Their comment: {comment}")).unwrap_or_default();
-                ToolOutcome::error(format!("A human reviewer rejected this call; it was not made.{comment}"))
-            }
+            Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => match &approval.resolved_by {
+                Some(Resolver::Policy(rule)) => ToolOutcome::error(denied_by(rule, approval.comment.as_deref())),
+                _ => {
+                    let comment = approval
+                        .comment
+                        .as_deref()
+                        .map(|comment| format!(" Their comment: {comment}"))
+                        .unwrap_or_default();
+                    ToolOutcome::error(format!("A human reviewer rejected this call; it was not made.{comment}"))
+                }
+            },
             _ => return Step::Failed("The approval this run waited for is missing or undecided.".into()),
         };
         transcript.messages.push(Message::Tool {
@@ -381,7 +407,7 @@ impl LlmAgent {
 
     /// Asks the model what to do next.
     async fn ask_model(&self, step: StepInput<'_>, mut transcript: Transcript) -> Step {
-        let StepInput { approvals, usage, budget, events, .. } = step;
+        let StepInput { approvals, usage, budget, events, policy, .. } = step;
         if let Some(spent) = budget.within(self.definition.budget()).refuses_model_call(usage.as_ref()) {
             return Step::Failed(spent);
         }
@@ -450,22 +476,27 @@ impl LlmAgent {
         for call in reply.tool_calls {
             // Calls that cannot be made are answered at once, never put to a human.
             let refused = match self.checked(&call) {
-                Ok((tool, arguments)) if tool.definition.requires_approval => {
+                Ok((tool, arguments)) => {
+                    // An approval keeps the arguments, whoever decides it.
                     let size = canonical_json(&arguments).len();
-                    if size > MAX_APPROVAL_ARGUMENTS_BYTES {
-                        Some(format!(
+                    match self.verdict(tool, &arguments, policy) {
+                        Verdict::Run => None,
+                        // Too large to keep on an approval: denied all the same.
+                        Verdict::Denied { policy, reason } if size > MAX_APPROVAL_ARGUMENTS_BYTES.min(room) => {
+                            Some(denied_by(&policy.rule, reason.as_deref()))
+                        }
+                        _ if size > MAX_APPROVAL_ARGUMENTS_BYTES => Some(format!(
                             "The arguments are too long to put to a human reviewer (over {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON); the call was not made. Send shorter arguments."
-                        ))
-                    } else if size > room {
-                        Some(format!(
+                        )),
+                        _ if size > room => Some(format!(
                             "This run has put as many arguments to human reviewers as it may ({proposals} bytes as JSON); the call was not made."
-                        ))
-                    } else {
-                        room -= size;
-                        None
+                        )),
+                        _ => {
+                            room -= size;
+                            None
+                        }
                     }
                 }
-                Ok(_) => None,
                 Err(problem) => Some(problem),
             };
             match refused {
@@ -483,6 +514,10 @@ impl Agent for LlmAgent {
         Ok(())
     }
 
+    fn calls_tools(&self) -> bool {
+        true
+    }
+
     async fn step(&self, step: StepInput<'_>) -> Step {
         let mut transcript = match step.checkpoint.map(|value| serde_json::from_value::<Transcript>(value.clone())) {
             None => {
@@ -494,20 +529,27 @@ impl Agent for LlmAgent {
         if transcript.pending.is_empty() {
             return self.ask_model(step, transcript).await;
         }
-        // Every gated call of the model's turn is put to a human at once.
+        // Every call of the model's turn that the owner's policy or the tool
+        // puts to a human is put at once; those a rule decided are
+        // recorded with them.
         let first_approval = step.approvals.len();
         let mut requests = Vec::new();
         for pending in &mut transcript.pending {
-            if pending.approval.is_none() && self.needs_approval(&pending.call) {
+            if pending.approval.is_some() {
+                continue;
+            }
+            if let Some(request) = self.approval_request(&pending.call, step.policy) {
                 pending.approval = Some(first_approval + requests.len());
-                requests.push(self.approval_request(&pending.call));
+                requests.push(request);
             }
         }
         if !requests.is_empty() {
-            // No one is asked to approve a call the budget no longer allows
-            // (a call already decided is checked as it is answered).
+            // No one is asked to approve, and no rule lets through, a call
+            // the budget no longer allows (a call already decided is checked
+            // as it is answered).
+            let may_call = requests.iter().any(|request| !matches!(request.decided, Some(RuleDecision::Denied { .. })));
             let budget = step.budget.within(self.definition.budget());
-            if let Some(spent) = budget.refuses_tool_call(step.usage.as_ref()) {
+            if may_call && let Some(spent) = budget.refuses_tool_call(step.usage.as_ref()) {
                 return Step::Failed(spent);
             }
             return match self.save(&transcript) {

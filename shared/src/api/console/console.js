@@ -84,6 +84,7 @@ function status(name) {
 // Loads the list (or its next page); the first entry is opened unless the
 // person is looking at a run (`keep`), as after a decision.
 async function loadList(more, keep) {
+  if (state.view === "policy") return loadPolicy();
   const agent = $("agent-filter").value.trim();
   const params = new URLSearchParams();
   let path;
@@ -105,6 +106,35 @@ async function loadList(more, keep) {
     if (!more) state.selected = -1;
     renderList();
     if (!more && !keep && state.items.length) select(0);
+  } catch (error) {
+    failed(error);
+  }
+}
+
+// The owner's approval policy, read only: each rule and when it applies.
+async function loadPolicy() {
+  try {
+    const policy = await api("/v1/policies");
+    state.items = [];
+    state.cursor = null;
+    const list = $("list");
+    list.replaceChildren(
+      el("li", { class: "meta" }, policy.version
+        ? "Policy version " + policy.version + " · put " + policy.updated_at + " by " + policy.updated_by
+        : "No policy: each tool's own setting decides which calls need a person."),
+    );
+    for (const rule of policy.rules) {
+      const when = rule.when.map((c) => el("div", { class: "meta" }, "when " + c.path + " " + c.op + " " + JSON.stringify(c.value)));
+      list.append(el(
+        "li",
+        { class: "rule" },
+        el("div", {}, el("strong", {}, rule.id), " " + rule.effect + (rule.mode === "log_only" ? " (log only)" : "")),
+        el("div", { class: "meta" }, "agent " + rule.agent + " · tool " + rule.tool),
+        ...when,
+        rule.reason ? el("div", { class: "meta" }, "reason: " + rule.reason) : null,
+      ));
+    }
+    $("more").hidden = true;
   } catch (error) {
     failed(error);
   }
@@ -252,6 +282,12 @@ function approvalView(run, approval) {
       box.append(el("pre", { class: "edited" }, JSON.stringify(approval.edited_arguments, null, 2)));
     }
   }
+  if (approval.policy) {
+    const rule = approval.policy;
+    box.append(el("div", { class: "meta policy" }, rule.mode === "log_only"
+      ? "policy rule " + rule.rule + " (log only) would " + rule.effect
+      : "policy rule " + rule.rule + ": " + rule.effect + " (version " + rule.version + ")"));
+  }
   if (approval.resolved_by) box.append(el("div", { class: "meta" }, "decided by " + approval.resolved_by + (approval.comment ? ": " + approval.comment : "")));
   if (approval.status !== "pending") return box;
   box.dataset.pending = "";
@@ -390,6 +426,7 @@ function showView(view) {
   state.cursor = null;
   $("tab-inbox").setAttribute("aria-pressed", String(view === "inbox"));
   $("tab-runs").setAttribute("aria-pressed", String(view === "runs"));
+  $("tab-policy").setAttribute("aria-pressed", String(view === "policy"));
   $("agent-filter-label").hidden = view !== "inbox";
   $("status-filter-label").hidden = view !== "runs";
   loadList(false);
@@ -428,6 +465,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("tab-inbox").addEventListener("click", () => showView("inbox"));
   $("tab-runs").addEventListener("click", () => showView("runs"));
+  $("tab-policy").addEventListener("click", () => showView("policy"));
   $("refresh").addEventListener("click", () => loadList(false));
   $("more").addEventListener("click", () => loadList(true));
   $("status-filter").addEventListener("change", () => loadList(false));

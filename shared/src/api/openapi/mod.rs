@@ -14,9 +14,9 @@ use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
 use super::{batch, create, events, inbox, webhooks};
 use crate::domain::{
-    ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS,
+    ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS, MAX_DISAGREEMENTS,
     MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS,
-    MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER, RETRY_DELAYS, RunStatus,
+    MAX_RULES, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER, RETRY_DELAYS, RunStatus,
 };
 
 pub const PATH: &str = "/v1/openapi.json";
@@ -33,6 +33,7 @@ pub fn error_codes() -> Vec<(u16, &'static str)> {
         ApiError::NotFound(String::new()),
         ApiError::MethodNotAllowed { allow: String::new() },
         ApiError::Conflict(String::new()),
+        ApiError::PreconditionFailed(String::new()),
         ApiError::RequestTimeout,
         ApiError::RequestTooLarge,
         ApiError::UnsupportedMediaType,
@@ -142,6 +143,121 @@ fn webhook_response(description: &str, with_secret: bool) -> Value {
         "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
         "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
     })
+}
+
+/// A policy, its rules and what a test of rules answers.
+fn policy_schemas() -> serde_json::Map<String, Value> {
+    // The value's type follows from the op.
+    let value_of = |ops: Value, value: Value| json!({"if": {"properties": {"op": ops}, "required": ["op"]}, "then": {"properties": {"value": value}}});
+    let condition = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["path", "op", "value"],
+        "allOf": [
+            value_of(json!({"enum": ["<", "<=", ">", ">="]}), json!({"type": "number"})),
+            value_of(json!({"enum": ["in", "not_in"]}), json!({"type": "array"})),
+            value_of(json!({"enum": ["prefix", "matches"]}), json!({"type": "string", "maxLength": 1024})),
+            value_of(json!({"const": "exists"}), json!({"type": "boolean"}))
+        ],
+        "properties": {
+            "path": {"type": "string", "pattern": "^(/.*)?$", "description": "A JSON Pointer (RFC 6901) into the call's arguments."},
+            "op": {"type": "string", "enum": ["==", "!=", "<", "<=", ">", ">=", "in", "not_in", "prefix", "matches", "exists"]},
+            "value": {"description": "A number for `<`..`>=`, an array for `in`/`not_in`, a string for `prefix` and `matches` (a regular expression matching the whole string), true or false for `exists`."}
+        }
+    });
+    let rule_properties = json!({
+        "id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"},
+        "agent": {"type": "string", "minLength": 1, "maxLength": 1024, "default": "*", "description": "A glob: `*` any run of characters, `?` one."},
+        "tool": {"type": "string", "minLength": 1, "maxLength": 1024, "default": "*", "description": "A glob over tool names (an MCP tool is `<server>__<tool>`)."},
+        "effect": {"type": "string", "enum": ["allow", "deny", "ask"]},
+        "mode": {"type": "string", "enum": ["enforce", "log_only"], "default": "enforce"},
+        "reason": {"type": ["string", "null"], "maxLength": 500, "description": "Told to the model when the rule denies a call."},
+        "when": {"type": "array", "items": {"$ref": "#/components/schemas/PolicyCondition"}, "description": "Every condition must hold."}
+    });
+    let rules = |items: &str| json!({"type": "array", "maxItems": MAX_RULES, "items": {"$ref": items}});
+    let count = json!({"type": "integer", "minimum": 0});
+    let tally = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["matched", "agreed", "disagreed"],
+        "properties": {"matched": count, "agreed": count, "disagreed": count}
+    });
+    let schemas = json!({
+        "PolicyCondition": condition,
+        "PolicyRuleInput": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "effect"],
+            "properties": rule_properties
+        },
+        "PolicyRule": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "agent", "tool", "effect", "mode", "reason", "when"],
+            "properties": rule_properties
+        },
+        "PolicyInput": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["rules"],
+            "properties": {"rules": rules("#/components/schemas/PolicyRuleInput")}
+        },
+        "Policy": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["version", "rules", "updated_at", "updated_by"],
+            "properties": {
+                "version": {"type": "integer", "minimum": 0, "description": "0 until the first put; one more with each put. The ETag."},
+                "rules": rules("#/components/schemas/PolicyRule"),
+                "updated_at": timestamp(true),
+                "updated_by": {"type": ["string", "null"], "pattern": format!("^key_{ULID}$")}
+            }
+        },
+        "PolicyTest": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["rules"],
+            "properties": {
+                "rules": rules("#/components/schemas/PolicyRuleInput"),
+                "limit": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 1_000, "description": "How many of the most recent decisions to replay."}
+            }
+        },
+        "PolicyTestResult": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["evaluated", "would_allow", "would_deny", "would_ask", "disagreements", "rules"],
+            "properties": {
+                "evaluated": count,
+                "would_allow": count,
+                "would_deny": count,
+                "would_ask": count,
+                "disagreements": {
+                    "type": "array",
+                    "maxItems": MAX_DISAGREEMENTS,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": false,
+                        "required": ["run_id", "approval_id", "agent", "tool", "arguments", "human", "rule", "effect"],
+                        "properties": {
+                            "run_id": {"type": "string", "pattern": format!("^run_{ULID}$")},
+                            "approval_id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
+                            "agent": {"type": "string"},
+                            "tool": {"type": "string"},
+                            "arguments": {"description": "As proposed."},
+                            "human": {"type": "string", "enum": ["approved", "edited", "rejected"]},
+                            "rule": {"type": "string"},
+                            "effect": {"type": "string", "enum": ["allow", "deny"]}
+                        }
+                    }
+                },
+                "rules": {"type": "object", "additionalProperties": tally}
+            }
+        }
+    });
+    match schemas {
+        Value::Object(map) => map,
+        _ => unreachable!("an object"),
+    }
 }
 
 fn webhook_schemas() -> serde_json::Map<String, Value> {
@@ -287,7 +403,7 @@ impl<'a> Parts<'a> {
         let approval = json!({
             "type": "object",
             "additionalProperties": false,
-            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments"],
+            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments", "policy"],
             "properties": {
                 "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
                 "kind": {"type": "string", "enum": [ApprovalKind::Action.as_str(), ApprovalKind::ToolCall.as_str()], "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly."},
@@ -301,7 +417,19 @@ impl<'a> Parts<'a> {
                 "resolved_at": timestamp(true),
                 "comment": {"type": ["string", "null"]},
                 "expires_at": {"description": "When a pending approval expires: the run then fails.", "anyOf": [timestamp(true)]},
-                "resolved_by": {"type": ["string", "null"], "pattern": format!("^key_{ULID}$"), "description": "The id of the API key that approved or rejected it; null while pending and for a cancel or expiry."}
+                "resolved_by": {"type": ["string", "null"], "pattern": format!("^(key_{ULID}|policy:[a-z0-9][a-z0-9_-]{{0,62}})$"), "description": "The id of the API key that approved or rejected it, or `policy:<rule id>` for a call a rule of the owner's policy decided; null while pending and for a cancel or expiry."},
+                "policy": {
+                    "description": "The rule of the owner's policy that decided the call (an `ask` rule included) or, when none decided, the first matching `log_only` rule with the effect it would have had; null otherwise.",
+                    "type": ["object", "null"],
+                    "additionalProperties": false,
+                    "required": ["rule", "effect", "mode", "version"],
+                    "properties": {
+                        "rule": {"type": "string"},
+                        "effect": {"type": "string", "enum": ["allow", "deny", "ask"]},
+                        "mode": {"type": "string", "enum": ["enforce", "log_only"]},
+                        "version": {"type": "integer", "minimum": 1}
+                    }
+                }
             }
         });
         let mut inbox_entry = approval.clone();
@@ -412,6 +540,7 @@ mod tests {
             expiry_warned: false,
             resolved_by: None,
             edited_arguments: None,
+            policy: None,
         });
         let view = serde_json::to_value(RunView::new(&run, crate::views::Shown::default())).unwrap();
         let schemas = &builtin()["components"]["schemas"];
@@ -436,7 +565,7 @@ mod tests {
     fn every_error_code_and_status_filter_is_listed() {
         let document = builtin();
         let codes = &document["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"];
-        assert_eq!(codes.as_array().unwrap().len(), 12);
+        assert_eq!(codes.as_array().unwrap().len(), 13);
         let statuses = &document["paths"]["/v1/agent/runs"]["get"]["parameters"][0]["schema"]["enum"];
         assert_eq!(statuses.as_array().unwrap().len(), RunStatus::ALL.len() + 1, "the six states and empty");
         let agents = &document["components"]["schemas"]["CreateRun"]["properties"]["agent"]["examples"];

@@ -270,5 +270,55 @@ pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
                 "404": webhook_not_found.clone()
             }),
         ),
+        Operation::GetPolicy => operation(
+            route.operation_id,
+            "Get the owner's approval policy",
+            json!([]),
+            None,
+            json!({"200": policy_response("The policy in force (version 0 and no rules until the first put).")}),
+        ),
+        Operation::PutPolicy => operation(
+            route.operation_id,
+            "Replace the owner's approval policy",
+            json!([{
+                "name": "If-Match",
+                "in": "header",
+                "required": false,
+                "description": "The version to replace, as the ETag shows it (`\"3\"`); another put since answers 412.",
+                "schema": {"type": "string", "pattern": "^\"[0-9]+\"$"}
+            }]),
+            Some(
+                json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PolicyInput"}}}}),
+            ),
+            json!({
+                "200": policy_response("The new policy, one version on."),
+                "409": error_response("Other puts kept coming first; send it again.", &[]),
+                "412": error_response("The policy is no longer at the version If-Match names.", &[])
+            }),
+        ),
+        Operation::TestPolicy => operation(
+            route.operation_id,
+            "Try rules on the tool calls people decided",
+            json!([]),
+            Some(
+                json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PolicyTest"}}}}),
+            ),
+            json!({"200": {
+                "description": "What the rules would have done with the most recent decisions; nothing is changed.",
+                "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PolicyTestResult"}}}
+            }}),
+        ),
     }
+}
+
+fn policy_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "headers": {
+            "x-request-id": {"$ref": "#/components/headers/RequestId"},
+            "ETag": header("The policy's version, in quotes: send it as If-Match.", json!({"type": "string"}))
+        },
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Policy"}}}
+    })
 }

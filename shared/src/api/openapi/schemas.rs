@@ -159,5 +159,6 @@ pub(super) fn document(paths: serde_json::Map<String, Value>, parts: &Parts<'_>)
     });
     let schemas = document["components"]["schemas"].as_object_mut().expect("an object");
     schemas.extend(webhook_schemas());
+    schemas.extend(policy_schemas());
     document
 }

@@ -153,7 +153,12 @@ pub(super) fn event_put(
         EventData::ApprovalDecided(approval)
         | EventData::ApprovalExpired(approval)
         | EventData::ApprovalCanceled(approval) => {
-            Some(inbox_keys(run, approval.status, approval.requested_at, Some(approval.id)))
+            let mut keys = inbox_keys(run, approval.status, approval.requested_at, Some(approval.id));
+            // A person's decision of a call is history a policy is tried on.
+            if let Some(decided) = DecidedCall::of(run.id, &run.agent, approval) {
+                keys.extend(super::policies::decision_attributes(&run.owner, &decided));
+            }
+            Some(keys)
         }
         _ => None,
     };

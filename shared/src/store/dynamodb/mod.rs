@@ -70,6 +70,7 @@ mod count;
 mod items;
 mod keys;
 mod migrate;
+mod policies;
 mod reads;
 mod runs;
 mod upkeep;
@@ -87,13 +88,15 @@ use super::{
     RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage, views_of,
 };
 use crate::domain::{
-    Approval, ApprovalId, ApprovalStatus, Event, EventData, Owner, RunId, RunStatus, StoreNote, Timestamp,
+    Approval, ApprovalId, ApprovalStatus, DecidedCall, Event, EventData, Owner, RunId, RunStatus, StoreNote, Timestamp,
 };
 use crate::views::Shown;
 
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
 pub const APPROVALS_INDEX: &str = "gsi3";
+/// The tool calls people decided, newest first (approval policies' tests).
+pub const DECISIONS_INDEX: &str = "gsi4";
 /// Index entries an inbox Query with the agent filter reads at a time.
 const INBOX_FILTERED_READ: usize = 1_000;
 /// The most items one `TransactWriteItems` may hold.

@@ -1,0 +1,10 @@
+//! `policies`: every `/v1/policies` operation behind API Gateway (the
+//! owner's approval policy, and rules tried on its history).
+
+use agent_runs_shared::api::Operation;
+use agent_runs_shared::lambda;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda::Error> {
+    lambda::run_http(Some(Operation::GetPolicy)).await
+}

@@ -1,0 +1,151 @@
+//! The owner's approval policy deciding a defined agent's tool calls: what
+//! a rule denied never runs and the model is told why; what a rule allowed
+//! runs without a person; both leave an approval resolved by the rule.
+
+use super::*;
+use agent_runs_shared::domain::{Effect, KeyId, Resolver, RuleMode, parse_rules};
+use agent_runs_shared::store::PolicyStore;
+use support::stand_in::reply;
+
+async fn put_policy(fixture: &Fixture, rules: Value) {
+    let rules = parse_rules(&json!({ "rules": rules })).unwrap();
+    let key = KeyId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1));
+    let owner = Owner::parse("acme").unwrap();
+    fixture.store.put_policy(&owner, None, &rules, fixture.clock.now(), key).await.unwrap().unwrap();
+}
+
+fn two_deletes() -> Turn {
+    reply(json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "delete_branch", "arguments": r#"{"branch": "main"}"#}},
+        {"id": "call_2", "type": "function", "function": {"name": "delete_branch", "arguments": r#"{"branch": "feature/x"}"#}}
+    ]}))
+}
+
+#[tokio::test]
+pub(super) async fn rules_decide_calls_without_a_person_and_say_so_on_the_record() {
+    let fixture = Fixture::new().await;
+    put_policy(
+        &fixture,
+        json!([
+            {"id": "protect-main", "tool": "delete_branch", "effect": "deny", "reason": "main is protected",
+             "when": [{"path": "/branch", "op": "==", "value": "main"}]},
+            {"id": "feature-branches", "tool": "delete_*", "effect": "allow",
+             "when": [{"path": "/branch", "op": "prefix", "value": "feature/"}]},
+        ]),
+    )
+    .await;
+    fixture.stand_in.script(vec![two_deletes(), text("Deleted feature/x; main is protected.")]);
+    let message = fixture.create("Delete main and feature/x").await;
+
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded, "no one was asked");
+    let run = fixture.run(&message).await;
+    let decided: Vec<(ApprovalStatus, Option<String>)> = run
+        .approvals
+        .iter()
+        .map(|approval| (approval.status, approval.resolved_by.as_ref().map(ToString::to_string)))
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            (ApprovalStatus::Rejected, Some("policy:protect-main".into())),
+            (ApprovalStatus::Approved, Some("policy:feature-branches".into()))
+        ]
+    );
+    let named = run.approvals[0].policy.clone().unwrap();
+    assert_eq!(
+        (named.rule.as_str(), named.effect, named.mode, named.version),
+        ("protect-main", Effect::Deny, RuleMode::Enforce, 1)
+    );
+    assert_eq!(run.approvals[0].resolved_at, Some(run.approvals[0].requested_at));
+    // The denied call never reached the tool; the allowed one did, once.
+    let calls = fixture.stand_in.tool_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "feature/x"}));
+    // The model was told why.
+    let second = messages(&fixture, 1);
+    let told: Vec<&str> = second
+        .iter()
+        .filter(|message| message["role"] == "tool")
+        .filter_map(|message| message["content"].as_str())
+        .collect();
+    assert_eq!(told[0], "denied by policy protect-main: main is protected");
+    // The audit trail: each decision requested and decided, by the rule.
+    let log = events(&fixture, &message).await;
+    let approvals: Vec<(&str, &Value)> = log
+        .iter()
+        .filter(|(kind, _)| kind.starts_with("approval."))
+        .map(|(kind, data)| (kind.as_str(), &data["resolved_by"]))
+        .collect();
+    assert_eq!(
+        approvals,
+        [
+            ("approval.requested", &Value::Null),
+            ("approval.decided", &json!("policy:protect-main")),
+            ("approval.requested", &Value::Null),
+            ("approval.decided", &json!("policy:feature-branches")),
+        ]
+    );
+    let decided = &log.iter().find(|(kind, _)| kind == "approval.decided").unwrap().1;
+    assert_eq!(decided["policy"], json!({"rule": "protect-main", "effect": "deny", "mode": "enforce", "version": 1}));
+    assert!(!log.iter().any(|(kind, _)| kind == "run.awaiting_approval"));
+}
+
+/// A log_only rule never decides; the approval a person decides records
+/// what it would have done. An ask rule puts a call the tool would have
+/// run to a person.
+#[tokio::test]
+pub(super) async fn log_only_rules_are_recorded_and_ask_rules_gate_any_tool() {
+    let fixture = Fixture::new().await;
+    put_policy(
+        &fixture,
+        json!([
+            {"id": "would-allow", "tool": "delete_branch", "effect": "allow", "mode": "log_only"},
+            {"id": "ask-lookups", "tool": "lookup", "effect": "ask", "when": [{"path": "/id", "op": "matches", "value": "SEC-[0-9]+"}]},
+        ]),
+    )
+    .await;
+    fixture.stand_in.script(vec![
+        tool_call("call_1", "delete_branch", r#"{"branch": "old"}"#),
+        tool_call("call_2", "lookup", r#"{"id": "SEC-9"}"#),
+        text("Done."),
+    ]);
+    let message = fixture.create("Delete old, then look SEC-9 up").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    let run = fixture.run(&message).await;
+    let first = &run.approvals[0];
+    assert_eq!((first.status, first.resolved_by.as_ref()), (ApprovalStatus::Pending, None));
+    let named = first.policy.clone().unwrap();
+    assert_eq!((named.rule.as_str(), named.effect, named.mode), ("would-allow", Effect::Allow, RuleMode::LogOnly));
+    fixture.decide(&message, Decision::Approve, None).await;
+    // The lookup needs no approval of its own, but the rule asks.
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    let run = fixture.run(&message).await;
+    assert_eq!(
+        run.approvals[1].policy.as_ref().map(|policy| (policy.rule.as_str(), policy.effect)),
+        Some(("ask-lookups", Effect::Ask))
+    );
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1, "only the approved delete ran");
+    fixture.decide(&message, Decision::Reject, Some("not now")).await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1);
+    let third = messages(&fixture, 2);
+    let told = third.last().unwrap()["content"].as_str().unwrap();
+    assert!(told.contains("A human reviewer rejected this call") && told.contains("not now"), "{told}");
+    let decided = fixture.run(&message).await;
+    assert_eq!(decided.approvals[1].status, ApprovalStatus::Rejected);
+    assert!(!matches!(decided.approvals[1].resolved_by, Some(Resolver::Policy(_))), "a person decided it");
+}
+
+/// A tool that always asks is never let through by a rule.
+#[tokio::test]
+pub(super) async fn a_tool_that_always_asks_is_never_allowed_by_a_rule() {
+    let fixture = Fixture::with(|definition| definition["tools"][1]["always_ask"] = json!(true), 256 * 1024).await;
+    put_policy(&fixture, json!([{"id": "all", "effect": "allow"}])).await;
+    fixture.stand_in.script(vec![tool_call("call_1", "delete_branch", r#"{"branch": "feature/y"}"#), text("Done.")]);
+    let message = fixture.create("Delete feature/y").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    let run = fixture.run(&message).await;
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Pending);
+    assert_eq!(run.approvals[0].policy.as_ref().map(|policy| policy.effect), Some(Effect::Ask));
+    assert!(fixture.stand_in.tool_calls().is_empty());
+}
