@@ -23,9 +23,11 @@ use ulid::Ulid;
 
 mod checks;
 mod dynamodb;
+mod policies;
 mod sqlite;
 
 use checks::*;
+use policies::*;
 use dynamodb::*;
 
 const T0: u64 = 1_795_303_478_123;

@@ -1,0 +1,147 @@
+//! Candidate rules tried on the calls people decided.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::{Effect, GatedCall, Policy, PolicyMatch, Rule, RuleMode, Verdict};
+use crate::Timestamp;
+
+/// How a person decided a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HumanDecision {
+    Approved,
+    Edited,
+    Rejected,
+}
+
+impl HumanDecision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HumanDecision::Approved => "approved",
+            HumanDecision::Edited => "edited",
+            HumanDecision::Rejected => "rejected",
+        }
+    }
+}
+
+/// A tool call a person decided, as the history keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecidedCall {
+    pub run_id: crate::RunId,
+    pub approval_id: crate::ApprovalId,
+    pub agent: String,
+    pub tool: String,
+    /// As proposed.
+    pub arguments: Value,
+    pub human: HumanDecision,
+    pub resolved_at: Timestamp,
+}
+
+impl DecidedCall {
+    /// `approval` of the run `run_id` (of `agent`) as the history keeps
+    /// it: only a tool call, and only once a person decided it.
+    pub fn of(run_id: crate::RunId, agent: &str, approval: &crate::Approval) -> Option<DecidedCall> {
+        let call = approval.call.as_ref()?;
+        if !matches!(approval.resolved_by, Some(crate::Resolver::Key(_))) {
+            return None;
+        }
+        let human = match approval.status {
+            crate::ApprovalStatus::Rejected => HumanDecision::Rejected,
+            crate::ApprovalStatus::Approved if approval.edited_arguments.is_some() => HumanDecision::Edited,
+            crate::ApprovalStatus::Approved => HumanDecision::Approved,
+            _ => return None,
+        };
+        Some(DecidedCall {
+            run_id,
+            approval_id: approval.id,
+            agent: agent.to_owned(),
+            tool: call.tool.clone(),
+            arguments: call.arguments.clone(),
+            human,
+            resolved_at: approval.resolved_at?,
+        })
+    }
+}
+
+/// The most disagreements a replay lists.
+pub const MAX_DISAGREEMENTS: usize = 100;
+
+/// What candidate rules would have done with past decisions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Replay {
+    pub evaluated: usize,
+    pub would_allow: usize,
+    pub would_deny: usize,
+    pub would_ask: usize,
+    /// Newest first, at most [`MAX_DISAGREEMENTS`].
+    pub disagreements: Vec<(DecidedCall, PolicyMatch)>,
+    /// Per rule id: matched, agreed, disagreed.
+    pub rules: BTreeMap<String, RuleTally>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleTally {
+    pub matched: usize,
+    pub agreed: usize,
+    pub disagreed: usize,
+}
+
+/// Replays `rules` over `history` (newest first), each call as the person
+/// saw it (a call put to a person needed one). Only the deciding `enforce`
+/// rule agrees or disagrees (a `log_only` rule never decides; an `ask`
+/// neither agrees nor disagrees).
+pub fn replay(rules: Vec<Rule>, history: &[DecidedCall]) -> Replay {
+    let policy = Policy { rules, ..Policy::default() };
+    let mut replay = Replay { evaluated: history.len(), ..Replay::default() };
+    for rule in &policy.rules {
+        replay.rules.insert(rule.id.clone(), RuleTally::default());
+    }
+    for decided in history {
+        let call = GatedCall {
+            agent: &decided.agent,
+            tool: &decided.tool,
+            arguments: &decided.arguments,
+            requires_approval: true,
+            always_ask: false,
+        };
+        for rule in policy.rules.iter().filter(|rule| rule.matches(&call)) {
+            if let Some(tally) = replay.rules.get_mut(&rule.id) {
+                tally.matched += 1;
+            }
+        }
+        let named = match policy.evaluate(&call) {
+            Verdict::Allowed { policy } => {
+                replay.would_allow += 1;
+                Some(policy)
+            }
+            Verdict::Denied { policy, .. } => {
+                replay.would_deny += 1;
+                Some(policy)
+            }
+            Verdict::Ask { policy } => {
+                replay.would_ask += 1;
+                policy.filter(|policy| policy.mode == RuleMode::Enforce)
+            }
+            Verdict::Run => None,
+        };
+        let Some(named) = named else { continue };
+        let agrees = match (named.effect, decided.human) {
+            (Effect::Ask, _) => continue,
+            (Effect::Allow, HumanDecision::Rejected)
+            | (Effect::Deny, HumanDecision::Approved | HumanDecision::Edited) => false,
+            _ => true,
+        };
+        if let Some(tally) = replay.rules.get_mut(&named.rule) {
+            if agrees {
+                tally.agreed += 1;
+            } else {
+                tally.disagreed += 1;
+            }
+        }
+        if !agrees && replay.disagreements.len() < MAX_DISAGREEMENTS {
+            replay.disagreements.push((decided.clone(), named));
+        }
+    }
+    replay
+}
