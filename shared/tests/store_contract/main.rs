@@ -27,8 +27,8 @@ mod policies;
 mod sqlite;
 
 use checks::*;
-use policies::*;
 use dynamodb::*;
+use policies::*;
 
 const T0: u64 = 1_795_303_478_123;
 
