@@ -1,8 +1,8 @@
 //! Approval policies, and the history of the tool calls people decided.
 
 use super::*;
-use agent_runs_shared::domain::{DecidedCall, Policy, Rule, canonical_json};
-use agent_runs_shared::store::{PolicyStore, decode_policy, encode_policy, parse_human_decision};
+use agent_runs_shared::domain::{DecidedCall, HumanDecision, Policy, Rule, canonical_json};
+use agent_runs_shared::store::{PolicyStore, decode_policy, encode_policy};
 
 /// Adds the calls a person decided in `events` to the history, in the
 /// write that records the decision.
@@ -54,7 +54,7 @@ impl DecisionRow {
             agent: self.agent,
             tool: self.tool,
             arguments: serde_json::from_str(&self.arguments).map_err(|_| malformed())?,
-            human: parse_human_decision(&self.decision)?,
+            human: HumanDecision::parse(&self.decision).ok_or_else(malformed)?,
             resolved_at: Timestamp::from_millis(self.resolved_at),
         })
     }

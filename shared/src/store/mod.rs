@@ -29,7 +29,7 @@ pub use dynamodb::{
 };
 pub use event_record::{EVENT_FORMAT, EventBody, EventFormat, RENDERED_FORMAT};
 pub use layer::{Answer, Call, Hooks, Layered};
-pub use policy_record::{decode_policy, encode_policy, parse_human_decision};
+pub use policy_record::{decode_policy, encode_policy};
 
 /// An owner's runs not yet ended, unless `AGENT_RUNS_MAX_ACTIVE_RUNS` says otherwise.
 pub const DEFAULT_MAX_ACTIVE_RUNS: u32 = 1_000;

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use crate::domain::{HumanDecision, Policy, Rule, Timestamp, rules_from_json, rules_json};
+use crate::domain::{Policy, Rule, Timestamp, rules_from_json, rules_json};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredPolicy {
@@ -34,15 +34,6 @@ pub fn decode_policy(version: u64, text: &str) -> Result<Policy, StoreError> {
         updated_at: Some(Timestamp::from_millis(stored.updated_at)),
         updated_by: Some(stored.updated_by.parse().map_err(|_| malformed("updated_by"))?),
     })
-}
-
-pub fn parse_human_decision(text: &str) -> Result<HumanDecision, StoreError> {
-    match text {
-        "approved" => Ok(HumanDecision::Approved),
-        "edited" => Ok(HumanDecision::Edited),
-        "rejected" => Ok(HumanDecision::Rejected),
-        _ => Err(malformed("decision")),
-    }
 }
 
 #[cfg(test)]

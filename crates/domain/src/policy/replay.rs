@@ -23,6 +23,12 @@ impl HumanDecision {
             HumanDecision::Rejected => "rejected",
         }
     }
+
+    pub fn parse(text: &str) -> Option<HumanDecision> {
+        [HumanDecision::Approved, HumanDecision::Edited, HumanDecision::Rejected]
+            .into_iter()
+            .find(|human| human.as_str() == text)
+    }
 }
 
 /// A tool call a person decided, as the history keeps it.

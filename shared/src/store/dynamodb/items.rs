@@ -182,13 +182,16 @@ pub(super) fn event_put(
     Ok(TransactWriteItem::builder().put(put).build())
 }
 
+/// The item's number attribute `name`, as `T`.
+pub(super) fn number<T: std::str::FromStr>(item: &Item, name: &str) -> Result<T, StoreError> {
+    item.get(name)
+        .and_then(|value| value.as_n().ok())
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| defect(format!("an item without a numeric {name}")))
+}
+
 pub(super) fn decode_event_item(item: &Item) -> Result<StoredEvent, StoreError> {
-    let number = |name: &str| -> Result<i64, StoreError> {
-        item.get(name)
-            .and_then(|value| value.as_n().ok())
-            .and_then(|text| text.parse().ok())
-            .ok_or_else(|| defect(format!("event item without a numeric {name}")))
-    };
+    let number = |name: &str| number::<i64>(item, name);
     // Events written before the stored record have no format; one this
     // release does not know fails where the event is shown.
     let format = match item.contains_key("fmt") {

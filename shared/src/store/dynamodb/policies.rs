@@ -8,9 +8,9 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 
-use super::{DECISIONS_INDEX, DynamoStore, Item, defect, n, s, text, unavailable};
-use crate::domain::{DecidedCall, KeyId, Owner, Policy, Rule, RunId, Timestamp, canonical_json};
-use crate::store::{PolicyStore, StoreError, decode_policy, encode_policy, parse_human_decision};
+use super::{DECISIONS_INDEX, DynamoStore, Item, defect, n, number, s, text, unavailable};
+use crate::domain::{DecidedCall, HumanDecision, KeyId, Owner, Policy, Rule, RunId, Timestamp, canonical_json};
+use crate::store::{PolicyStore, StoreError, decode_policy, encode_policy};
 
 const POLICY_SK: &str = "POLICY";
 
@@ -45,7 +45,7 @@ fn decode_decision(item: Item) -> Result<DecidedCall, StoreError> {
         agent: text(&item, "agent")?.to_owned(),
         tool: text(&item, "call_tool")?.to_owned(),
         arguments: serde_json::from_str(text(&item, "call_arguments")?).map_err(|_| malformed())?,
-        human: parse_human_decision(text(&item, "decision")?)?,
+        human: HumanDecision::parse(text(&item, "decision")?).ok_or_else(malformed)?,
         resolved_at: Timestamp::from_millis(at.parse().map_err(|_| malformed())?),
     })
 }
@@ -56,7 +56,7 @@ impl PolicyStore for DynamoStore {
         let Some(item) = self.get_item(policy_pk(owner), POLICY_SK.into()).await? else {
             return Ok(Policy::default());
         };
-        let version = text_number(&item, "version")?;
+        let version = number(&item, "version")?;
         decode_policy(version, text(&item, "document")?)
     }
 
@@ -91,7 +91,7 @@ impl PolicyStore for DynamoStore {
         };
         match update.send().await {
             Ok(output) => {
-                let version = output.attributes.as_ref().map(|item| text_number(item, "version")).transpose()?;
+                let version = output.attributes.as_ref().map(|item| number(item, "version")).transpose()?;
                 let version = version.ok_or_else(|| defect("a policy put came back without its version"))?;
                 decode_policy(version, &document).map(Some)
             }
@@ -118,11 +118,4 @@ impl PolicyStore for DynamoStore {
             .scan_index_forward(false);
         self.query_up_to(query, None, limit, decode_decision).await
     }
-}
-
-fn text_number(item: &Item, name: &str) -> Result<u64, StoreError> {
-    item.get(name)
-        .and_then(|value| value.as_n().ok())
-        .and_then(|number| number.parse().ok())
-        .ok_or_else(|| defect(format!("a policy item without a numeric {name}")))
 }
