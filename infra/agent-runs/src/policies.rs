@@ -112,9 +112,13 @@ fn test_table(result: &Value) -> String {
     );
     out.push_str(&format!("{:<24} {:>8} {:>8} {:>10}\n", "RULE", "MATCHED", "AGREED", "DISAGREED"));
     for (rule, tally) in result["rules"].as_object().into_iter().flatten() {
+        // A JSON value ignores widths: the counts as numbers, to line up.
+        let count = |name: &str| tally[name].as_u64().unwrap_or_default();
         out.push_str(&format!(
             "{rule:<24} {:>8} {:>8} {:>10}\n",
-            tally["matched"], tally["agreed"], tally["disagreed"]
+            count("matched"),
+            count("agreed"),
+            count("disagreed")
         ));
     }
     let disagreements = result["disagreements"].as_array().map_or(&[][..], Vec::as_slice);
