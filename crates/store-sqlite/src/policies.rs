@@ -60,24 +60,44 @@ impl DecisionRow {
     }
 }
 
-#[async_trait]
-impl PolicyStore for SqliteStore {
-    async fn policy(&self, owner: &Owner) -> Result<Policy, StoreError> {
+impl SqliteStore {
+    /// The owner's document, unless it is still version `known` (`None`);
+    /// the default document when none was put.
+    async fn read_policy(&self, owner: &Owner, known: Option<u64>) -> Result<Option<Policy>, StoreError> {
         let owner = owner.to_string();
-        let row: Option<(i64, String)> = self
+        // A stored version is never negative: -1 matches none.
+        let known_version = known.map_or(-1, |version| i64::try_from(version).unwrap_or(-1));
+        let row: Option<(i64, Option<String>)> = self
             .read(move |connection| {
                 connection
-                    .prepare_cached("SELECT version, document FROM policies WHERE owner = ?1")
+                    .prepare_cached(
+                        "SELECT version, CASE WHEN version = ?2 THEN NULL ELSE document END FROM policies WHERE owner = ?1",
+                    )
                     .and_then(|mut statement| {
-                        statement.query_row([owner], |row| Ok((row.get(0)?, row.get(1)?))).optional()
+                        statement
+                            .query_row(rusqlite::params![owner, known_version], |row| Ok((row.get(0)?, row.get(1)?)))
+                            .optional()
                     })
                     .map_err(unavailable)
             })
             .await?;
         match row {
-            None => Ok(Policy::default()),
-            Some((version, document)) => decode_policy(version.max(0) as u64, &document),
+            None if known == Some(0) => Ok(None),
+            None => Ok(Some(Policy::default())),
+            Some((_, None)) => Ok(None),
+            Some((version, Some(document))) => decode_policy(version.max(0) as u64, &document).map(Some),
         }
+    }
+}
+
+#[async_trait]
+impl PolicyStore for SqliteStore {
+    async fn policy(&self, owner: &Owner) -> Result<Policy, StoreError> {
+        Ok(self.read_policy(owner, None).await?.unwrap_or_default())
+    }
+
+    async fn policy_unless(&self, owner: &Owner, known: u64) -> Result<Option<Policy>, StoreError> {
+        self.read_policy(owner, Some(known)).await
     }
 
     async fn put_policy(

@@ -48,7 +48,8 @@ pub struct AwsMigrateArgs {
 }
 
 /// `agent-runs aws-migrate`: moves a table written before the sharded
-/// layout to it, and says what it moved.
+/// layout to it, puts decisions made before the history index into it,
+/// and says what it did.
 pub async fn migrate(args: AwsMigrateArgs) -> Result<(), Error> {
     // The stack's limit (AGENT_RUNS_MAX_ACTIVE_RUNS) lays out the count.
     let limit = agent_runs_shared::config::Config::from_env()?.limits.max_active_runs;
@@ -62,5 +63,7 @@ pub async fn migrate(args: AwsMigrateArgs) -> Result<(), Error> {
     if migrated.skipped > 0 {
         return Err("some items changed while being moved: run aws-migrate again".into());
     }
+    let indexed = store.index_decisions().await.map_err(|error| agent_runs_shared::error_chain(&error))?;
+    println!("indexed {indexed} decisions people made for policy tests");
     Ok(())
 }

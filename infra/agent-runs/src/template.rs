@@ -253,7 +253,7 @@ pub const FUNCTIONS: [Function; 17] = [
         extra: "",
         environment: &[],
         // A test replays up to 10,000 decisions read from their index.
-        grants: &[Grant::Table(&["GetItem", "PutItem"]), Grant::Indexes(&["gsi4"])],
+        grants: &[Grant::Table(&["GetItem", "UpdateItem"]), Grant::Indexes(&["gsi4"])],
         trigger: Trigger::Routes,
     },
     Function {

@@ -38,8 +38,8 @@ pub struct StepInput<'a> {
     pub events: &'a mut Vec<EventData>,
     /// Set by the agent when the step starts what must not be cut off.
     pub must_finish: &'a MustFinish,
-    /// The owner's approval policy, as read when the run was claimed (an
-    /// empty one for agents that make no tool calls).
+    /// The owner's approval policy, as read before this step (an empty one
+    /// for a step that judges no calls).
     pub policy: &'a Policy,
 }
 
@@ -82,9 +82,10 @@ pub trait Agent: Send + Sync + 'static {
 
     async fn step(&self, input: StepInput<'_>) -> Step;
 
-    /// Whether its tool calls are put to the owner's approval policy (the
-    /// worker then reads it for each claim).
-    fn calls_tools(&self) -> bool {
+    /// Whether the step from `checkpoint` puts tool calls to the owner's
+    /// approval policy: the worker reads the policy in force only for such
+    /// a step (a model's turn), never once per call.
+    fn judges_calls(&self, _checkpoint: Option<&serde_json::Value>) -> bool {
         false
     }
 }

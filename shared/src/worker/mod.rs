@@ -4,6 +4,7 @@
 //! lease is still the run's, so a late or duplicate worker can never
 //! overwrite a state it does not own.
 
+mod policies;
 mod pool;
 mod step;
 mod sweeper;
@@ -106,9 +107,8 @@ pub struct Worker {
     /// How often the lease is renewed (and progress saved) while the agent works.
     heartbeat_every: Duration,
     id: String,
-    /// Where owners' approval policies are read; none: every tool decides
-    /// for itself.
-    policies: Option<Arc<dyn PolicyStore>>,
+    /// Owners' approval policies; none: every tool decides for itself.
+    policies: Option<Arc<policies::PolicyCache>>,
 }
 
 /// Between steps that write nothing, the run is read at most this often to
@@ -144,7 +144,7 @@ impl Worker {
 
     /// Applies each owner's approval policy to its runs' tool calls.
     pub fn with_policies(self, policies: Arc<dyn PolicyStore>) -> Self {
-        Worker { policies: Some(policies), ..self }
+        Worker { policies: Some(Arc::new(policies::PolicyCache::new(policies))), ..self }
     }
 
     /// Handles one message to the end. `stop` asks the worker to hand the

@@ -2,6 +2,7 @@
 //! lease is kept, what it reports written with the state it leads to, and
 //! between steps the checkpoint saved or the run read for a cancel.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::watch;
@@ -37,14 +38,20 @@ impl Worker {
             let error = format!("The agent `{}` is no longer configured.", attempt.run.agent);
             return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;
         };
-        let policy = match &self.policies {
-            Some(policies) if agent.calls_tools() => policies.policy(&attempt.run.owner).await?,
-            _ => Policy::default(),
-        };
+        let no_policy = Arc::new(Policy::default());
         let mut usage = attempt.run.usage;
         let mut step_events = Vec::new();
         let mut last_check = Instant::now();
         loop {
+            // Read before each step that judges calls (the one that asks the
+            // model), so a document put during a run applies from the
+            // model's next turn.
+            let policy = match &self.policies {
+                Some(policies) if agent.judges_calls(attempt.checkpoint.as_ref()) => {
+                    policies.in_force(&attempt.run.owner).await?
+                }
+                _ => no_policy.clone(),
+            };
             let (input, approvals) = (attempt.run.input.clone(), attempt.run.approvals.clone());
             let must_finish = MustFinish::default();
             let stepping = agent.step(StepInput {

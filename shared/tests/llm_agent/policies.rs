@@ -4,7 +4,7 @@
 
 use super::*;
 use agent_runs_shared::domain::{Effect, KeyId, Resolver, RuleMode, parse_rules};
-use agent_runs_shared::store::PolicyStore;
+use agent_runs_shared::store::{PolicyStore, StoreError};
 use support::stand_in::reply;
 
 async fn put_policy(fixture: &Fixture, rules: Value) {
@@ -148,4 +148,122 @@ pub(super) async fn a_tool_that_always_asks_is_never_allowed_by_a_rule() {
     assert_eq!(run.approvals[0].status, ApprovalStatus::Pending);
     assert_eq!(run.approvals[0].policy.as_ref().map(|policy| policy.effect), Some(Effect::Ask));
     assert!(fixture.stand_in.tool_calls().is_empty());
+}
+
+/// The policy is read before each of the model's turns: a document put
+/// while the run works (here while its first tool call runs) decides the
+/// next turn's calls, within the same claim.
+#[tokio::test]
+pub(super) async fn a_policy_put_during_a_run_applies_from_the_next_turn() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![
+        tool_call("call_1", "lookup", r#"{"id": "SEC-1"}"#),
+        tool_call("call_2", "lookup", r#"{"id": "SEC-2"}"#),
+        text("Looked one up."),
+    ]);
+    fixture.stand_in.delay_tools(std::time::Duration::from_millis(300));
+    let message = fixture.create("Look SEC-1 and SEC-2 up").await;
+    let put_while_the_first_call_runs = async {
+        while fixture.stand_in.tool_calls().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        put_policy(&fixture, json!([{"id": "no-lookups", "tool": "lookup", "effect": "deny", "reason": "frozen"}]))
+            .await;
+    };
+    let (outcome, ()) = tokio::join!(fixture.process(&message), put_while_the_first_call_runs);
+    assert_eq!(outcome, Outcome::Succeeded);
+    let calls = fixture.stand_in.tool_calls();
+    assert_eq!(calls.len(), 1, "the second turn's call was denied: {calls:?}");
+    let run = fixture.run(&message).await;
+    assert_eq!(run.approvals.len(), 1, "the first call needed no approval; the second was denied by the rule");
+    assert_eq!(run.approvals[0].resolved_by.as_ref().map(ToString::to_string), Some("policy:no-lookups".into()));
+    assert_eq!(run.approvals[0].policy.as_ref().map(|policy| policy.version), Some(1));
+}
+
+/// Counts the reads of the policy and the documents decoded, over the real
+/// store.
+struct CountedPolicies {
+    store: agent_runs_store_sqlite::SqliteStore,
+    reads: std::sync::atomic::AtomicUsize,
+    decoded: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl PolicyStore for CountedPolicies {
+    async fn policy(&self, owner: &Owner) -> Result<agent_runs_shared::domain::Policy, StoreError> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.decoded.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.policy(owner).await
+    }
+    async fn policy_unless(
+        &self,
+        owner: &Owner,
+        known: u64,
+    ) -> Result<Option<agent_runs_shared::domain::Policy>, StoreError> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let read = self.store.policy_unless(owner, known).await?;
+        self.decoded.fetch_add(usize::from(read.is_some()), std::sync::atomic::Ordering::SeqCst);
+        Ok(read)
+    }
+    async fn put_policy(
+        &self,
+        owner: &Owner,
+        expected: Option<u64>,
+        rules: &[agent_runs_shared::domain::Rule],
+        at: Timestamp,
+        by: KeyId,
+    ) -> Result<Option<agent_runs_shared::domain::Policy>, StoreError> {
+        self.store.put_policy(owner, expected, rules, at, by).await
+    }
+    async fn decided_calls(
+        &self,
+        owner: &Owner,
+        limit: usize,
+    ) -> Result<Vec<agent_runs_shared::domain::DecidedCall>, StoreError> {
+        self.store.decided_calls(owner, limit).await
+    }
+}
+
+/// The policy costs one read per model turn, not per call, and its
+/// document is decoded (its patterns compiled) once per process while its
+/// version stays.
+#[tokio::test]
+pub(super) async fn the_policy_is_read_once_per_turn_and_decoded_once_per_version() {
+    let fixture = Fixture::new().await;
+    put_policy(
+        &fixture,
+        json!([{"id": "ask-sec", "tool": "lookup", "effect": "ask",
+        "when": [{"path": "/id", "op": "matches", "value": "SEC-[0-9]+"}]}]),
+    )
+    .await;
+    let three_lookups = || {
+        reply(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": r#"{"id": "T-1"}"#}},
+            {"id": "call_2", "type": "function", "function": {"name": "lookup", "arguments": r#"{"id": "T-2"}"#}},
+            {"id": "call_3", "type": "function", "function": {"name": "lookup", "arguments": r#"{"id": "T-3"}"#}}
+        ]}))
+    };
+    fixture.stand_in.script(vec![three_lookups(), text("Three found."), three_lookups(), text("Again.")]);
+    let counted = Arc::new(CountedPolicies {
+        store: fixture.store.clone(),
+        reads: Default::default(),
+        decoded: Default::default(),
+    });
+    let worker = Worker::new(
+        Arc::new(fixture.store.clone()),
+        fixture.agents.clone(),
+        fixture.clock.clone(),
+        fixture.policy.clone(),
+    )
+    .with_policies(counted.clone());
+    let count = |counter: &std::sync::atomic::AtomicUsize| counter.load(std::sync::atomic::Ordering::SeqCst);
+
+    let first = fixture.create("Look three up").await;
+    assert_eq!(worker.process(&first, &running()).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(fixture.stand_in.tool_calls().len(), 3);
+    assert_eq!((count(&counted.reads), count(&counted.decoded)), (2, 1), "two turns, three calls");
+
+    let second = fixture.create("Look three up again").await;
+    assert_eq!(worker.process(&second, &running()).await.unwrap(), Outcome::Succeeded);
+    assert_eq!((count(&counted.reads), count(&counted.decoded)), (4, 1), "the same version is not decoded again");
 }

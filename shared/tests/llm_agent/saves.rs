@@ -47,23 +47,32 @@ pub(super) async fn an_approved_call_whose_result_cannot_be_saved_once_is_still_
 #[tokio::test]
 pub(super) async fn a_park_that_cannot_be_written_hands_the_run_back_as_it_was_before_the_step() {
     let fixture = Fixture::new().await;
-    fixture.stand_in.script(vec![tool_call("call_9", "delete_branch", r#"{"branch": "old"}"#), text("Deleted old.")]);
+    let delete = || tool_call("call_9", "delete_branch", r#"{"branch": "old"}"#);
+    fixture.stand_in.script(vec![delete(), delete(), text("Deleted old.")]);
     let message = fixture.create("Delete the branch old").await;
 
-    // Updates: the claim, the save of the model's answer, then the park.
-    let plan = OnCalls::nth("update", 3, Fault::FailBefore);
+    // Updates: the claim, then the park, which carries the model's answer
+    // with the approval it asks for (nothing ran before it).
+    let plan = OnCalls::nth("update", 2, Fault::FailBefore);
     let worker = fixture.faulty_worker(plan, &fixture.policy);
     assert!(worker.process(&message, &running()).await.is_err());
     let run = fixture.run(&message).await;
     assert_eq!(run.status, RunStatus::Queued, "handed back");
     assert!(run.approvals.is_empty());
+    assert!(run.checkpoint.is_none(), "as before the step: the answer went with the park");
 
-    // The retry asks for the approval again rather than fail for want of it.
+    // The retry asks the model again, then for the approval, rather than
+    // fail for want of it.
     assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    assert_eq!(fixture.run(&message).await.approvals.len(), 1);
     fixture.decide(&message, Decision::Approve, None).await;
     assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
     assert_eq!(fixture.stand_in.tool_calls().len(), 1, "the tool is called exactly once");
-    assert_eq!(fixture.stand_in.model_requests().len(), 2, "the park's step asks no model");
+    assert_eq!(
+        fixture.stand_in.model_requests().len(),
+        3,
+        "the lost answer was asked for again; the park's resume asks once"
+    );
 }
 
 #[tokio::test]

@@ -32,6 +32,11 @@ pub(super) async fn policies_are_replaced_whole_and_tried_on_what_people_decided
     let fresh = policies.put_policy(&owner("policies-new"), None, &rules("ask"), at, key).await.unwrap().unwrap();
     assert_eq!(fresh.version, 1);
     assert_eq!(policies.policy(&owner("policies-other")).await.unwrap().version, 0, "per owner");
+    // A reader that knows a version gets the document only once it changed.
+    assert_eq!(policies.policy_unless(&acme, 3).await.unwrap(), None);
+    assert_eq!(policies.policy_unless(&acme, 2).await.unwrap(), Some(third.clone()));
+    assert_eq!(policies.policy_unless(&owner("policies-other"), 0).await.unwrap(), None, "none put: version 0");
+    assert_eq!(policies.policy_unless(&owner("policies-other"), 4).await.unwrap(), Some(Default::default()));
 
     // Three calls decided by a person (approve, edit, reject), one by a
     // rule, one still pending, and a script action: only the first three
@@ -97,4 +102,55 @@ pub(super) async fn policies_are_replaced_whole_and_tried_on_what_people_decided
     assert_eq!((history[0].run_id, history[0].approval_id), (runs[0].id, runs[0].approvals[0].id));
     assert_eq!(policies.decided_calls(&acme, 2).await.unwrap(), history[..2]);
     assert!(policies.decided_calls(&owner("policies-other"), 10).await.unwrap().is_empty());
+}
+
+/// Decisions people made before the history had its index (their event
+/// items without its keys, as an earlier release wrote them) are put into
+/// it by `aws-migrate`'s pass, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn dynamodb_decisions_made_before_the_index_are_indexed() {
+    use agent_runs_shared::domain::{ApprovalRequest, ProposedCall};
+    use aws_sdk_dynamodb::types::AttributeValue;
+    if emulator::without_emulator("dynamodb_decisions_made_before_the_index_are_indexed") {
+        return;
+    }
+    let (client, table) = fresh_table().await;
+    let store = DynamoStore::new(client.clone(), table.clone());
+    let policy = ExecutionPolicy::default();
+    let key = KeyId::from_ulid(Ulid::from_parts(T0, 5));
+    let mut run = new_run("indexed", 1, 1);
+    insert(&store, &mut run).await;
+    let at = Timestamp::from_millis(T0 as i64 + 1);
+    run.claim("w", at, &policy).unwrap();
+    let approval = ApprovalId::from_ulid(Ulid::from_parts(T0 + 1, 1));
+    let call = ProposedCall { tool: "delete_branch".into(), arguments: serde_json::json!({"branch": "old"}) };
+    run.park("w", vec![(approval, ApprovalRequest::call("a", call))], serde_json::json!({}), at, &policy).unwrap();
+    store.update(&mut run).await.unwrap();
+    let request =
+        DecisionRequest { decision: Decision::Reject, comment: None, seen_sha256: None, decided_by: Some(key) };
+    run.decide(approval, request, Timestamp::from_millis(T0 as i64 + 2), &policy).unwrap();
+    store.update(&mut run).await.unwrap();
+    let indexed = store.decided_calls(&owner("indexed"), 10).await.unwrap();
+    assert_eq!(indexed.len(), 1);
+
+    // As an earlier release left it: the event item without the index's
+    // keys and the call.
+    let items = client.scan().table_name(&table).send().await.unwrap().items.unwrap_or_default();
+    let decided: Vec<_> =
+        items.iter().filter(|item| item.get("type") == Some(&AttributeValue::S("approval.decided".into()))).collect();
+    assert_eq!(decided.len(), 1);
+    client
+        .update_item()
+        .table_name(&table)
+        .key("pk", decided[0]["pk"].clone())
+        .key("sk", decided[0]["sk"].clone())
+        .update_expression("REMOVE gsi4pk, gsi4sk, call_tool, call_arguments, decision")
+        .send()
+        .await
+        .unwrap();
+    assert!(store.decided_calls(&owner("indexed"), 10).await.unwrap().is_empty());
+
+    assert_eq!(store.index_decisions().await.unwrap(), 1);
+    assert_eq!(store.decided_calls(&owner("indexed"), 10).await.unwrap(), indexed, "as a release of now writes it");
+    assert_eq!(store.index_decisions().await.unwrap(), 0, "once");
 }

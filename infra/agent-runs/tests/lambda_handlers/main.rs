@@ -7,6 +7,9 @@
 mod stand_in;
 #[path = "../support/mod.rs"]
 mod support;
+#[path = "../../src/template.rs"]
+#[allow(dead_code)]
+mod template;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,7 +38,43 @@ mod conflicts;
 mod runs;
 mod webhooks;
 
-/// Records the name of every AWS operation the clients send.
+tokio::task_local! {
+    /// The Lambda function whose handler is running (as template.yaml
+    /// names it), so each AWS call can be held to that function's grants.
+    static FUNCTION: &'static str;
+}
+
+/// Whether template.yaml lets `function` send `operation`.
+fn granted(function: &str, operation: &str) -> bool {
+    let Some(function) = template::FUNCTIONS.iter().find(|candidate| candidate.name == function) else {
+        return false;
+    };
+    function.grants.iter().any(|grant| match grant {
+        template::Grant::Table(actions) | template::Grant::Queue(_, actions) => actions.contains(&operation),
+        template::Grant::Indexes(_) => operation == "Query",
+        template::Grant::Bedrock => false,
+    })
+}
+
+/// The IAM actions that allow `operation` with this request body: a
+/// transaction is allowed by each of its items' actions.
+fn iam_actions(operation: &str, body: Option<&[u8]>) -> Vec<String> {
+    if operation != "TransactWriteItems" {
+        return vec![operation.to_owned()];
+    }
+    let body: Value = serde_json::from_slice(body.unwrap_or_default()).unwrap_or_default();
+    let items = body["TransactItems"].as_array().cloned().unwrap_or_default();
+    let kinds = items.iter().filter_map(Value::as_object).flat_map(|item| item.keys().cloned().collect::<Vec<_>>());
+    kinds
+        .map(|kind| match kind.as_str() {
+            "ConditionCheck" => "ConditionCheckItem".to_owned(),
+            kind => format!("{kind}Item"),
+        })
+        .collect()
+}
+
+/// Records the name of every AWS operation the clients send, and fails a
+/// call a handler makes that its function's IAM role would refuse.
 #[derive(Debug, Clone, Default)]
 struct CallLog(Arc<Mutex<Vec<String>>>);
 
@@ -55,6 +94,14 @@ impl Intercept for CallLog {
     ) -> Result<(), BoxError> {
         let target = context.request().headers().get("x-amz-target").unwrap_or_default();
         let operation = target.rsplit('.').next().unwrap_or_default();
+        if let Ok(function) = FUNCTION.try_with(|function| *function) {
+            for action in iam_actions(operation, context.request().body().bytes()) {
+                assert!(
+                    granted(function, &action),
+                    "the {function} function sends {action}, which template.yaml does not grant it"
+                );
+            }
+        }
         self.0.lock().unwrap().push(operation.to_owned());
         Ok(())
     }
@@ -153,7 +200,10 @@ impl Aws {
         event["headers"]["authorization"] = format!("Bearer {}", self.key).into();
         event["body"] = body.map_or(Value::Null, |body| body.to_string().into());
         let request = lambda_http::request::from_str(&event.to_string()).unwrap();
-        let response = from_api_response(self.api.handle_as(Some(operation), into_api_request(request)).await);
+        let function =
+            agent_runs_shared::api::ROUTES.iter().find(|route| route.operation == operation).unwrap().function;
+        let handled = self.api.handle_as(Some(operation), into_api_request(request));
+        let response = from_api_response(FUNCTION.scope(function, handled).await);
         assert_eq!(response.headers()["x-request-id"], "CIvM5hJ0IAMEbHg=", "API Gateway's request id");
         assert_eq!(response.headers()["content-type"], "application/json");
         let status = response.status().as_u16();
@@ -210,7 +260,8 @@ impl Aws {
 
     async fn run_worker(&self, event: SqsEvent) -> Vec<String> {
         let (_stop_sender, stop) = watch::channel(false);
-        let response = handle_batch(&self.worker, self.services.services.adapters.queue.as_ref(), event, &stop).await;
+        let handled = handle_batch(&self.worker, self.services.services.adapters.queue.as_ref(), event, &stop);
+        let response = FUNCTION.scope("worker", handled).await;
         response.batch_item_failures.into_iter().map(|failure| failure.item_identifier).collect()
     }
 }

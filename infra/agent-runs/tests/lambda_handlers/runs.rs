@@ -269,6 +269,11 @@ pub(super) async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactl
         stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
         stand_in::text("Deleted old."),
     ]);
+    // A rule tried in log_only mode: recorded on the approval a person decides.
+    let rules =
+        json!({"rules": [{"id": "old-branches", "tool": "delete_branch", "effect": "allow", "mode": "log_only"}]});
+    let (status, put) = aws.invoke(Operation::PutPolicy, "PUT", "/v1/policies", Some(rules)).await;
+    assert_eq!((status, put["version"].as_u64()), (200, Some(1)), "{put}");
 
     let body = json!({"agent": "janitor", "input": "Delete the branch old"});
     let (status, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(body)).await;
@@ -280,6 +285,10 @@ pub(super) async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactl
     let (_, waiting) = aws.invoke(Operation::Get, "GET", &path, None).await;
     assert_eq!(waiting["status"], "awaiting_approval", "{waiting}");
     assert_eq!(waiting["pending_approvals"][0]["action"], r#"Call the tool `delete_branch` with {"branch":"old"}"#);
+    assert_eq!(
+        waiting["pending_approvals"][0]["policy"],
+        json!({"rule": "old-branches", "effect": "allow", "mode": "log_only", "version": 1})
+    );
     assert_eq!(waiting["usage"], json!({"input_tokens": 10, "output_tokens": 5, "total_tokens": 15, "tool_calls": 0}));
     assert!(model.tool_calls().is_empty());
 

@@ -16,9 +16,9 @@ use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
 use crate::domain::{
-    AgentDefinition, ApprovalRequest, ApprovalStatus, EventData, EventText, GatedCall, MAX_APPROVAL_ARGUMENTS_BYTES,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, Policy, ProposedCall, ProviderKind, Resolver, RuleDecision, ToolCompleted, Verdict,
-    approval_arguments_bytes, canonical_json,
+    AgentDefinition, ApprovalRequest, ApprovalStatus, Budget, EventData, EventText, GatedCall,
+    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Policy, ProposedCall, ProviderKind, Resolver,
+    RuleDecision, ToolCompleted, Usage, Verdict, approval_arguments_bytes, canonical_json,
 };
 
 use crate::telemetry::{self, Span, SpanKind};
@@ -195,6 +195,11 @@ struct Transcript {
     model_calls: u32,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pending: Vec<PendingCall>,
+    /// Whether the pending calls were judged (put to the policy and to
+    /// people) in the step that asked for them; a checkpoint of an earlier
+    /// release has them judged in the next step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    judged: bool,
 }
 
 /// What the model is told of a call a rule denied.
@@ -405,6 +410,43 @@ impl LlmAgent {
         Some(span)
     }
 
+    /// Puts every call of the model's turn that the owner's policy or the
+    /// tool puts to a human at once, with those a rule decided; `None` when
+    /// no call waits for a decision.
+    fn put_to_people(
+        &self,
+        transcript: &mut Transcript,
+        first_approval: usize,
+        policy: &Policy,
+        budget: Budget,
+        usage: Option<&Usage>,
+    ) -> Option<Step> {
+        let mut requests = Vec::new();
+        for pending in &mut transcript.pending {
+            if pending.approval.is_some() {
+                continue;
+            }
+            if let Some(request) = self.approval_request(&pending.call, policy) {
+                pending.approval = Some(first_approval + requests.len());
+                requests.push(request);
+            }
+        }
+        if requests.is_empty() {
+            return None;
+        }
+        // No one is asked to approve, and no rule lets through, a call the
+        // budget no longer allows (a call already decided is checked as it
+        // is answered).
+        let may_call = requests.iter().any(|request| !matches!(request.decided, Some(RuleDecision::Denied { .. })));
+        if may_call && let Some(spent) = budget.within(self.definition.budget()).refuses_tool_call(usage) {
+            return Some(Step::Failed(spent));
+        }
+        Some(match self.save(transcript) {
+            Ok(checkpoint) => Step::AwaitApproval { requests, checkpoint },
+            Err(failed) => failed,
+        })
+    }
+
     /// Asks the model what to do next.
     async fn ask_model(&self, step: StepInput<'_>, mut transcript: Transcript) -> Step {
         let StepInput { approvals, usage, budget, events, policy, .. } = step;
@@ -504,6 +546,13 @@ impl LlmAgent {
                 None => transcript.pending.push(PendingCall { call, approval: None }),
             }
         }
+        // Judged in this step, under the policy the room above was
+        // reckoned with.
+        transcript.judged = true;
+        let first_approval = approvals.len();
+        if let Some(asked) = self.put_to_people(&mut transcript, first_approval, policy, budget, usage.as_ref()) {
+            return asked;
+        }
         self.checkpoint(&transcript)
     }
 }
@@ -514,8 +563,14 @@ impl Agent for LlmAgent {
         Ok(())
     }
 
-    fn calls_tools(&self) -> bool {
-        true
+    fn judges_calls(&self, checkpoint: Option<&serde_json::Value>) -> bool {
+        // Read without decoding the transcript: the step asks the model
+        // unless calls are pending, and calls pending from a checkpoint of
+        // an earlier release are judged first.
+        let Some(checkpoint) = checkpoint else { return true };
+        let pending =
+            checkpoint.get("pending").and_then(serde_json::Value::as_array).is_some_and(|pending| !pending.is_empty());
+        !pending || checkpoint.get("judged") != Some(&serde_json::Value::Bool(true))
     }
 
     async fn step(&self, step: StepInput<'_>) -> Step {
@@ -529,33 +584,12 @@ impl Agent for LlmAgent {
         if transcript.pending.is_empty() {
             return self.ask_model(step, transcript).await;
         }
-        // Every call of the model's turn that the owner's policy or the tool
-        // puts to a human is put at once; those a rule decided are
-        // recorded with them.
-        let first_approval = step.approvals.len();
-        let mut requests = Vec::new();
-        for pending in &mut transcript.pending {
-            if pending.approval.is_some() {
-                continue;
+        if !transcript.judged {
+            transcript.judged = true;
+            let (first_approval, budget, usage) = (step.approvals.len(), step.budget, step.usage.as_ref());
+            if let Some(asked) = self.put_to_people(&mut transcript, first_approval, step.policy, budget, usage) {
+                return asked;
             }
-            if let Some(request) = self.approval_request(&pending.call, step.policy) {
-                pending.approval = Some(first_approval + requests.len());
-                requests.push(request);
-            }
-        }
-        if !requests.is_empty() {
-            // No one is asked to approve, and no rule lets through, a call
-            // the budget no longer allows (a call already decided is checked
-            // as it is answered).
-            let may_call = requests.iter().any(|request| !matches!(request.decided, Some(RuleDecision::Denied { .. })));
-            let budget = step.budget.within(self.definition.budget());
-            if may_call && let Some(spent) = budget.refuses_tool_call(step.usage.as_ref()) {
-                return Step::Failed(spent);
-            }
-            return match self.save(&transcript) {
-                Ok(checkpoint) => Step::AwaitApproval { requests, checkpoint },
-                Err(failed) => failed,
-            };
         }
         self.answer_pending(step, transcript).await
     }

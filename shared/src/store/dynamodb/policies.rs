@@ -8,7 +8,7 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 
-use super::{DECISIONS_INDEX, DynamoStore, Item, defect, n, number, s, text, unavailable};
+use super::{DECISIONS_INDEX, DynamoStore, Item, RUN_SK, decode_run, defect, n, number, run_pk, s, text, unavailable};
 use crate::domain::{DecidedCall, HumanDecision, KeyId, Owner, Policy, Rule, RunId, Timestamp, canonical_json};
 use crate::store::{PolicyStore, StoreError, decode_policy, encode_policy};
 
@@ -50,14 +50,101 @@ fn decode_decision(item: Item) -> Result<DecidedCall, StoreError> {
     })
 }
 
+impl DynamoStore {
+    /// Puts the tool calls people decided before the history had its index
+    /// into it: their `approval.decided` event items get the index's keys
+    /// and the call, as one written now has them. The number indexed. Safe
+    /// while the stack runs and to run again: an item already in the index
+    /// is left as it is. Scans the runs: an admin operation.
+    pub async fn index_decisions(&self) -> Result<usize, StoreError> {
+        let mut indexed = 0;
+        for item in self.scan_kind(RUN_SK).await? {
+            let run = decode_run(item)?;
+            let decided: Vec<DecidedCall> =
+                run.approvals.iter().filter_map(|approval| DecidedCall::of(run.id, &run.agent, approval)).collect();
+            if decided.is_empty() {
+                continue;
+            }
+            for event in self.unindexed_decisions(run.id).await? {
+                // The event shows the one approval it decided.
+                let data = text(&event, "data")?;
+                let Some(call) = decided.iter().find(|call| data.contains(&call.approval_id.to_string())) else {
+                    continue;
+                };
+                let attributes = decision_attributes(&run.owner, call);
+                let mut update = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key("pk", s(text(&event, "pk")?))
+                    .key("sk", s(text(&event, "sk")?))
+                    .condition_expression("attribute_exists(pk) AND attribute_not_exists(gsi4pk)");
+                let mut assignments = Vec::new();
+                for (index, (name, value)) in attributes.into_iter().enumerate() {
+                    assignments.push(format!("#a{index} = :a{index}"));
+                    update = update
+                        .expression_attribute_names(format!("#a{index}"), name)
+                        .expression_attribute_values(format!(":a{index}"), value);
+                }
+                match update.update_expression(format!("SET {}", assignments.join(", "))).send().await {
+                    Ok(_) => indexed += 1,
+                    Err(error)
+                        if matches!(
+                            error.as_service_error(),
+                            Some(UpdateItemError::ConditionalCheckFailedException(_))
+                        ) => {}
+                    Err(error) => return Err(unavailable(error)),
+                }
+            }
+        }
+        Ok(indexed)
+    }
+
+    /// The run's `approval.decided` event items not in the history's index.
+    async fn unindexed_decisions(&self, run_id: RunId) -> Result<Vec<Item>, StoreError> {
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :events)")
+            .filter_expression("#type = :decided AND attribute_not_exists(gsi4pk)")
+            .expression_attribute_names("#type", "type")
+            .expression_attribute_values(":pk", s(run_pk(run_id)))
+            .expression_attribute_values(":events", s("EV#"))
+            .expression_attribute_values(":decided", s("approval.decided"))
+            .consistent_read(true);
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let output = query.clone().set_exclusive_start_key(start).send().await.map_err(unavailable)?;
+            items.extend(output.items.unwrap_or_default());
+            start = output.last_evaluated_key;
+            if start.is_none() {
+                return Ok(items);
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl PolicyStore for DynamoStore {
     async fn policy(&self, owner: &Owner) -> Result<Policy, StoreError> {
         let Some(item) = self.get_item(policy_pk(owner), POLICY_SK.into()).await? else {
             return Ok(Policy::default());
         };
+        decode_policy(number(&item, "version")?, text(&item, "document")?)
+    }
+
+    async fn policy_unless(&self, owner: &Owner, known: u64) -> Result<Option<Policy>, StoreError> {
+        // The item is read whole either way (it is one read unit up to 4 KB).
+        let Some(item) = self.get_item(policy_pk(owner), POLICY_SK.into()).await? else {
+            return Ok((known != 0).then(Policy::default));
+        };
         let version = number(&item, "version")?;
-        decode_policy(version, text(&item, "document")?)
+        if version == known {
+            return Ok(None);
+        }
+        decode_policy(version, text(&item, "document")?).map(Some)
     }
 
     async fn put_policy(
