@@ -35,7 +35,10 @@ impl PolicyCache {
         if cached.len() >= MAX_OWNERS && !cached.contains_key(owner) {
             cached.clear();
         }
-        cached.insert(owner.clone(), policy.clone());
+        // Two claims may read at once: the newer document stays.
+        if cached.get(owner).is_none_or(|known| known.version < policy.version) {
+            cached.insert(owner.clone(), policy.clone());
+        }
         Ok(policy)
     }
 }

@@ -261,10 +261,12 @@ impl Worker {
             .into_iter()
             .map(|request| (ApprovalId::from_ulid(self.ids.ulid_at(self.clock.now())), request))
             .collect();
-        attempt.events.extend(reported);
+        // The step's events go only with its checkpoint: should the write
+        // fail, the run is handed back as before the step, without them.
+        let events = [attempt.events.as_slice(), &reported].concat();
         let sent = Instant::now();
         let written = self
-            .write(&mut attempt.run, &attempt.lease, &attempt.events, Limited::Yes, |run, now, lease| {
+            .write(&mut attempt.run, &attempt.lease, &events, Limited::Yes, |run, now, lease| {
                 run.record_rule_decisions(lease, requests.clone(), checkpoint.clone(), now, &self.policy)
             })
             .await?;

@@ -267,3 +267,65 @@ pub(super) async fn the_policy_is_read_once_per_turn_and_decoded_once_per_versio
     assert_eq!(worker.process(&second, &running()).await.unwrap(), Outcome::Succeeded);
     assert_eq!((count(&counted.reads), count(&counted.decoded)), (4, 1), "the same version is not decoded again");
 }
+
+/// A turn every call of which a rule decided is one write; should it fail,
+/// the run goes back as it was before the turn, the model's lost reply not
+/// in the log, and the retry asks again.
+#[tokio::test]
+pub(super) async fn a_rule_decided_turn_that_cannot_be_written_leaves_no_trace() {
+    let fixture = Fixture::new().await;
+    put_policy(&fixture, json!([{"id": "old-branches", "tool": "delete_branch", "effect": "allow"}])).await;
+    let delete = || tool_call("call_1", "delete_branch", r#"{"branch": "old"}"#);
+    fixture.stand_in.script(vec![delete(), delete(), text("Deleted old.")]);
+    let message = fixture.create("Delete old").await;
+    // Updates: the claim, then the turn with the rule's decision.
+    let worker = fixture
+        .faulty_worker(OnCalls::nth("update", 2, Fault::FailBefore), &fixture.policy)
+        .with_policies(Arc::new(fixture.store.clone()));
+    assert!(worker.process(&message, &running()).await.is_err());
+    let run = fixture.run(&message).await;
+    assert_eq!((run.status, run.approvals.len(), run.checkpoint.is_none()), (RunStatus::Queued, 0, true));
+    assert!(!events(&fixture, &message).await.iter().any(|(kind, _)| kind == "model.responded"));
+
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.stand_in.tool_calls().len(), 1);
+    assert_eq!(fixture.stand_in.model_requests().len(), 3);
+    let replies = events(&fixture, &message).await.into_iter().filter(|(kind, _)| kind == "model.responded").count();
+    assert_eq!(replies, 2, "the reply that was lost is not in the log");
+}
+
+/// A checkpoint an earlier release saved right after the model asked for
+/// calls (not yet judged, no `judged` mark) is judged, under the policy in
+/// force, before any call is made.
+#[tokio::test]
+pub(super) async fn calls_left_unjudged_by_an_earlier_release_are_judged_first() {
+    let fixture = Fixture::new().await;
+    fixture.stand_in.script(vec![tool_call("call_1", "delete_branch", r#"{"branch": "main"}"#), text("Could not.")]);
+    let message = fixture.create("Delete main").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    let parked = fixture.run(&message).await;
+    let mut earlier = parked.checkpoint.clone().unwrap();
+    assert_eq!(earlier["judged"], true);
+    earlier.as_object_mut().unwrap().remove("judged");
+    earlier["pending"][0].as_object_mut().unwrap().remove("approval");
+
+    // Another run, left by the earlier release with that checkpoint.
+    let again = fixture.create("Delete main").await;
+    let mut run = fixture.run(&again).await;
+    let now = fixture.clock.now();
+    run.claim("earlier", now, &fixture.policy).unwrap();
+    run.release("earlier", Some(earlier), now, &fixture.policy).unwrap();
+    fixture.store.update(&mut run).await.unwrap();
+    put_policy(
+        &fixture,
+        json!([{"id": "protect-main", "tool": "delete_branch", "effect": "deny", "reason": "protected"}]),
+    )
+    .await;
+
+    assert_eq!(fixture.process(&again).await, Outcome::Succeeded);
+    let run = fixture.run(&again).await;
+    assert_eq!(run.approvals.len(), 1);
+    assert_eq!(run.approvals[0].resolved_by.as_ref().map(ToString::to_string), Some("policy:protect-main".into()));
+    assert!(fixture.stand_in.tool_calls().is_empty(), "the denied call never ran");
+    assert_eq!(fixture.stand_in.model_requests().len(), 2, "the earlier release's turn was not asked again");
+}

@@ -122,35 +122,45 @@ pub(super) async fn dynamodb_decisions_made_before_the_index_are_indexed() {
     insert(&store, &mut run).await;
     let at = Timestamp::from_millis(T0 as i64 + 1);
     run.claim("w", at, &policy).unwrap();
-    let approval = ApprovalId::from_ulid(Ulid::from_parts(T0 + 1, 1));
-    let call = ProposedCall { tool: "delete_branch".into(), arguments: serde_json::json!({"branch": "old"}) };
-    run.park("w", vec![(approval, ApprovalRequest::call("a", call))], serde_json::json!({}), at, &policy).unwrap();
+    let (first, second) =
+        (ApprovalId::from_ulid(Ulid::from_parts(T0 + 1, 1)), ApprovalId::from_ulid(Ulid::from_parts(T0 + 1, 2)));
+    let call =
+        |branch: &str| ProposedCall { tool: "delete_branch".into(), arguments: serde_json::json!({"branch": branch}) };
+    let requests =
+        vec![(first, ApprovalRequest::call("a", call("old"))), (second, ApprovalRequest::call("b", call("main")))];
+    run.park("w", requests, serde_json::json!({}), at, &policy).unwrap();
     store.update(&mut run).await.unwrap();
-    let request =
-        DecisionRequest { decision: Decision::Reject, comment: None, seen_sha256: None, decided_by: Some(key) };
-    run.decide(approval, request, Timestamp::from_millis(T0 as i64 + 2), &policy).unwrap();
+    let approve =
+        DecisionRequest { decision: Decision::Approve, comment: None, seen_sha256: None, decided_by: Some(key) };
+    run.decide(first, approve, Timestamp::from_millis(T0 as i64 + 2), &policy).unwrap();
+    // A comment naming the other approval does not confuse the two.
+    let comment = Some(format!("unlike {first}"));
+    let reject = DecisionRequest { decision: Decision::Reject, comment, seen_sha256: None, decided_by: Some(key) };
+    run.decide(second, reject, Timestamp::from_millis(T0 as i64 + 3), &policy).unwrap();
     store.update(&mut run).await.unwrap();
     let indexed = store.decided_calls(&owner("indexed"), 10).await.unwrap();
-    assert_eq!(indexed.len(), 1);
+    assert_eq!(indexed.iter().map(|call| call.approval_id).collect::<Vec<_>>(), [second, first]);
 
     // As an earlier release left it: the event item without the index's
     // keys and the call.
     let items = client.scan().table_name(&table).send().await.unwrap().items.unwrap_or_default();
     let decided: Vec<_> =
         items.iter().filter(|item| item.get("type") == Some(&AttributeValue::S("approval.decided".into()))).collect();
-    assert_eq!(decided.len(), 1);
-    client
-        .update_item()
-        .table_name(&table)
-        .key("pk", decided[0]["pk"].clone())
-        .key("sk", decided[0]["sk"].clone())
-        .update_expression("REMOVE gsi4pk, gsi4sk, call_tool, call_arguments, decision")
-        .send()
-        .await
-        .unwrap();
+    assert_eq!(decided.len(), 2);
+    for item in decided {
+        client
+            .update_item()
+            .table_name(&table)
+            .key("pk", item["pk"].clone())
+            .key("sk", item["sk"].clone())
+            .update_expression("REMOVE gsi4pk, gsi4sk, call_tool, call_arguments, decision")
+            .send()
+            .await
+            .unwrap();
+    }
     assert!(store.decided_calls(&owner("indexed"), 10).await.unwrap().is_empty());
 
-    assert_eq!(store.index_decisions().await.unwrap(), 1);
+    assert_eq!(store.index_decisions().await.unwrap(), 2);
     assert_eq!(store.decided_calls(&owner("indexed"), 10).await.unwrap(), indexed, "as a release of now writes it");
     assert_eq!(store.index_decisions().await.unwrap(), 0, "once");
 }

@@ -567,6 +567,9 @@ impl Agent for LlmAgent {
         // Read without decoding the transcript: the step asks the model
         // unless calls are pending, and calls pending from a checkpoint of
         // an earlier release are judged first.
+        if self.specs.is_empty() {
+            return false;
+        }
         let Some(checkpoint) = checkpoint else { return true };
         let pending =
             checkpoint.get("pending").and_then(serde_json::Value::as_array).is_some_and(|pending| !pending.is_empty());

@@ -59,16 +59,26 @@ impl DynamoStore {
     pub async fn index_decisions(&self) -> Result<usize, StoreError> {
         let mut indexed = 0;
         for item in self.scan_kind(RUN_SK).await? {
-            let run = decode_run(item)?;
+            // A run this release cannot read is left as it is, not the pass.
+            let run = match decode_run(item) {
+                Ok(run) => run,
+                Err(error) => {
+                    tracing::warn!(error = %error, "index_decisions: a run was skipped");
+                    continue;
+                }
+            };
             let decided: Vec<DecidedCall> =
                 run.approvals.iter().filter_map(|approval| DecidedCall::of(run.id, &run.agent, approval)).collect();
             if decided.is_empty() {
                 continue;
             }
             for event in self.unindexed_decisions(run.id).await? {
-                // The event shows the one approval it decided.
-                let data = text(&event, "data")?;
-                let Some(call) = decided.iter().find(|call| data.contains(&call.approval_id.to_string())) else {
+                // The event is the approval it decided (as stored or as
+                // rendered by an earlier release): its `id` names it.
+                let shown =
+                    text(&event, "data").ok().and_then(|data| serde_json::from_str::<serde_json::Value>(data).ok());
+                let id = shown.as_ref().and_then(|shown| shown.get("id")).and_then(serde_json::Value::as_str);
+                let Some(call) = decided.iter().find(|call| Some(call.approval_id.to_string().as_str()) == id) else {
                     continue;
                 };
                 let attributes = decision_attributes(&run.owner, call);
