@@ -1,10 +1,11 @@
 """The console in a real browser (headless Chromium via Selenium), against a
 running `agent-runs serve` that infra/agent-runs/tests/console.rs prepared:
 a script run awaiting approval whose action holds markup, a defined agent's
-run awaiting a tool call, a script run to reject, and a defined agent's run
-waiting on two calls of one model turn. Saves screenshots.
+run awaiting a tool call, a script run to reject, a defined agent's run
+waiting on two calls of one model turn, and one asking a person a question
+with an object schema. Saves screenshots.
 
-Usage: console_test.py <base url> <key> <script run> <tool run> <reject run> <two-call run> <screenshot dir>
+Usage: console_test.py <base url> <key> <script run> <tool run> <reject run> <two-call run> <question run> <screenshot dir>
 """
 
 import json
@@ -19,7 +20,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-base, key, script_run, tool_run, reject_run, two_calls_run, shots = sys.argv[1:8]
+base, key, script_run, tool_run, reject_run, two_calls_run, question_run, shots = sys.argv[1:9]
 
 options = webdriver.ChromeOptions()
 options.binary_location = "/usr/bin/chromium"
@@ -90,7 +91,7 @@ try:
     assert action == "Deploy <script>alert(1)</script><img src=x onerror=alert(1)> v2", action
     assert not driver.find_elements(By.CSS_SELECTOR, "#detail img, #list img, #detail script, #list script"), \
         "markup became elements"
-    assert driver.execute_script("return document.scripts.length") == 1, "only the console's own script"
+    assert driver.execute_script("return document.scripts.length") == 2, "only the console's own scripts"
     assert "null" not in text_of("#detail"), text_of("#detail")
     driver.save_screenshot(f"{shots}/console-inbox.png")
     driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").click()
@@ -126,7 +127,7 @@ try:
     driver.find_element(By.ID, "refresh").click()
     wait_text("#list", reject_run)
     body = driver.find_element(By.TAG_NAME, "body")
-    for _ in range(3):
+    for _ in range(6):
         if reject_run in text_of("#detail h2"):
             break
         body.send_keys("j")
@@ -177,6 +178,37 @@ try:
     approval_box("first").find_element(By.CSS_SELECTOR, ".edit").click()
     wait_text("#notice", "Recorded: edit.")
     wait_text("#detail h2", "succeeded")
+
+    # A question: a form from its schema; what the form can check is said
+    # before sending, and the answer reaches the agent.
+    driver.find_element(By.ID, "kind-filter").send_keys("questions")
+    wait_text("#list", question_run)
+    assert tool_run not in text_of("#list") and two_calls_run not in text_of("#list"), text_of("#list")
+    open_run(question_run)
+    form = driver.find_element(By.CSS_SELECTOR, "#detail .approval .answer-form")
+    assert driver.find_element(By.CSS_SELECTOR, "#detail .approval").text.count("Approve") == 0
+    fields = {label.find_element(By.CSS_SELECTOR, "span").text.split(" ")[0]: label
+              for label in form.find_elements(By.CSS_SELECTOR, ".answer-field")}
+    assert sorted(fields) == ["count", "env", "notes", "urgent"], sorted(fields)
+    assert fields["env"].find_elements(By.CSS_SELECTOR, "select"), "an enum is a select"
+    assert fields["notes"].find_elements(By.CSS_SELECTOR, "textarea"), "long text is a text area"
+    assert fields["urgent"].find_element(By.CSS_SELECTOR, "input").get_attribute("type") == "checkbox"
+    count = fields["count"].find_element(By.CSS_SELECTOR, "input")
+    assert count.get_attribute("type") == "number"
+    count.send_keys("0")
+    fields["env"].find_element(By.CSS_SELECTOR, "select").send_keys("prod")
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .answer").click()
+    wait_text("#detail .approval .invalid", "count must be at least 1")
+    assert get_run(question_run)["pending_approvals"][0]["status"] == "pending", "nothing was sent"
+    count.clear()
+    count.send_keys("2")
+    fields["urgent"].find_element(By.CSS_SELECTOR, "input").click()
+    driver.save_screenshot(f"{shots}/console-question.png")
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .answer").click()
+    wait_text("#notice", "Answered.")
+    wait_text("#detail h2", "succeeded")
+    assert '"env": "prod"' in text_of("#detail .approval .answer"), text_of("#detail")
+    driver.find_element(By.ID, "kind-filter").send_keys("any")
 
     # The policy in force, read only.
     rules = {"rules": [{"id": "protect-main", "tool": "delete_branch", "effect": "deny", "reason": "main is protected",

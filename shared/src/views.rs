@@ -69,6 +69,9 @@ pub struct ApprovalView<'a> {
     edited_arguments: Option<Box<RawValue>>,
     /// The policy's rule that decided it (or would have).
     policy: Option<PolicyView<'a>>,
+    /// A question's schema, and its answer once given (canonical JSON).
+    input_schema: Option<Box<RawValue>>,
+    answer: Option<Box<RawValue>>,
 }
 
 #[derive(Serialize)]
@@ -115,6 +118,8 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             edited_arguments: approval.edited_arguments.as_ref().map(canonical),
             policy: approval.policy.as_ref().map(PolicyView::from),
+            input_schema: approval.input_schema.as_ref().map(canonical),
+            answer: approval.answer.as_ref().map(canonical),
         }
     }
 }
@@ -138,6 +143,8 @@ impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
             resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             edited_arguments: None,
             policy: approval.policy.as_ref().map(PolicyView::from),
+            input_schema: None,
+            answer: None,
         }
     }
 }

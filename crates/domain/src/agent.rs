@@ -138,7 +138,14 @@ pub struct AgentDefinition {
     /// Tool calls a run may make.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tool_calls: Option<u64>,
+    /// Offers the model a tool `ask_human` that puts a question to a
+    /// person and waits for the answer. Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask_human: bool,
 }
+
+/// The tool a definition with `ask_human` offers its model.
+pub const ASK_HUMAN_TOOL: &str = "ask_human";
 
 /// What one run may spend; an absent limit is none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -264,6 +271,9 @@ impl AgentDefinition {
             }
             if !seen.insert(tool.name.as_str()) {
                 return fail(format!("Two tools are named `{}`.", tool.name));
+            }
+            if self.ask_human && tool.name == ASK_HUMAN_TOOL {
+                return fail(format!("A tool may not be named `{ASK_HUMAN_TOOL}` when `ask_human` is true: it is that tool."));
             }
             if tool.description.trim().is_empty() {
                 return fail(format!("{label}: `description` must not be empty; the model reads it."));

@@ -13,15 +13,18 @@ pub enum ApprovalStatus {
     Rejected,
     Canceled,
     Expired,
+    /// A question a person answered.
+    Answered,
 }
 
 impl ApprovalStatus {
-    pub const ALL: [ApprovalStatus; 5] = [
+    pub const ALL: [ApprovalStatus; 6] = [
         ApprovalStatus::Pending,
         ApprovalStatus::Approved,
         ApprovalStatus::Rejected,
         ApprovalStatus::Canceled,
         ApprovalStatus::Expired,
+        ApprovalStatus::Answered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -31,6 +34,7 @@ impl ApprovalStatus {
             ApprovalStatus::Rejected => "rejected",
             ApprovalStatus::Canceled => "canceled",
             ApprovalStatus::Expired => "expired",
+            ApprovalStatus::Answered => "answered",
         }
     }
 
@@ -45,6 +49,8 @@ pub enum ApprovalKind {
     Action,
     /// A call of a defined agent's tool, with its arguments.
     ToolCall,
+    /// A question a person answers (`ask`, a defined agent's `ask_human`).
+    Input,
 }
 
 impl ApprovalKind {
@@ -52,11 +58,14 @@ impl ApprovalKind {
         match self {
             ApprovalKind::Action => "action",
             ApprovalKind::ToolCall => "tool_call",
+            ApprovalKind::Input => "input",
         }
     }
 
+    pub const ALL: [ApprovalKind; 3] = [ApprovalKind::Action, ApprovalKind::ToolCall, ApprovalKind::Input];
+
     pub fn parse(text: &str) -> Option<ApprovalKind> {
-        [ApprovalKind::Action, ApprovalKind::ToolCall].into_iter().find(|kind| kind.as_str() == text)
+        ApprovalKind::ALL.into_iter().find(|kind| kind.as_str() == text)
     }
 }
 
@@ -70,11 +79,15 @@ pub const MAX_APPROVAL_ARGUMENTS_BYTES: usize = 8 * 1024;
 /// stay well inside DynamoDB's 400 KB item limit.
 pub const MAX_APPROVAL_ARGUMENTS_PER_RUN: usize = 64 * 1024;
 
-/// The bytes of arguments (proposed and edited) these approvals hold.
+/// The bytes of arguments (proposed and edited), questions' schemas and
+/// answers these approvals hold.
 pub fn approval_arguments_bytes(approvals: &[Approval]) -> usize {
     approvals
         .iter()
-        .flat_map(|approval| [approval.call.as_ref().map(|call| &call.arguments), approval.edited_arguments.as_ref()])
+        .flat_map(|approval| {
+            let proposed = approval.call.as_ref().map(|call| &call.arguments);
+            [proposed, approval.edited_arguments.as_ref(), approval.input_schema.as_ref(), approval.answer.as_ref()]
+        })
         .flatten()
         .map(|arguments| canonical_json(arguments).len())
         .sum()
@@ -101,6 +114,8 @@ pub struct ApprovalRequest {
     /// Set when that rule decided the call: the approval is recorded
     /// already resolved, and no one is asked.
     pub decided: Option<RuleDecision>,
+    /// For a question: the JSON Schema its answer must satisfy.
+    pub input_schema: Option<Value>,
 }
 
 /// What a rule decided in a person's place.
@@ -115,7 +130,13 @@ pub enum RuleDecision {
 
 impl ApprovalRequest {
     pub fn action(action: impl Into<String>) -> Self {
-        ApprovalRequest { action: action.into(), call: None, policy: None, decided: None }
+        ApprovalRequest { action: action.into(), call: None, policy: None, decided: None, input_schema: None }
+    }
+
+    /// A person is asked `question`, to be answered as `schema` says. No
+    /// rule decides it.
+    pub fn question(question: impl Into<String>, schema: Value) -> Self {
+        ApprovalRequest { input_schema: Some(schema), ..ApprovalRequest::action(question) }
     }
 
     /// A person is asked about `call`.
@@ -175,6 +196,8 @@ pub enum Decision {
     Reject,
     /// Approve, with these arguments in place of the proposed ones.
     Edit(Value),
+    /// Answer a question (an `input` approval) with this.
+    Answer(Value),
 }
 
 impl Decision {
@@ -183,6 +206,7 @@ impl Decision {
             Decision::Approve => "approve",
             Decision::Reject => "reject",
             Decision::Edit(_) => "edit",
+            Decision::Answer(_) => "answer",
         }
     }
 
@@ -190,6 +214,14 @@ impl Decision {
         match self {
             Decision::Approve | Decision::Edit(_) => ApprovalStatus::Approved,
             Decision::Reject => ApprovalStatus::Rejected,
+            Decision::Answer(_) => ApprovalStatus::Answered,
+        }
+    }
+
+    pub(super) fn answer(&self) -> Option<&Value> {
+        match self {
+            Decision::Answer(answer) => Some(answer),
+            _ => None,
         }
     }
 
@@ -234,11 +266,19 @@ pub struct Approval {
     pub edited_arguments: Option<Value>,
     /// The policy's rule that decided it, or would have (`log_only`).
     pub policy: Option<PolicyMatch>,
+    /// For a question (`input`): the JSON Schema its answer must satisfy.
+    pub input_schema: Option<Value>,
+    /// A question's answer, once a person gave it.
+    pub answer: Option<Value>,
 }
 
 impl Approval {
     pub fn kind(&self) -> ApprovalKind {
-        if self.call.is_some() { ApprovalKind::ToolCall } else { ApprovalKind::Action }
+        match (&self.call, &self.input_schema) {
+            (Some(_), _) => ApprovalKind::ToolCall,
+            (None, Some(_)) => ApprovalKind::Input,
+            (None, None) => ApprovalKind::Action,
+        }
     }
 
     /// The digest of the proposed arguments a decision can be bound to.

@@ -6,7 +6,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 use ulid::Ulid;
 
-use super::{ApprovalId, ApprovalStatus, Owner, RunId, RunStatus, Timestamp};
+use super::{ApprovalId, ApprovalKind, ApprovalStatus, Owner, RunId, RunStatus, Timestamp};
 
 const VERSION: u8 = 1;
 const CHECK_BYTES: usize = 8;
@@ -33,7 +33,16 @@ pub struct InboxPosition {
 pub struct InboxCursor {
     pub status: ApprovalStatus,
     pub agent: Option<String>,
+    pub kind: Option<ApprovalKind>,
     pub last: InboxPosition,
+}
+
+/// The byte of the status filter, with the kind filter in its high half
+/// (0 for none, so cursors issued before the kind filter read as without).
+fn filter_byte(status: ApprovalStatus, kind: Option<ApprovalKind>) -> u8 {
+    let status = ApprovalStatus::ALL.iter().position(|s| *s == status).unwrap_or(0) as u8;
+    let kind = kind.and_then(|kind| ApprovalKind::ALL.iter().position(|k| *k == kind)).map_or(0, |k| k as u8 + 1);
+    status | kind << 4
 }
 
 const INBOX_VERSION: u8 = 2;
@@ -50,7 +59,7 @@ impl InboxCursor {
     pub fn encode(&self, owner: &Owner) -> String {
         let mut bytes = Vec::with_capacity(INBOX_PAYLOAD_BYTES + CHECK_BYTES);
         bytes.push(INBOX_VERSION);
-        bytes.push(ApprovalStatus::ALL.iter().position(|s| *s == self.status).unwrap_or(0) as u8);
+        bytes.push(filter_byte(self.status, self.kind));
         bytes.extend_from_slice(&agent_tag(self.agent.as_deref()));
         bytes.extend_from_slice(&self.last.requested_at.millis().to_be_bytes());
         bytes.extend_from_slice(&self.last.run_id.ulid().to_bytes());
@@ -67,6 +76,7 @@ impl InboxCursor {
         owner: &Owner,
         status: ApprovalStatus,
         agent: Option<&str>,
+        kind: Option<ApprovalKind>,
     ) -> Result<InboxCursor, CursorError> {
         let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| CursorError::Malformed)?;
         if bytes.len() != INBOX_PAYLOAD_BYTES + CHECK_BYTES || bytes[0] != INBOX_VERSION {
@@ -76,8 +86,8 @@ impl InboxCursor {
         if checksum(owner, payload) != check {
             return Err(CursorError::Malformed);
         }
-        let issued_status = *ApprovalStatus::ALL.get(payload[1] as usize).ok_or(CursorError::Malformed)?;
-        if issued_status != status || payload[2..6] != agent_tag(agent) {
+        ApprovalStatus::ALL.get(usize::from(payload[1] & 0x0f)).ok_or(CursorError::Malformed)?;
+        if payload[1] != filter_byte(status, kind) || payload[2..6] != agent_tag(agent) {
             return Err(CursorError::FilterMismatch);
         }
         let ulid = |range: std::ops::Range<usize>| -> Result<Ulid, CursorError> {
@@ -89,7 +99,7 @@ impl InboxCursor {
             run_id: RunId::from_ulid(ulid(14..30)?),
             approval_id: ApprovalId::from_ulid(ulid(30..46)?),
         };
-        Ok(InboxCursor { status, agent: agent.map(str::to_owned), last })
+        Ok(InboxCursor { status, agent: agent.map(str::to_owned), kind, last })
     }
 }
 
@@ -227,17 +237,29 @@ mod tests {
             run_id: RunId::from_ulid(Ulid::from_parts(1_795_303_478_000, 7)),
             approval_id: ApprovalId::from_ulid(Ulid::from_parts(1_795_303_478_123, 9)),
         };
-        let cursor = InboxCursor { status: ApprovalStatus::Pending, agent: Some("ops".into()), last };
+        let cursor = InboxCursor { status: ApprovalStatus::Pending, agent: Some("ops".into()), kind: None, last };
         let text = cursor.encode(&owner("acme"));
-        let decode = |owner_name: &str, status, agent| InboxCursor::decode(&text, &owner(owner_name), status, agent);
+        let decode =
+            |owner_name: &str, status, agent| InboxCursor::decode(&text, &owner(owner_name), status, agent, None);
         assert_eq!(decode("acme", ApprovalStatus::Pending, Some("ops")), Ok(cursor.clone()));
         assert_eq!(decode("acme", ApprovalStatus::Approved, Some("ops")), Err(CursorError::FilterMismatch));
         assert_eq!(decode("acme", ApprovalStatus::Pending, None), Err(CursorError::FilterMismatch));
         assert_eq!(decode("acme", ApprovalStatus::Pending, Some("op")), Err(CursorError::FilterMismatch));
         assert_eq!(decode("other", ApprovalStatus::Pending, Some("ops")), Err(CursorError::Malformed));
+        // The kind filter is bound too.
+        let questions = InboxCursor { kind: Some(ApprovalKind::Input), ..cursor.clone() };
+        let text = questions.encode(&owner("acme"));
+        let decode = |kind| InboxCursor::decode(&text, &owner("acme"), ApprovalStatus::Pending, Some("ops"), kind);
+        assert_eq!(decode(Some(ApprovalKind::Input)), Ok(questions.clone()));
+        assert_eq!(decode(None), Err(CursorError::FilterMismatch));
+        assert_eq!(decode(Some(ApprovalKind::ToolCall)), Err(CursorError::FilterMismatch));
+        let answered = InboxCursor { status: ApprovalStatus::Answered, ..questions };
+        let text = answered.encode(&owner("acme"));
+        let decoded = InboxCursor::decode(&text, &owner("acme"), ApprovalStatus::Answered, Some("ops"), answered.kind);
+        assert_eq!(decoded, Ok(answered));
         let runs_cursor = Cursor { status: None, last: last.run_id }.encode(&owner("acme"));
         assert_eq!(
-            InboxCursor::decode(&runs_cursor, &owner("acme"), ApprovalStatus::Pending, None),
+            InboxCursor::decode(&runs_cursor, &owner("acme"), ApprovalStatus::Pending, None, None),
             Err(CursorError::Malformed)
         );
     }

@@ -258,6 +258,8 @@ mod tests {
             resolved_by: None,
             edited_arguments: None,
             policy: None,
+            input_schema: None,
+            answer: None,
         };
         let text = EventText::new("");
         let run = || {

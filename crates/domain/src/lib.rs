@@ -8,6 +8,7 @@ mod event;
 mod fields;
 mod ids;
 mod policy;
+mod question;
 mod run;
 mod scope;
 mod time;
@@ -26,6 +27,7 @@ pub use ids::{
     ApprovalId, DeliveryId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId, WebhookId,
 };
 pub use policy::*;
+pub use question::*;
 pub use run::*;
 pub use scope::{Scope, Scopes};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

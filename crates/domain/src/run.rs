@@ -10,9 +10,9 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{
-    Approval, ApprovalId, ApprovalRequest, ApprovalStatus, Budget, DecisionRequest, Event, EventData, KeyId,
+    Approval, ApprovalId, ApprovalRequest, ApprovalStatus, Budget, Decision, DecisionRequest, Event, EventData, KeyId,
     MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, Resolver, RuleDecision, RunId, RunSnapshot, RunTrace, Timestamp,
-    approval_arguments_bytes, canonical_json,
+    approval_arguments_bytes, canonical_json, check_answer,
 };
 
 mod work;
@@ -202,6 +202,15 @@ pub enum TransitionError {
     /// [`super::MAX_APPROVAL_ARGUMENTS_PER_RUN`].
     #[error("the run's approvals would hold too many arguments")]
     TooManyArguments,
+    /// `answer` on an approval that asks no question.
+    #[error("the approval asks no question")]
+    NotAQuestion,
+    /// `approve` or `edit` on a question.
+    #[error("a question is answered or rejected")]
+    QuestionNeedsAnAnswer,
+    /// The answer fails the question's schema (what is wrong, and where).
+    #[error("{0}")]
+    AnswerRefused(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -511,11 +520,17 @@ impl Run {
         if request.seen_sha256.is_some() && request.seen_sha256 != approval.arguments_sha256() {
             return Err(TransitionError::ArgumentsChanged);
         }
+        match (&approval.input_schema, &request.decision) {
+            (None, Decision::Answer(_)) => return Err(TransitionError::NotAQuestion),
+            (Some(_), Decision::Approve | Decision::Edit(_)) => return Err(TransitionError::QuestionNeedsAnAnswer),
+            _ => {}
+        }
         if approval.call.is_none() && request.decision.edited_arguments().is_some() {
             return Err(TransitionError::NothingToEdit);
         }
         let status = request.decision.resulting_status();
         let edited_arguments = request.decision.edited_arguments().cloned();
+        let answer = request.decision.answer().cloned();
         match approval.status {
             ApprovalStatus::Pending => {}
             // Compared as the digest's text: `100.0` sent again is the `100`
@@ -523,20 +538,24 @@ impl Run {
             decided
                 if decided == status
                     && approval.edited_arguments.as_ref().map(canonical_json)
-                        == edited_arguments.as_ref().map(canonical_json) =>
+                        == edited_arguments.as_ref().map(canonical_json)
+                    && approval.answer.as_ref().map(canonical_json) == answer.as_ref().map(canonical_json) =>
             {
                 return Ok(DecideOutcome::Unchanged);
             }
             decided => return Err(TransitionError::ApprovalAlreadyResolved(decided)),
+        }
+        if let (Some(schema), Some(answer)) = (&approval.input_schema, &answer) {
+            check_answer(schema, answer).map_err(TransitionError::AnswerRefused)?;
         }
         if self.status != RunStatus::AwaitingApproval {
             // Pending approvals exist only while awaiting; anything else is a
             // corrupted record, refused rather than made worse.
             return Err(TransitionError::InvalidState(self.status));
         }
-        if let Some(edited) = &edited_arguments {
+        if let Some(added) = edited_arguments.as_ref().or(answer.as_ref()) {
             let held = approval_arguments_bytes(&self.approvals);
-            if held + canonical_json(edited).len() > MAX_APPROVAL_ARGUMENTS_PER_RUN {
+            if held + canonical_json(added).len() > MAX_APPROVAL_ARGUMENTS_PER_RUN {
                 return Err(TransitionError::TooManyArguments);
             }
         }
@@ -546,6 +565,7 @@ impl Run {
         approval.comment = request.comment;
         approval.resolved_by = request.decided_by.map(Resolver::Key);
         approval.edited_arguments = edited_arguments;
+        approval.answer = answer;
         let decided = approval.clone();
         self.record(now, EventData::ApprovalDecided(decided));
         if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {

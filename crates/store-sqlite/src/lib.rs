@@ -29,7 +29,7 @@ use schema::migrate;
 use writer::{Committed, Writer};
 
 use agent_runs_shared::domain::{
-    AgentDefinition, ApprovalId, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp,
+    AgentDefinition, ApprovalId, ApprovalKind, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp,
 };
 use agent_runs_shared::store::record::StoredRun;
 use agent_runs_shared::store::{
@@ -443,8 +443,8 @@ fn index_approvals(connection: &Connection, run: &Run, events: &[Event]) -> Resu
     }
     let mut statement = connection
         .prepare_cached(
-            "INSERT OR REPLACE INTO approvals (owner, run_id, approval_id, status, agent, requested_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT OR REPLACE INTO approvals (owner, run_id, approval_id, status, agent, requested_at, kind)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .map_err(unavailable)?;
     for approval in changed.into_iter().filter_map(|id| run.approvals.iter().find(|approval| approval.id == id)) {
@@ -455,7 +455,8 @@ fn index_approvals(connection: &Connection, run: &Run, events: &[Event]) -> Resu
                 approval.id.to_string(),
                 approval.status.as_str(),
                 run.agent,
-                approval.requested_at.millis()
+                approval.requested_at.millis(),
+                approval.kind().as_str()
             ])
             .map_err(unavailable)?;
     }

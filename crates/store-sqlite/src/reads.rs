@@ -64,6 +64,7 @@ impl RunLists for SqliteStore {
             });
             let fetch = i64::from(request.limit) + 1;
             let status = request.status.as_str();
+            let kind = request.kind.map(ApprovalKind::as_str);
             let row = |row: &rusqlite::Row<'_>| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?));
             let rows: Vec<(String, String)> = match &request.agent {
                 None => connection
@@ -72,11 +73,14 @@ impl RunLists for SqliteStore {
                          JOIN runs ON runs.owner = approvals.owner AND runs.id = approvals.run_id
                          WHERE approvals.owner = ?1 AND approvals.status = ?2
                            AND (approvals.requested_at, approvals.run_id, approvals.approval_id) < (?3, ?4, ?5)
+                           AND (?7 IS NULL OR approvals.kind = ?7)
                          ORDER BY approvals.requested_at DESC, approvals.run_id DESC, approvals.approval_id DESC
                          LIMIT ?6",
                     )
                     .and_then(|mut statement| {
-                        statement.query_map(params![owner, status, after.0, after.1, after.2, fetch], row)?.collect()
+                        statement
+                            .query_map(params![owner, status, after.0, after.1, after.2, fetch, kind], row)?
+                            .collect()
                     }),
                 Some(agent) => connection
                     .prepare_cached(
@@ -84,12 +88,13 @@ impl RunLists for SqliteStore {
                          JOIN runs ON runs.owner = approvals.owner AND runs.id = approvals.run_id
                          WHERE approvals.owner = ?1 AND approvals.agent = ?2 AND approvals.status = ?3
                            AND (approvals.requested_at, approvals.run_id, approvals.approval_id) < (?4, ?5, ?6)
+                           AND (?8 IS NULL OR approvals.kind = ?8)
                          ORDER BY approvals.requested_at DESC, approvals.run_id DESC, approvals.approval_id DESC
                          LIMIT ?7",
                     )
                     .and_then(|mut statement| {
                         statement
-                            .query_map(params![owner, agent, status, after.0, after.1, after.2, fetch], row)?
+                            .query_map(params![owner, agent, status, after.0, after.1, after.2, fetch, kind], row)?
                             .collect()
                     }),
             }

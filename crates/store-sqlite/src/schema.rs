@@ -197,9 +197,19 @@ INSERT INTO decisions (owner, run_id, approval_id, resolved_at, agent, tool, arg
       AND json_extract(approval.value, '$.status') IN ('approved', 'rejected');
 ";
 
+/// The inbox's kind filter: each approval's kind (before questions, a
+/// tool call or an action).
+pub(super) const SCHEMA_11: &str = "
+ALTER TABLE approvals ADD COLUMN kind TEXT NOT NULL DEFAULT 'action';
+UPDATE approvals SET kind = 'tool_call' WHERE EXISTS (
+    SELECT 1 FROM runs, json_each(runs.body, '$.approvals') AS approval
+    WHERE runs.id = approvals.run_id AND json_extract(approval.value, '$.id') = approvals.approval_id
+      AND json_extract(approval.value, '$.tool') IS NOT NULL);
+";
+
 /// Schema version N is reached by running the first N steps, in order.
-pub(super) const MIGRATIONS: [&str; 10] =
-    [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9, SCHEMA_10];
+pub(super) const MIGRATIONS: [&str; 11] =
+    [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9, SCHEMA_10, SCHEMA_11];
 
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 

@@ -29,6 +29,8 @@ Examples:
   agent-runs runs list --status awaiting_approval
   agent-runs runs approve run_01JD... --comment 'go ahead'
   agent-runs runs approve run_01JD... --edit '{\"branch\": \"old\"}'
+  agent-runs runs answer run_01JD... --text 'ENG-42'
+  agent-runs runs answer run_01JD... --json '{\"env\": \"staging\"}'
   agent-runs runs watch run_01JD...      # exit 0 if it succeeds")]
 pub enum RunsCommand {
     /// Start a run.
@@ -89,6 +91,20 @@ pub enum RunsCommand {
         #[arg(long)]
         comment: Option<String>,
     },
+    /// Answer a run's pending question (the only one, or APPROVAL_ID).
+    #[command(group = clap::ArgGroup::new("the_answer").required(true))]
+    Answer {
+        run_id: String,
+        approval_id: Option<String>,
+        /// The answer as text (a JSON string).
+        #[arg(long, group = "the_answer")]
+        text: Option<String>,
+        /// The answer as JSON, for a question whose schema wants more than a string.
+        #[arg(long, value_name = "JSON", group = "the_answer")]
+        json: Option<String>,
+        #[arg(long)]
+        comment: Option<String>,
+    },
     /// Cancel a run.
     Cancel { run_id: String },
 }
@@ -101,6 +117,9 @@ pub enum ApprovalsCommand {
         status: Option<String>,
         #[arg(long)]
         agent: Option<String>,
+        /// action, tool_call or input (questions).
+        #[arg(long)]
+        kind: Option<String>,
         #[arg(long)]
         limit: Option<u32>,
         #[arg(long)]
@@ -270,6 +289,17 @@ pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done,
             }
             out.run(&decide(&api, &run_id, approval_id, body).await?);
         }
+        RunsCommand::Answer { run_id, approval_id, text, json, comment } => {
+            let answer = match (text, json) {
+                (Some(text), _) => Value::String(text),
+                (None, Some(json)) => {
+                    serde_json::from_str(&json).map_err(|error| format!("--json is not JSON: {error}"))?
+                }
+                (None, None) => return Err("give the answer with --text or --json".into()),
+            };
+            let body = json!({"decision": "answer", "answer": answer, "comment": comment});
+            out.run(&decide(&api, &run_id, approval_id, body).await?);
+        }
         RunsCommand::Reject { run_id, approval_id, comment } => {
             let body = json!({"decision": "reject", "comment": comment});
             out.run(&decide(&api, &run_id, approval_id, body).await?);
@@ -285,11 +315,11 @@ pub async fn approvals(command: ApprovalsCommand, connection: &Connection) -> Re
     let api = Api::new(connection)?;
     let out = Output { json: connection.json, colour: std::io::stdout().is_terminal() };
     match command {
-        ApprovalsCommand::List { status, agent, limit, cursor } => {
+        ApprovalsCommand::List { status, agent, kind, limit, cursor } => {
             let limit = limit.map(|limit| limit.to_string());
             let path = format!(
                 "/v1/approvals{}",
-                query(&[("status", status), ("agent", agent), ("limit", limit), ("cursor", cursor)])
+                query(&[("status", status), ("agent", agent), ("kind", kind), ("limit", limit), ("cursor", cursor)])
             );
             out.approvals(&api.get(&path).await?);
         }
@@ -396,7 +426,7 @@ impl Output {
     fn status(&self, status: &Value) -> String {
         let name = text(status);
         let code = match name.as_str() {
-            "succeeded" | "approved" => "32",
+            "succeeded" | "approved" | "answered" => "32",
             "failed" | "rejected" | "expired" => "31",
             "awaiting_approval" | "pending" => "33",
             "canceled" => "90",

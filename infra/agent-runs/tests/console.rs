@@ -16,6 +16,7 @@ fn console_files_are_served_without_a_key_with_a_strict_policy(target: Target) {
     for (path, content_type) in [
         ("/console", "text/html; charset=utf-8"),
         ("/console/console.js", "text/javascript; charset=utf-8"),
+        ("/console/answers.js", "text/javascript; charset=utf-8"),
         ("/console/console.css", "text/css; charset=utf-8"),
     ] {
         let response = reqwest::blocking::get(format!("{}{path}", server.base)).unwrap();
@@ -31,8 +32,10 @@ fn console_files_are_served_without_a_key_with_a_strict_policy(target: Target) {
     let page = reqwest::blocking::get(format!("{}/console", server.base)).unwrap().text().unwrap();
     assert!(!page.contains("<script>") && !page.contains("style="), "no inline script or style");
     // Everything the page runs reads API text with textContent, never as HTML.
-    let script = reqwest::blocking::get(format!("{}/console/console.js", server.base)).unwrap().text().unwrap();
-    assert!(!script.contains("innerHTML") && !script.contains("insertAdjacentHTML") && !script.contains("eval("));
+    for file in ["console.js", "answers.js"] {
+        let script = reqwest::blocking::get(format!("{}/console/{file}", server.base)).unwrap().text().unwrap();
+        assert!(!script.contains("innerHTML") && !script.contains("insertAdjacentHTML") && !script.contains("eval("));
+    }
     let client = reqwest::blocking::Client::new();
     let refused = client.post(format!("{}/console", server.base)).send().unwrap();
     assert_eq!(refused.status(), 405);
@@ -49,6 +52,17 @@ fn lambda_console_files_are_served_without_a_key_with_a_strict_policy() {
         return;
     }
     console_files_are_served_without_a_key_with_a_strict_policy(Target::Lambda);
+}
+
+/// The schema of the question the browser test answers: every kind of
+/// field the console's form makes.
+fn question_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "env": {"enum": ["staging", "prod"]},
+        "count": {"type": "integer", "minimum": 1},
+        "notes": {"type": "string", "maxLength": 500},
+        "urgent": {"type": "boolean"}
+    }, "required": ["env", "count"]})
 }
 
 #[test]
@@ -70,14 +84,16 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
             {"id": "call_a", "type": "function", "function": {"name": "delete_branch", "arguments": first_arguments}},
             {"id": "call_b", "type": "function", "function": {"name": "delete_branch", "arguments": r#"{"branch":"second"}"#}},
         ]})),
+        stand_in::tool_call("call_q", "ask_human", &json!({"question": "Where, and how many?", "answer_schema": question_schema()}).to_string()),
         stand_in::text("Deleted."),
         stand_in::text("Both deleted."),
+        stand_in::text("Noted."),
     ]);
     let server = Server::start_on(Target::Embedded, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0")]);
     let key = server.dev_key.clone().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("janitor.toml");
-    std::fs::write(&file, support::janitor_definition(&model.url, "")).unwrap();
+    std::fs::write(&file, support::janitor_definition(&model.url, "ask_human = true")).unwrap();
     server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
 
     let script_run =
@@ -87,7 +103,9 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     let id = |run: &Value| run["id"].as_str().unwrap().to_owned();
     server.wait_for_status(&key, &id(&tool_run), "awaiting_approval");
     let two_calls_run = server.create(&key, json!({"agent": "janitor", "input": "Delete two branches"}));
-    for run in [&script_run, &reject_run, &two_calls_run] {
+    server.wait_for_status(&key, &id(&two_calls_run), "awaiting_approval");
+    let question_run = server.create(&key, json!({"agent": "janitor", "input": "Ask before deploying"}));
+    for run in [&script_run, &reject_run, &question_run] {
         server.wait_for_status(&key, &id(run), "awaiting_approval");
     }
     // Screenshots of the main screens (docs/console-*.png are copies of them).
@@ -102,6 +120,7 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
             &id(&tool_run),
             &id(&reject_run),
             &id(&two_calls_run),
+            &id(&question_run),
             shots,
         ])
         .output()
@@ -128,6 +147,11 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     assert_eq!(approvals[0]["arguments"], json!({"branch": "first", "ratio": 5e-7, "retries": 2, "tiny": 1.5e-300}));
     let bodies: Vec<&str> = calls.iter().skip(1).map(|call| call.body.as_str()).collect();
     assert_eq!(bodies, [r#"{"branch":"first","ratio":5e-7,"retries":2,"tiny":1.5e-300}"#, r#"{"branch":"second"}"#]);
+    // The answer the form made is the one recorded, and the model read it.
+    let answered = server.wait_for_status(&key, &id(&question_run), "succeeded");
+    assert_eq!(answered["pending_approvals"][0]["answer"], json!({"env": "prod", "count": 2, "urgent": true}));
+    let told = model.model_requests().last().unwrap()["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(told["content"], r#"{"count":2,"env":"prod","urgent":true}"#);
     let rejected = server.wait_for_status(&key, &id(&reject_run), "succeeded");
     assert_eq!(rejected["pending_approvals"][0]["comment"], "not today");
     assert_eq!(rejected["output"], "rejected: Archive the logs");

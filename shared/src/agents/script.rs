@@ -1,6 +1,6 @@
 //! The `script` agent: a deterministic agent for tests and demos. Its input
 //! is lines of commands: `say <text>`, `sleep <ms>`, `approve <action>`,
-//! `fail <message>`; blank lines are ignored.
+//! `ask <question>`, `fail <message>`; blank lines are ignored.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{Agent, Step, StepInput};
-use crate::domain::{ApprovalRequest, ApprovalStatus, EventData};
+use crate::domain::{ApprovalRequest, ApprovalStatus, EventData, answer_text, default_input_schema};
 
 pub const MAX_SLEEP_MS: u64 = 60_000;
 /// A long sleep is taken in slices so a cancel is noticed between them.
@@ -19,6 +19,7 @@ enum Command<'a> {
     Say(&'a str),
     Sleep(u64),
     Approve(&'a str),
+    Ask(&'a str),
     Fail(&'a str),
 }
 
@@ -45,11 +46,13 @@ fn parse_line(raw: &str, line_number: usize) -> Result<Option<Command<'_>>, Stri
         "approve" => {
             return Err(format!("line {line_number}: `approve` needs the action to approve."));
         }
+        "ask" if !rest.trim().is_empty() => Command::Ask(rest),
+        "ask" => return Err(format!("line {line_number}: `ask` needs the question to ask.")),
         "fail" => Command::Fail(rest),
         other => {
             let shown: String = other.chars().take(40).collect();
             return Err(format!(
-                "line {line_number}: unknown command `{shown}`; the script agent knows say, sleep, approve and fail."
+                "line {line_number}: unknown command `{shown}`; the script agent knows say, sleep, approve, ask and fail."
             ));
         }
     };
@@ -124,14 +127,17 @@ impl Agent for ScriptAgent {
             let (Some(approval), Some((_, end))) = (step.approvals.get(index), current) else {
                 return Step::Failed("The approval the script waited for is missing.".into());
             };
-            let verdict = match approval.status {
-                ApprovalStatus::Approved => "approved",
-                ApprovalStatus::Rejected => "rejected",
+            let line = match (approval.status, &approval.answer) {
+                (ApprovalStatus::Approved, _) => format!("approved: {}", approval.action),
+                (ApprovalStatus::Answered, Some(answer)) => format!("answered: {}", answer_text(answer)),
+                (ApprovalStatus::Rejected, _) if approval.input_schema.is_some() => {
+                    format!("declined: {}", approval.action)
+                }
+                (ApprovalStatus::Rejected, _) => format!("rejected: {}", approval.action),
                 _ => {
                     return Step::Failed("The approval the script waited for was not decided.".into());
                 }
             };
-            let line = format!("{verdict}: {}", approval.action);
             step.events.push(EventData::output(&line));
             progress.lines.push(line);
             progress.next += 1;
@@ -170,6 +176,13 @@ impl Agent for ScriptAgent {
                     checkpoint: serde_json::to_value(progress).unwrap_or_default(),
                 };
             }
+            Command::Ask(question) => {
+                progress.awaiting = Some(step.approvals.len());
+                return Step::AwaitApproval {
+                    requests: vec![ApprovalRequest::question(question, default_input_schema())],
+                    checkpoint: serde_json::to_value(progress).unwrap_or_default(),
+                };
+            }
             Command::Fail(message) => return Step::Failed(message.to_owned()),
         }
         Self::next(progress)
@@ -182,13 +195,15 @@ mod tests {
 
     #[test]
     fn parses_each_command_and_ignores_blank_lines() {
-        let commands = parse("say hello world\n\n  \nsleep 10\r\napprove Delete 3 branches\nfail boom").unwrap();
+        let commands =
+            parse("say hello world\n\n  \nsleep 10\r\napprove Delete 3 branches\nask Which env?\nfail boom").unwrap();
         assert_eq!(
             commands,
             vec![
                 Command::Say("hello world"),
                 Command::Sleep(10),
                 Command::Approve("Delete 3 branches"),
+                Command::Ask("Which env?"),
                 Command::Fail("boom")
             ]
         );
@@ -202,6 +217,7 @@ mod tests {
         assert!(parse("sleep +5").is_err());
         assert!(parse("sleep").is_err());
         assert!(parse("approve").is_err());
+        assert!(parse("ask  ").unwrap_err().contains("question"));
         assert!(parse("SAY hi").is_err());
         assert_eq!(parse("sleep 60000").unwrap(), vec![Command::Sleep(60_000)]);
     }

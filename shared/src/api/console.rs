@@ -22,6 +22,7 @@ fn asset(path: &str) -> Option<Asset> {
         // under an API Gateway stage or a custom domain's base path.
         "/console" => ("text/html; charset=utf-8", include_str!("console/index.html")),
         "/console/console.js" => ("text/javascript; charset=utf-8", include_str!("console/console.js")),
+        "/console/answers.js" => ("text/javascript; charset=utf-8", include_str!("console/answers.js")),
         "/console/console.css" => ("text/css; charset=utf-8", include_str!("console/console.css")),
         _ => return None,
     };

@@ -1,5 +1,5 @@
-//! `POST /v1/agent/runs/{run_id}/approvals/{approval_id}`: approve, reject
-//! or edit. The parsing and checks here serve the batch too.
+//! `POST /v1/agent/runs/{run_id}/approvals/{approval_id}`: approve, reject,
+//! edit or answer. The parsing and checks here serve the batch too.
 
 use bytes::Bytes;
 use http::Request;
@@ -9,13 +9,14 @@ use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::{Api, ApiError, ApiResponse, changed_run_response, parse_run_id};
 use crate::auth::Principal;
 use crate::domain::{
-    ApprovalId, ApprovalStatus, Comment, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_BYTES,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, RunId, TransitionError, canonical_json, exact_canonical,
+    ApprovalId, ApprovalKind, ApprovalStatus, Comment, Decision, DecisionRequest, MAX_ANSWER_BYTES,
+    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, RunId, TransitionError, canonical_json,
+    exact_canonical,
 };
 use crate::lifecycle::DecideRefused;
 use crate::store::ChangeError;
 
-pub(super) const DECISION_FIELDS: [&str; 4] = ["decision", "comment", "arguments", "arguments_sha256"];
+pub(super) const DECISION_FIELDS: [&str; 5] = ["decision", "comment", "arguments", "arguments_sha256", "answer"];
 
 pub(super) fn approval_not_found() -> ApiError {
     ApiError::NotFound("The run has no approval with that id.".into())
@@ -38,7 +39,33 @@ impl DecisionBody {
     pub(super) fn parse(body: &mut Map<String, Value>) -> Result<DecisionBody, ApiError> {
         let decision = body.remove("decision");
         let arguments = body.remove("arguments").filter(|value| !value.is_null());
+        // Any JSON is an answer, `null` included; the question's schema
+        // says which.
+        let answer = body.remove("answer");
+        match (decision.as_ref().and_then(Value::as_str), &answer) {
+            (Some("answer"), None) => {
+                return Err(ApiError::invalid("answer", "`answer` is required with \"answer\": the person's answer."));
+            }
+            (Some("answer"), Some(_)) if arguments.is_some() => {
+                return Err(ApiError::invalid("arguments", "`arguments` goes only with the decision \"edit\"."));
+            }
+            (Some(other), Some(_)) if other != "answer" => {
+                return Err(ApiError::invalid("answer", "`answer` goes only with the decision \"answer\"."));
+            }
+            _ => {}
+        }
         let decision = match (decision.as_ref().and_then(Value::as_str), arguments) {
+            (Some("answer"), None) => {
+                let answer = exact_canonical(&answer.unwrap_or_default())
+                    .map_err(|problem| ApiError::invalid("answer", problem))?;
+                if canonical_json(&answer).len() > MAX_ANSWER_BYTES {
+                    return Err(ApiError::invalid(
+                        "answer",
+                        format!("`answer` may be at most {MAX_ANSWER_BYTES} bytes as JSON."),
+                    ));
+                }
+                Decision::Answer(answer)
+            }
             (Some("edit"), Some(Value::Object(fields))) => {
                 let arguments = exact_canonical(&Value::Object(fields))
                     .map_err(|problem| ApiError::invalid("arguments", problem))?;
@@ -64,10 +91,15 @@ impl DecisionBody {
             _ if decision.is_none() || decision == Some(Value::Null) => {
                 return Err(ApiError::invalid(
                     "decision",
-                    "`decision` is required: \"approve\", \"reject\" or \"edit\".",
+                    "`decision` is required: \"approve\", \"reject\", \"edit\" or \"answer\".",
                 ));
             }
-            _ => return Err(ApiError::invalid("decision", "`decision` must be \"approve\", \"reject\" or \"edit\".")),
+            _ => {
+                return Err(ApiError::invalid(
+                    "decision",
+                    "`decision` must be \"approve\", \"reject\", \"edit\" or \"answer\".",
+                ));
+            }
         };
         let comment = optional_string(body, "comment")?
             .map(|text| Comment::parse(text).map_err(|error| ApiError::invalid("comment", error.0)))
@@ -98,10 +130,7 @@ impl DecisionBody {
             run.approvals.iter().find(|approval| approval.id == approval_id).ok_or_else(approval_not_found)?;
         if let Decision::Edit(arguments) = &self.decision {
             let Some(call) = &approval.call else {
-                return Err(ApiError::invalid(
-                    "decision",
-                    "Only a `tool_call` approval can be edited; this one is an `action`.",
-                ));
+                return Err(ApiError::invalid("decision", nothing_to_edit(approval.kind())));
             };
             // A decided approval is left to the repeat rules: the same edit
             // again is 200 even if the definition changed since.
@@ -118,6 +147,18 @@ impl DecisionBody {
             decided_by: Some(by.key_id),
         })
     }
+}
+
+fn nothing_to_edit(kind: ApprovalKind) -> String {
+    match kind {
+        ApprovalKind::Input => not_approved(),
+        kind => format!("Only a `tool_call` approval can be edited; this one is an `{}`.", kind.as_str()),
+    }
+}
+
+fn not_approved() -> String {
+    "This approval is a question (`input`): answer it (\"answer\" with `answer`) or decline it (\"reject\")."
+        .to_owned()
 }
 
 pub(super) fn already_decided(status: ApprovalStatus, decision: &str) -> String {
@@ -155,12 +196,22 @@ pub(super) fn refused(error: ChangeError<DecideRefused>, decided: impl Fn(Approv
                 .into(),
         ),
         ChangeError::Refused(DecideRefused::Transition(TransitionError::NothingToEdit)) => {
-            ApiError::invalid("decision", "Only a `tool_call` approval can be edited; this one is an `action`.")
+            ApiError::invalid("decision", nothing_to_edit(ApprovalKind::Action))
+        }
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::NotAQuestion)) => ApiError::invalid(
+            "decision",
+            "Only a question (an `input` approval) is answered; approve, edit or reject this one.",
+        ),
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::QuestionNeedsAnAnswer)) => {
+            ApiError::invalid("decision", not_approved())
+        }
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::AnswerRefused(problem))) => {
+            ApiError::invalid("answer", problem)
         }
         ChangeError::Refused(DecideRefused::Transition(TransitionError::TooManyArguments)) => ApiError::invalid(
             "arguments",
             format!(
-                "The run's approvals would hold more arguments than a run may ({MAX_APPROVAL_ARGUMENTS_PER_RUN} bytes as JSON); approve or reject the call as proposed."
+                "The run's approvals would hold more than a run may ({MAX_APPROVAL_ARGUMENTS_PER_RUN} bytes as JSON); approve or reject the call as proposed, or send a shorter answer."
             ),
         ),
         ChangeError::Refused(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(status))) => {

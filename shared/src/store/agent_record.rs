@@ -32,6 +32,9 @@ struct StoredAgent {
     max_total_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_tool_calls: Option<u64>,
+    /// Absent (false) from definitions stored before questions.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    ask_human: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -109,6 +112,7 @@ pub fn encode_agent(agent: &AgentDefinition) -> Result<String, StoreError> {
         separate_approver: agent.separate_approver,
         max_total_tokens: agent.max_total_tokens,
         max_tool_calls: agent.max_tool_calls,
+        ask_human: agent.ask_human,
     };
     serde_json::to_string(&stored).map_err(|error| StoreError::Defect(format!("cannot encode an agent: {error}")))
 }
@@ -149,6 +153,7 @@ pub fn decode_agent(text: &str) -> Result<AgentDefinition, StoreError> {
         separate_approver: stored.separate_approver,
         max_total_tokens: stored.max_total_tokens,
         max_tool_calls: stored.max_tool_calls,
+        ask_human: stored.ask_human,
     })
 }
 

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use crate::views::Shown;
 
 use crate::domain::{
-    AgentDefinition, ApprovalStatus, DecidedCall, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId,
+    AgentDefinition, ApprovalKind, ApprovalStatus, DecidedCall, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId,
     Owner, Policy, PreviousSecret, Rule, RunId, RunStatus, Scopes, Timestamp, WebhookEndpoint, WebhookId,
     WebhookSecret,
 };
@@ -117,6 +117,8 @@ pub struct ListRequest {
 pub struct InboxRequest {
     pub status: ApprovalStatus,
     pub agent: Option<String>,
+    /// Only approvals of this kind.
+    pub kind: Option<ApprovalKind>,
     /// Only entries after this one (older); the keyset cursor.
     pub after: Option<InboxPosition>,
     pub limit: u32,

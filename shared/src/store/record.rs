@@ -86,6 +86,11 @@ pub(super) struct StoredApproval {
     edited_arguments: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     policy: Option<StoredPolicyMatch>,
+    /// A question's schema and its answer, as canonical JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    input_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    answer: Option<String>,
 }
 
 /// The rule an approval names.
@@ -196,6 +201,8 @@ impl From<&Approval> for StoredApproval {
             arguments: approval.call.as_ref().map(|call| canonical_json(&call.arguments)),
             edited_arguments: approval.edited_arguments.as_ref().map(canonical_json),
             policy: approval.policy.as_ref().map(StoredPolicyMatch::from),
+            input_schema: approval.input_schema.as_ref().map(canonical_json),
+            answer: approval.answer.as_ref().map(canonical_json),
         }
     }
 }
@@ -228,6 +235,8 @@ impl TryFrom<StoredApproval> for Approval {
                 .map(|key| key.parse().map_err(|_| malformed("approval resolved_by")))
                 .transpose()?,
             policy: approval.policy.map(StoredPolicyMatch::read).transpose()?,
+            input_schema: approval.input_schema.map(json).transpose()?,
+            answer: approval.answer.map(json).transpose()?,
         })
     }
 }

@@ -26,6 +26,7 @@ use tokio::sync::watch;
 
 mod network;
 mod policies;
+mod questions;
 mod saves;
 mod tool_calls;
 

@@ -168,6 +168,8 @@ impl Run {
                 resolved_by: None,
                 edited_arguments: None,
                 policy: request.policy,
+                input_schema: request.input_schema,
+                answer: None,
             };
             self.record(now, EventData::ApprovalRequested(approval.clone()));
             let rule = approval.policy.as_ref().map(|policy| policy.rule.clone());

@@ -15,11 +15,13 @@ use support::{Server, Target, is_timestamp};
 mod approvals;
 mod events;
 mod policies;
+mod questions;
 mod runs;
 
 use approvals::*;
 use events::*;
 use policies::*;
+use questions::*;
 use runs::*;
 
 const RUNS: &str = "/v1/agent/runs";
@@ -78,4 +80,5 @@ on_every_target!(
     the_inbox_lists_approvals_across_runs_newest_first,
     a_batch_decides_across_runs_all_or_nothing,
     policies_are_replaced_whole_conditionally_tried_on_history_and_enforced,
+    a_script_asks_and_a_person_answers_or_declines,
 );

@@ -6,6 +6,7 @@
 mod bedrock;
 mod model;
 mod openai;
+mod questions;
 mod tools;
 
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
 use crate::domain::{
-    AgentDefinition, ApprovalRequest, ApprovalStatus, Budget, EventData, EventText, GatedCall,
+    ASK_HUMAN_TOOL, AgentDefinition, ApprovalRequest, ApprovalStatus, Budget, EventData, EventText, GatedCall,
     MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Policy, ProposedCall, ProviderKind, Resolver,
     RuleDecision, ToolCompleted, Usage, Verdict, approval_arguments_bytes, canonical_json,
 };
@@ -150,6 +151,7 @@ impl LlmRuntime {
                 description: tool.definition.description.clone(),
                 parameters: tool.definition.parameters.clone(),
             })
+            .chain(definition.ask_human.then(questions::spec))
             .collect();
         Ok(LlmAgent { definition, model, tools, specs, runtime: self.clone() })
     }
@@ -221,6 +223,11 @@ impl LlmAgent {
         self.tools.iter().find(|tool| tool.definition.name == name)
     }
 
+    /// Whether the call puts a question to a person.
+    fn asks_humans(&self, call: &ToolCall) -> bool {
+        self.definition.ask_human && call.name == ASK_HUMAN_TOOL
+    }
+
     /// The tool a call names and its arguments, or what is wrong with the
     /// call in words for the model.
     fn checked(&self, call: &ToolCall) -> Result<(&Tool, serde_json::Value), String> {
@@ -262,6 +269,11 @@ impl LlmAgent {
     /// exactly), or what a rule of `policy` decided for them; `None` when
     /// the call runs without an approval.
     fn approval_request(&self, call: &ToolCall, policy: &Policy) -> Option<ApprovalRequest> {
+        // Questions always go to a person; no rule decides them.
+        if self.asks_humans(call) {
+            let (question, schema) = questions::asked(&call.arguments).ok()?;
+            return Some(ApprovalRequest::question(question, schema));
+        }
         let tool = self.tool(&call.name)?;
         // Only checked calls get here, but the definition may have changed
         // since: the model's text is used then (the call is checked again
@@ -288,6 +300,14 @@ impl LlmAgent {
         let run_id = &run_id.to_string();
         let pending = transcript.pending.remove(0);
         let call = &pending.call;
+        if self.asks_humans(call) {
+            let answered = pending.approval.and_then(|index| approvals.get(index)).and_then(questions::result);
+            let Some((content, is_error)) = answered else {
+                return Step::Failed("The question this run waited on is missing or unanswered.".into());
+            };
+            transcript.messages.push(Message::Tool { call_id: call.id.clone(), content, is_error });
+            return self.checkpoint(&transcript);
+        }
         let will_call = match pending.approval.map(|index| approvals.get(index)) {
             None => true,
             Some(approval) => approval.is_some_and(|approval| approval.status == ApprovalStatus::Approved),
@@ -437,7 +457,9 @@ impl LlmAgent {
         // No one is asked to approve, and no rule lets through, a call the
         // budget no longer allows (a call already decided is checked as it
         // is answered).
-        let may_call = requests.iter().any(|request| !matches!(request.decided, Some(RuleDecision::Denied { .. })));
+        let may_call = requests.iter().any(|request| {
+            request.input_schema.is_none() && !matches!(request.decided, Some(RuleDecision::Denied { .. }))
+        });
         if may_call && let Some(spent) = budget.within(self.definition.budget()).refuses_tool_call(usage) {
             return Some(Step::Failed(spent));
         }
@@ -518,6 +540,18 @@ impl LlmAgent {
         for call in reply.tool_calls {
             // Calls that cannot be made are answered at once, never put to a human.
             let refused = match self.checked(&call) {
+                _ if self.asks_humans(&call) => match questions::asked(&call.arguments) {
+                    // The schema is kept with the approval; the answer is
+                    // held to the run's room when it is given.
+                    Ok((_, schema)) if canonical_json(&schema).len() > room => Some(format!(
+                        "This run has put as much to people as it may ({proposals} bytes as JSON); the question was not asked."
+                    )),
+                    Ok((_, schema)) => {
+                        room -= canonical_json(&schema).len();
+                        None
+                    }
+                    Err(problem) => Some(problem),
+                },
                 Ok((tool, arguments)) => {
                     // An approval keeps the arguments, whoever decides it.
                     let size = canonical_json(&arguments).len();

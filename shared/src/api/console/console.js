@@ -91,6 +91,7 @@ async function loadList(more, keep) {
   if (state.view === "inbox") {
     params.set("status", "pending");
     if (agent) params.set("agent", agent);
+    if ($("kind-filter").value) params.set("kind", $("kind-filter").value);
     path = "/v1/approvals";
   } else {
     const wanted = $("status-filter").value;
@@ -282,6 +283,9 @@ function approvalView(run, approval) {
       box.append(el("pre", { class: "edited" }, JSON.stringify(approval.edited_arguments, null, 2)));
     }
   }
+  if (approval.kind === "input" && approval.status === "answered") {
+    box.append(el("div", { class: "meta" }, "answer:"), el("pre", { class: "answer" }, JSON.stringify(approval.answer, null, 2)));
+  }
   if (approval.policy) {
     const rule = approval.policy;
     box.append(el("div", { class: "meta policy" }, rule.mode === "log_only"
@@ -292,6 +296,7 @@ function approvalView(run, approval) {
   if (approval.status !== "pending") return box;
   box.dataset.pending = "";
   box.append(el("div", { class: "meta" }, "waiting " + ago(approval.requested_at) + (approval.expires_at ? " · expires " + approval.expires_at : "")));
+  if (approval.kind === "input") return questionView(run, approval, box);
   const comment = el("input", { class: "comment", placeholder: "comment (a rejection's reason reaches the model)" });
   const actions = el("div", { class: "actions" }, comment);
   let editor = null;
@@ -332,6 +337,40 @@ function approvalView(run, approval) {
   if (editor) actions.append(el("button", { type: "button", class: "edit", onclick: () => decide("edit") }, "Approve edited"));
   actions.append(el("button", { type: "button", class: "danger reject", onclick: () => decide("reject") }, "Reject"));
   box.append(actions);
+  return box;
+}
+
+// A pending question: the form its schema makes, Answer and Decline.
+function questionView(run, approval, box) {
+  const form = answerForm(approval.input_schema || { type: "string" });
+  const problem = el("div", { class: "invalid", role: "status" });
+  const comment = el("input", { class: "comment", placeholder: "comment (a decline's reason reaches the agent)" });
+  const send = async (decision) => {
+    const body = { decision, comment: comment.value || null };
+    let text = JSON.stringify(body);
+    if (decision === "answer") {
+      const read = form.read();
+      problem.textContent = read.problem || "";
+      if (read.problem) return;
+      if (read.text !== undefined) text = text.slice(0, -1) + ',"answer":' + read.text + "}";
+      else text = JSON.stringify(Object.assign(body, { answer: read.answer }));
+    }
+    try {
+      const path = "/v1/agent/runs/" + encodeURIComponent(run.id) + "/approvals/" + encodeURIComponent(approval.id);
+      const decided = await api(path, { method: "POST", text });
+      notice(decision === "answer" ? "Answered." : "Declined.", true);
+      renderRun(decided);
+      if (state.view === "inbox") loadList(false, true);
+    } catch (error) {
+      // The service's complaint (what the schema refuses, and where) shows by the form.
+      problem.textContent = error.message;
+      failed(error);
+    }
+  };
+  const actions = el("div", { class: "actions" }, comment,
+    el("button", { type: "button", class: "primary answer", onclick: () => send("answer") }, "Answer"),
+    el("button", { type: "button", class: "danger reject", onclick: () => send("reject") }, "Decline"));
+  box.append(form.element, problem, actions);
   return box;
 }
 
@@ -428,6 +467,7 @@ function showView(view) {
   $("tab-runs").setAttribute("aria-pressed", String(view === "runs"));
   $("tab-policy").setAttribute("aria-pressed", String(view === "policy"));
   $("agent-filter-label").hidden = view !== "inbox";
+  $("kind-filter-label").hidden = view !== "inbox";
   $("status-filter-label").hidden = view !== "runs";
   loadList(false);
 }
@@ -470,6 +510,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("more").addEventListener("click", () => loadList(true));
   $("status-filter").addEventListener("change", () => loadList(false));
   $("agent-filter").addEventListener("change", () => loadList(false));
+  $("kind-filter").addEventListener("change", () => loadList(false));
   document.addEventListener("keydown", (event) => {
     if (["INPUT", "TEXTAREA", "SELECT"].includes(event.target.tagName) || event.ctrlKey || event.metaKey || event.altKey) return;
     if (event.key === "j") select(state.selected + 1);

@@ -14,7 +14,7 @@ use super::routes::{Operation, ROUTES};
 use super::{ApiError, MAX_BODY_BYTES};
 use super::{batch, create, events, inbox, webhooks};
 use crate::domain::{
-    ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS, MAX_DISAGREEMENTS,
+    ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_ANSWER_BYTES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS, MAX_DISAGREEMENTS,
     MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS,
     MAX_RULES, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER, RETRY_DELAYS, RunStatus,
 };
@@ -109,8 +109,8 @@ fn operation(id: &str, summary: &str, parameters: Value, body: Option<Value>, mu
 
 /// A decision's body; `extra` adds the required properties a batch
 /// element has (a list, not an object, whose key order would depend on a
-/// `serde_json` feature). One object, with "`arguments` exactly with edit"
-/// as `if`/`then`/`else`: client generators (openapi-python-client,
+/// `serde_json` feature). One object, with "`arguments` exactly with edit,
+/// `answer` exactly with answer" as nested `if`/`then`/`else`: client generators (openapi-python-client,
 /// openapi-typescript) ignore those and see one model, while a `oneOf` of
 /// partial objects made openapi-python-client emit a model twice and
 /// generate a client that fails at import. Validators still apply the rule.
@@ -120,14 +120,20 @@ fn decision_schema(extra: &[(&str, Value)]) -> Value {
         "additionalProperties": false,
         "required": ["decision"],
         "properties": {
-            "decision": {"type": "string", "enum": ["approve", "reject", "edit"], "description": "edit: approve with `arguments` in place of the proposed ones (tool_call approvals only; checked against the tool's JSON Schema)."},
+            "decision": {"type": "string", "enum": ["approve", "reject", "edit", "answer"], "description": "edit: approve with `arguments` in place of the proposed ones (tool_call approvals only; checked against the tool's JSON Schema). answer: answer a question (input approvals only, which take answer or reject, never approve or edit)."},
+            "answer": {"description": format!("With answer, and only with answer (required there): any JSON the question's `input_schema` accepts (400 naming what is wrong otherwise), at most {MAX_ANSWER_BYTES} bytes as JSON.")},
             "comment": {"type": ["string", "null"], "maxLength": MAX_COMMENT_CHARS, "description": "A reject's comment reaches the model as the reason."},
             "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": format!("With edit, and only with edit (required there): the arguments to call the tool with, at most {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON.")},
             "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-fA-F]{64}$", "description": "The approval's arguments_sha256 as the person saw it; another value is 409 and nothing changes."}
         },
         "if": {"properties": {"decision": {"const": "edit"}}},
-        "then": {"required": ["arguments"], "properties": {"arguments": {"type": "object"}}},
-        "else": {"properties": {"arguments": {"type": "null"}}}
+        "then": {"required": ["arguments"], "properties": {"arguments": {"type": "object"}}, "not": {"required": ["answer"]}},
+        "else": {
+            "properties": {"arguments": {"type": "null"}},
+            "if": {"properties": {"decision": {"const": "answer"}}},
+            "then": {"required": ["answer"]},
+            "else": {"not": {"required": ["answer"]}}
+        }
     });
     for (name, property) in extra {
         schema["properties"][*name] = property.clone();
@@ -403,11 +409,13 @@ impl<'a> Parts<'a> {
         let approval = json!({
             "type": "object",
             "additionalProperties": false,
-            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments", "policy"],
+            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments", "policy", "input_schema", "answer"],
             "properties": {
                 "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
-                "kind": {"type": "string", "enum": [ApprovalKind::Action.as_str(), ApprovalKind::ToolCall.as_str()], "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly."},
-                "action": {"type": "string", "description": "In plain words, what approving does."},
+                "kind": {"type": "string", "enum": ApprovalKind::ALL.map(ApprovalKind::as_str), "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly. `input`: a question a person answers (decision answer) or declines (reject)."},
+                "action": {"type": "string", "description": "In plain words, what approving does; for an input, the question."},
+                "input_schema": {"type": ["object", "null"], "additionalProperties": true, "description": "For an input: the JSON Schema the answer must satisfy (`{\"type\": \"string\"}` when the agent gave none); null otherwise."},
+                "answer": {"description": "For an input: the answer once given (status answered), any JSON its schema accepts; null otherwise."},
                 "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
                 "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments the model proposed."},
                 "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` serialized per RFC 8785 (the JSON Canonicalization Scheme: any JCS library computes it); send it with a decision to bind the decision to this exact call."},
@@ -541,6 +549,8 @@ mod tests {
             resolved_by: None,
             edited_arguments: None,
             policy: None,
+            input_schema: None,
+            answer: None,
         });
         let view = serde_json::to_value(RunView::new(&run, crate::views::Shown::default())).unwrap();
         let schemas = &builtin()["components"]["schemas"];

@@ -130,8 +130,9 @@ pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
             json!([
                 {"name": "status", "in": "query", "required": false, "description": "Only approvals in this state (default pending). Empty is the same as absent.", "schema": {"type": "string", "enum": approval_statuses.iter().copied().chain([""]).collect::<Vec<_>>(), "default": "pending"}},
                 {"name": "agent", "in": "query", "required": false, "description": "Only approvals of runs of this agent. Empty is the same as absent.", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"}},
+                {"name": "kind", "in": "query", "required": false, "description": "Only approvals of this kind (`input`: questions). Empty is the same as absent.", "schema": {"type": "string", "enum": ["action", "tool_call", "input", ""]}},
                 {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": inbox::MAX_LIMIT}, {"const": ""}], "default": inbox::DEFAULT_LIMIT}},
-                {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status and agent filters.", "schema": {"type": "string"}}
+                {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status, agent and kind filters.", "schema": {"type": "string"}}
             ]),
             None,
             json!({

@@ -91,7 +91,8 @@ impl RunLists for DynamoStore {
         let wanted = request.limit as usize + 1;
         // Filtered, a Query reads past other agents' entries (small: keys
         // and agent), so each reads many; unfiltered, what the page needs.
-        let read_per_query = if request.agent.is_some() { INBOX_FILTERED_READ } else { wanted };
+        let filtered = request.agent.is_some() || request.kind.is_some();
+        let read_per_query = if filtered { INBOX_FILTERED_READ } else { wanted };
         let mut entries = Vec::new();
         let mut start = None;
         loop {
@@ -138,6 +139,8 @@ impl RunLists for DynamoStore {
                 let mut of_run: Vec<InboxEntry> = ids
                     .into_iter()
                     .filter_map(|id| InboxEntry::of(run, id, request.status, request.after.as_ref()))
+                    // A run's entry may hold approvals of several kinds.
+                    .filter(|entry| request.kind.is_none_or(|kind| entry.approval.kind() == kind))
                     .collect();
                 of_run.sort_by_key(|entry| std::cmp::Reverse(entry.position()));
                 entries.extend(of_run);
