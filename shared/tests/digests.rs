@@ -35,6 +35,8 @@ fn service_digest(arguments: Value) -> String {
         resolved_by: None,
         edited_arguments: None,
         policy: None,
+        input_schema: None,
+        answer: None,
     };
     approval.arguments_sha256().unwrap()
 }

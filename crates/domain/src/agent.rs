@@ -273,7 +273,9 @@ impl AgentDefinition {
                 return fail(format!("Two tools are named `{}`.", tool.name));
             }
             if self.ask_human && tool.name == ASK_HUMAN_TOOL {
-                return fail(format!("A tool may not be named `{ASK_HUMAN_TOOL}` when `ask_human` is true: it is that tool."));
+                return fail(format!(
+                    "A tool may not be named `{ASK_HUMAN_TOOL}` when `ask_human` is true: it is that tool."
+                ));
             }
             if tool.description.trim().is_empty() {
                 return fail(format!("{label}: `description` must not be empty; the model reads it."));

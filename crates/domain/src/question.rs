@@ -33,7 +33,9 @@ pub fn check_input_schema(schema: &Value) -> Result<(), String> {
         return Err(format!("The answer schema may be at most {MAX_INPUT_SCHEMA_BYTES} bytes as JSON."));
     }
     check_exact_numbers(schema)?;
-    jsonschema::validator_for(schema).map(|_| ()).map_err(|error| format!("The answer schema is not a valid JSON Schema: {error}"))
+    jsonschema::validator_for(schema)
+        .map(|_| ())
+        .map_err(|error| format!("The answer schema is not a valid JSON Schema: {error}"))
 }
 
 /// Whether `answer` satisfies `schema`; else what is wrong and where
@@ -44,7 +46,8 @@ pub fn check_answer(schema: &Value, answer: &Value) -> Result<(), String> {
     }
     check_exact_numbers(answer)?;
     // A stored schema was checked when it was asked.
-    let validator = jsonschema::validator_for(schema).map_err(|_| "The question's schema cannot be read.".to_owned())?;
+    let validator =
+        jsonschema::validator_for(schema).map_err(|_| "The question's schema cannot be read.".to_owned())?;
     let problems: Vec<String> = validator
         .iter_errors(answer)
         .take(MAX_PROBLEMS)

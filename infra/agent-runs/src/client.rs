@@ -91,17 +91,19 @@ pub enum RunsCommand {
         #[arg(long)]
         comment: Option<String>,
     },
-    /// Answer a run's pending question (the only one, or APPROVAL_ID).
-    #[command(group = clap::ArgGroup::new("the_answer").required(true))]
+    /// Answer a run's pending question (the only one, or APPROVAL_ID):
+    /// `--text <TEXT>`, or `--json <JSON>` for a question whose schema wants
+    /// more than a string (the JSON follows the ids).
     Answer {
         run_id: String,
         approval_id: Option<String>,
+        /// With --json: the answer as JSON (when APPROVAL_ID is left out,
+        /// the argument after RUN_ID).
+        #[arg(hide = true)]
+        answer_json: Option<String>,
         /// The answer as text (a JSON string).
-        #[arg(long, group = "the_answer")]
+        #[arg(long)]
         text: Option<String>,
-        /// The answer as JSON, for a question whose schema wants more than a string.
-        #[arg(long, value_name = "JSON", group = "the_answer")]
-        json: Option<String>,
         #[arg(long)]
         comment: Option<String>,
     },
@@ -289,13 +291,14 @@ pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done,
             }
             out.run(&decide(&api, &run_id, approval_id, body).await?);
         }
-        RunsCommand::Answer { run_id, approval_id, text, json, comment } => {
-            let answer = match (text, json) {
-                (Some(text), _) => Value::String(text),
-                (None, Some(json)) => {
-                    serde_json::from_str(&json).map_err(|error| format!("--json is not JSON: {error}"))?
-                }
-                (None, None) => return Err("give the answer with --text or --json".into()),
+        RunsCommand::Answer { run_id, approval_id, answer_json, text, comment } => {
+            // `--json` is also the flag for JSON output: with it, the last
+            // argument after the ids is the answer.
+            let (approval_id, answer) = match (text, answer_json, approval_id) {
+                (Some(text), None, approval_id) => (approval_id, Value::String(text)),
+                (None, Some(json), approval_id) if connection.json => (approval_id, parse_answer(&json)?),
+                (None, None, Some(json)) if connection.json => (None, parse_answer(&json)?),
+                _ => return Err("give the answer with --text <TEXT> or --json <JSON>".into()),
             };
             let body = json!({"decision": "answer", "answer": answer, "comment": comment});
             out.run(&decide(&api, &run_id, approval_id, body).await?);
@@ -325,6 +328,10 @@ pub async fn approvals(command: ApprovalsCommand, connection: &Connection) -> Re
         }
     }
     Ok(Done::Ok)
+}
+
+fn parse_answer(json: &str) -> Result<Value, Error> {
+    serde_json::from_str(json).map_err(|error| format!("the answer after --json is not JSON: {error}").into())
 }
 
 /// Decides `approval_id`, or the run's only pending approval.

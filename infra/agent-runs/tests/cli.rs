@@ -178,3 +178,38 @@ fn policies_are_tested_put_and_shown_from_the_command_line() {
     assert!(shown.starts_with("version 1"), "{shown}");
     assert!(shown.contains("protect-main") && shown.contains("/branch == \"main\""), "{shown}");
 }
+
+#[test]
+fn a_person_answers_questions_as_text_and_as_json() {
+    let server = Server::start_on(Target::Embedded, &[]);
+    let key = server.dev_key.clone().unwrap();
+    let run =
+        json(&server, &["runs", "create", "--agent", "script", "--input", "ask Which env?\nask How many?\nsay done"]);
+    let id = run["id"].as_str().unwrap().to_owned();
+    server.wait_for_status(&key, &id, "awaiting_approval");
+    let questions = json(&server, &["approvals", "list", "--kind", "input"]);
+    assert_eq!(questions["data"][0]["action"], "Which env?");
+    assert!(json(&server, &["approvals", "list", "--kind", "tool_call"])["data"].as_array().unwrap().is_empty());
+
+    let missing = cli(&server, &["runs", "answer", &id]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(stderr(&missing).contains("--text"), "{}", stderr(&missing));
+    // A wrong answer is the API's 400, named; nothing changes.
+    let refused = cli(&server, &["runs", "answer", &id, "--json", "7"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(stderr(&refused).contains("400") && stderr(&refused).contains("string"), "{}", stderr(&refused));
+    let answered = cli(&server, &["runs", "answer", &id, "--text", "staging"]);
+    assert!(answered.status.success(), "{}", stderr(&answered));
+    assert!(stdout(&answered).contains("answered"), "{}", stdout(&answered));
+
+    let run = server.wait_for(&key, &id, std::time::Duration::from_secs(20), |run| {
+        run["status"] == "awaiting_approval" && run["pending_approvals"].as_array().unwrap().len() == 2
+    });
+    let second = run["pending_approvals"][1]["id"].as_str().unwrap();
+    let answered = cli(&server, &["runs", "answer", &id, second, "--json", r#""three""#]);
+    assert!(answered.status.success(), "{}", stderr(&answered));
+    let decided: Value = serde_json::from_str(&stdout(&answered)).unwrap();
+    assert_eq!(decided["pending_approvals"][1]["answer"], "three");
+    let done = server.wait_for_status(&key, &id, "succeeded");
+    assert_eq!(done["output"], "answered: staging\nanswered: three\ndone");
+}

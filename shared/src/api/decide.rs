@@ -157,8 +157,7 @@ fn nothing_to_edit(kind: ApprovalKind) -> String {
 }
 
 fn not_approved() -> String {
-    "This approval is a question (`input`): answer it (\"answer\" with `answer`) or decline it (\"reject\")."
-        .to_owned()
+    "This approval is a question (`input`): answer it (\"answer\" with `answer`) or decline it (\"reject\").".to_owned()
 }
 
 pub(super) fn already_decided(status: ApprovalStatus, decision: &str) -> String {

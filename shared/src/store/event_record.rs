@@ -396,6 +396,18 @@ mod tests {
             resolved_by: Some(Resolver::Key(KeyId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 9)))),
             edited_arguments: call.then(|| serde_json::json!({"env": "staging"})),
             policy: None,
+            input_schema: None,
+            answer: None,
+        }
+    }
+
+    /// A question a person answered.
+    fn question() -> Approval {
+        Approval {
+            status: ApprovalStatus::Answered,
+            input_schema: Some(serde_json::json!({"enum": ["staging", "prod"]})),
+            answer: Some(serde_json::json!("prod")),
+            ..approval(5, false)
         }
     }
 
@@ -425,7 +437,7 @@ mod tests {
         run.started_at = Some(at(1));
         run.completed_at = Some(at(4));
         run.usage = Some(Usage { input_tokens: 3, output_tokens: 4, total_tokens: 7, tool_calls: 1 });
-        run.approvals = vec![approval(2, true), approval(3, false), by_policy()];
+        run.approvals = vec![approval(2, true), approval(3, false), by_policy(), question()];
         run
     }
 
@@ -442,7 +454,7 @@ mod tests {
             EventData::RunFailed(Box::new(RunSnapshot { error: Some(EventText::new("boom")), ..*snapshot() })),
             EventData::RunCanceled(snapshot()),
             EventData::ApprovalRequested(approval(2, true)),
-            EventData::ApprovalDecided(approval(2, true)),
+            EventData::ApprovalDecided(question()),
             EventData::ApprovalExpiring(approval(3, false)),
             EventData::ApprovalExtended(approval(3, false)),
             EventData::ApprovalExpired(approval(3, false)),

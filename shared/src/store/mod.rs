@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use crate::views::Shown;
 
 use crate::domain::{
-    AgentDefinition, ApprovalKind, ApprovalStatus, DecidedCall, DeliveryAttempt, DeliveryId, EndpointHealth, InboxPosition, KeyId,
-    Owner, Policy, PreviousSecret, Rule, RunId, RunStatus, Scopes, Timestamp, WebhookEndpoint, WebhookId,
-    WebhookSecret,
+    AgentDefinition, ApprovalKind, ApprovalStatus, DecidedCall, DeliveryAttempt, DeliveryId, EndpointHealth,
+    InboxPosition, KeyId, Owner, Policy, PreviousSecret, Rule, RunId, RunStatus, Scopes, Timestamp, WebhookEndpoint,
+    WebhookId, WebhookSecret,
 };
 
 pub use crate::domain::{InboxEntry, Run};

@@ -50,7 +50,10 @@ pub(super) async fn the_model_asks_a_person_and_reads_the_answer() {
     let content = declined.last().unwrap()["content"].as_str().unwrap();
     assert!(content.contains("declined") && content.contains("release manager"), "{content}");
     let run = fixture.run(&message).await;
-    assert_eq!(run.approvals.iter().map(|a| a.status).collect::<Vec<_>>(), [ApprovalStatus::Answered, ApprovalStatus::Rejected]);
+    assert_eq!(
+        run.approvals.iter().map(|a| a.status).collect::<Vec<_>>(),
+        [ApprovalStatus::Answered, ApprovalStatus::Rejected]
+    );
     assert!(fixture.stand_in.tool_calls().is_empty(), "asking is not an HTTP tool call");
     assert_eq!(run.usage.map(|usage| usage.tool_calls), Some(0));
 }

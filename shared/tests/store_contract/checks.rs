@@ -488,10 +488,20 @@ pub(super) async fn inbox(
     status: ApprovalStatus,
     agent: Option<&str>,
 ) -> Vec<String> {
+    inbox_of_kind(store, owner_name, status, agent, None).await
+}
+
+pub(super) async fn inbox_of_kind(
+    store: &dyn TestStore,
+    owner_name: &str,
+    status: ApprovalStatus,
+    agent: Option<&str>,
+    kind: Option<agent_runs_shared::domain::ApprovalKind>,
+) -> Vec<String> {
     let mut seen = Vec::new();
     let mut after = None;
     loop {
-        let request = InboxRequest { status, agent: agent.map(str::to_owned), after, limit: 2 };
+        let request = InboxRequest { status, agent: agent.map(str::to_owned), kind, after, limit: 2 };
         let page = store.inbox(&owner(owner_name), request).await.unwrap();
         assert!(page.entries.len() <= 2);
         for entry in &page.entries {
@@ -529,10 +539,47 @@ pub(super) async fn the_inbox_lists_approvals_newest_first_by_status_and_agent(s
     assert_eq!(inbox(store, "inbox", ApprovalStatus::Approved, None).await, ["echo:step 1"]);
     assert_eq!(inbox(store, "inbox", ApprovalStatus::Canceled, Some("script")).await, ["script:step 1"]);
     assert!(inbox(store, "inbox", ApprovalStatus::Canceled, Some("echo")).await.is_empty());
-    let request = InboxRequest { status: ApprovalStatus::Canceled, agent: None, after: None, limit: 5 };
+    let request = InboxRequest { status: ApprovalStatus::Canceled, agent: None, kind: None, after: None, limit: 5 };
     let canceled = store.inbox(&owner("inbox"), request).await.unwrap();
     assert_eq!(canceled.entries[0].run_status, RunStatus::Canceled);
     assert!(!canceled.has_more);
+
+    // One park may ask questions and approvals at once; the kind filter
+    // picks among them, page by page.
+    use agent_runs_shared::domain::{ApprovalKind, ApprovalRequest};
+    let mut mixed = new_run("inbox-kinds", 50, 1);
+    mixed.agent = "ops".into();
+    insert(store, &mut mixed).await;
+    let when = Timestamp::from_millis((T0 + 50) as i64);
+    mixed.claim("w", when, &policy).unwrap();
+    let id = |n: u128| ApprovalId::from_ulid(Ulid::from_parts(T0 + 50, n));
+    let requests = vec![
+        (id(1), "step 1".into()),
+        (id(2), ApprovalRequest::question("which?", serde_json::json!({"type": "string"}))),
+        (id(3), "step 3".into()),
+        (id(4), ApprovalRequest::question("when?", serde_json::json!({"type": "string"}))),
+        (id(5), "step 5".into()),
+    ];
+    mixed.park("w", requests, serde_json::json!({}), when, &policy).unwrap();
+    store.update(&mut mixed).await.unwrap();
+    let of_kind = |kind| inbox_of_kind(store, "inbox-kinds", pending, None, Some(kind));
+    assert_eq!(of_kind(ApprovalKind::Input).await, ["ops:when?", "ops:which?"]);
+    assert_eq!(of_kind(ApprovalKind::Action).await, ["ops:step 5", "ops:step 3", "ops:step 1"]);
+    assert!(of_kind(ApprovalKind::ToolCall).await.is_empty());
+    let answer = DecisionRequest {
+        decision: Decision::Answer(serde_json::json!("now")),
+        comment: None,
+        seen_sha256: None,
+        decided_by: None,
+    };
+    mixed.decide(id(4), answer, Timestamp::from_millis((T0 + 51) as i64), &policy).unwrap();
+    store.update(&mut mixed).await.unwrap();
+    assert_eq!(of_kind(ApprovalKind::Input).await, ["ops:which?"]);
+    let answered = inbox_of_kind(store, "inbox-kinds", ApprovalStatus::Answered, None, Some(ApprovalKind::Input)).await;
+    assert_eq!(answered, ["ops:when?"]);
+    let stored = store.get(&owner("inbox-kinds"), mixed.id).await.unwrap().unwrap();
+    assert_eq!(stored.approvals[3].answer, Some(serde_json::json!("now")), "the answer is stored");
+    assert_eq!(stored.approvals[3].input_schema, Some(serde_json::json!({"type": "string"})));
 }
 
 /// `count` runs of `owner_name` awaiting one approval each, and each with

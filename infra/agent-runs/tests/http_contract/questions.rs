@@ -38,11 +38,15 @@ pub(super) fn a_script_asks_and_a_person_answers_or_declines(target: Target) {
         let error = server.post(&key, &path, body.clone()).expect_error(400, "invalid_request").clone();
         assert_eq!(error["param"], param, "{body}: {error}");
     }
-    let error = server.post(&key, &path, json!({"decision": "answer", "answer": 42})).expect_error(400, "invalid_request").clone();
+    let error = server
+        .post(&key, &path, json!({"decision": "answer", "answer": 42}))
+        .expect_error(400, "invalid_request")
+        .clone();
     assert!(error["message"].as_str().unwrap().contains("string"), "{error}");
     assert_eq!(server.get(&key, &run_path(&run)).expect_status(200)["pending_approvals"][0]["status"], "pending");
 
-    let answered = server.post(&key, &path, json!({"decision": "answer", "answer": "staging"})).expect_status(200).clone();
+    let answered =
+        server.post(&key, &path, json!({"decision": "answer", "answer": "staging"})).expect_status(200).clone();
     assert_eq!(answered["pending_approvals"][0]["status"], "answered");
     assert_eq!(answered["pending_approvals"][0]["answer"], "staging");
     assert!(is_timestamp(&answered["pending_approvals"][0]["resolved_at"]));
@@ -52,8 +56,12 @@ pub(super) fn a_script_asks_and_a_person_answers_or_declines(target: Target) {
     server.post(&key, &path, json!({"decision": "reject"})).expect_error(409, "conflict");
     // An answer on an action is refused.
     let waiting = server.get(&key, &run_path(&script_waits)).expect_status(200).clone();
-    let action = format!("{}/approvals/{}", run_path(&waiting), waiting["pending_approvals"][0]["id"].as_str().unwrap());
-    let error = server.post(&key, &action, json!({"decision": "answer", "answer": "x"})).expect_error(400, "invalid_request").clone();
+    let action =
+        format!("{}/approvals/{}", run_path(&waiting), waiting["pending_approvals"][0]["id"].as_str().unwrap());
+    let error = server
+        .post(&key, &action, json!({"decision": "answer", "answer": "x"}))
+        .expect_error(400, "invalid_request")
+        .clone();
     assert_eq!(error["param"], "decision");
 
     let run = server.wait_for(&key, &id, Duration::from_secs(20), |run| {
@@ -68,7 +76,8 @@ pub(super) fn a_script_asks_and_a_person_answers_or_declines(target: Target) {
 
     // The log tells the question and the answer.
     let events = server.get(&key, &format!("{}/events", run_path(&run))).expect_status(200).clone();
-    let decided: Vec<&Value> = events["data"].as_array().unwrap().iter().filter(|e| e["type"] == "approval.decided").collect();
+    let decided: Vec<&Value> =
+        events["data"].as_array().unwrap().iter().filter(|e| e["type"] == "approval.decided").collect();
     assert_eq!(decided[0]["data"]["kind"], "input");
     assert_eq!(decided[0]["data"]["action"], "Which environment?");
     assert_eq!(decided[0]["data"]["answer"], "staging");

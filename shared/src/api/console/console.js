@@ -344,6 +344,7 @@ function approvalView(run, approval) {
 function questionView(run, approval, box) {
   const form = answerForm(approval.input_schema || { type: "string" });
   const problem = el("div", { class: "invalid", role: "status" });
+  form.element.addEventListener("input", () => { problem.textContent = ""; });
   const comment = el("input", { class: "comment", placeholder: "comment (a decline's reason reaches the agent)" });
   const send = async (decision) => {
     const body = { decision, comment: comment.value || null };
