@@ -19,8 +19,36 @@ pub const MAX_ANSWER_BYTES: usize = 8 * 1024;
 /// The longest question, in characters.
 pub const MAX_QUESTION_CHARS: usize = 2_000;
 
-/// Problems of an answer listed at most.
+/// Problems of an answer listed at most, and the characters of each.
 const MAX_PROBLEMS: usize = 5;
+const MAX_PROBLEM_CHARS: usize = 300;
+
+/// How deep a question's schema may nest.
+const MAX_SCHEMA_DEPTH: usize = 16;
+
+/// Keywords a question's schema may not use: references let a small schema
+/// stand for an exponentially large one (a check of any answer could then
+/// run for ever); a question's schema is written out whole.
+const REFUSED_KEYWORDS: [&str; 7] =
+    ["$ref", "$dynamicRef", "$recursiveRef", "$defs", "definitions", "$anchor", "$dynamicAnchor"];
+
+/// The first reference keyword in `value`, or nesting past the limit.
+fn refused_part(value: &Value, depth: usize) -> Option<String> {
+    if depth > MAX_SCHEMA_DEPTH {
+        return Some(format!("The answer schema may nest at most {MAX_SCHEMA_DEPTH} levels deep."));
+    }
+    match value {
+        Value::Object(fields) => fields.iter().find_map(|(key, inner)| {
+            if REFUSED_KEYWORDS.contains(&key.as_str()) {
+                Some(format!("The answer schema may not use `{key}`: write the schema out whole."))
+            } else {
+                refused_part(inner, depth + 1)
+            }
+        }),
+        Value::Array(items) => items.iter().find_map(|inner| refused_part(inner, depth + 1)),
+        _ => None,
+    }
+}
 
 /// `schema` if it can be a question's: a valid JSON Schema, an object, of
 /// at most [`MAX_INPUT_SCHEMA_BYTES`], its numbers exact. Says what is wrong
@@ -33,6 +61,9 @@ pub fn check_input_schema(schema: &Value) -> Result<(), String> {
         return Err(format!("The answer schema may be at most {MAX_INPUT_SCHEMA_BYTES} bytes as JSON."));
     }
     check_exact_numbers(schema)?;
+    if let Some(problem) = refused_part(schema, 0) {
+        return Err(problem);
+    }
     jsonschema::validator_for(schema)
         .map(|_| ())
         .map_err(|error| format!("The answer schema is not a valid JSON Schema: {error}"))
@@ -53,7 +84,11 @@ pub fn check_answer(schema: &Value, answer: &Value) -> Result<(), String> {
         .take(MAX_PROBLEMS)
         .map(|error| {
             let at = error.instance_path().to_string();
-            if at.is_empty() { error.to_string() } else { format!("at {at}: {error}") }
+            let problem = if at.is_empty() { error.to_string() } else { format!("at {at}: {error}") };
+            match problem.char_indices().nth(MAX_PROBLEM_CHARS) {
+                Some((cut, _)) => format!("{}…", &problem[..cut]),
+                None => problem,
+            }
         })
         .collect();
     if problems.is_empty() {
@@ -99,6 +134,19 @@ mod tests {
         assert!(check_input_schema(&json!({"minLength": -1})).is_err());
         let huge = json!({"enum": vec!["x".repeat(100); 200]});
         assert!(check_input_schema(&huge).unwrap_err().contains("16384"));
+        // References could make a small schema an exponential check.
+        let mut defs = serde_json::Map::new();
+        for level in 0..40 {
+            let next = json!({"$ref": format!("#/$defs/d{}", level + 1)});
+            defs.insert(format!("d{level}"), json!({"allOf": [next.clone(), next]}));
+        }
+        let exploding = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+        assert!(check_input_schema(&exploding).unwrap_err().contains("may not use"));
+        let mut deep = json!({"type": "string"});
+        for _ in 0..20 {
+            deep = json!({"items": deep});
+        }
+        assert!(check_input_schema(&deep).unwrap_err().contains("nest"));
     }
 
     #[test]

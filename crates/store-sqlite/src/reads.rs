@@ -112,7 +112,7 @@ impl RunLists for SqliteStore {
                     None => tracing::error!(run_id = %run.id, %approval_id, "an inbox row disagrees with its run"),
                 }
             }
-            Ok(InboxPage { entries, has_more })
+            Ok(InboxPage { entries, has_more, resume_after: None })
         })
         .await
     }

@@ -203,7 +203,8 @@ pub(super) const SCHEMA_11: &str = "
 ALTER TABLE approvals ADD COLUMN kind TEXT NOT NULL DEFAULT 'action';
 UPDATE approvals SET kind = 'tool_call' WHERE EXISTS (
     SELECT 1 FROM runs, json_each(runs.body, '$.approvals') AS approval
-    WHERE runs.id = approvals.run_id AND json_extract(approval.value, '$.id') = approvals.approval_id
+    WHERE runs.owner = approvals.owner AND runs.id = approvals.run_id
+      AND json_extract(approval.value, '$.id') = approvals.approval_id
       AND json_extract(approval.value, '$.tool') IS NOT NULL);
 ";
 

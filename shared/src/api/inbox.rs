@@ -41,11 +41,9 @@ pub(super) async fn handle(runs: &dyn RunLists, owner: &Owner, query: Option<&st
         .map_err(|error| ApiError::invalid("cursor", error.to_string()))?
         .map(|cursor| cursor.last);
     let page = runs.inbox(owner, InboxRequest { status, agent: agent.clone(), kind, after, limit }).await?;
-    let next_cursor = page
-        .has_more
-        .then(|| page.entries.last())
-        .flatten()
-        .map(|last| InboxCursor { status, agent, kind, last: last.position() }.encode(owner));
+    let last = page.resume_after.or_else(|| page.entries.last().map(|entry| entry.position()));
+    let next_cursor =
+        page.has_more.then_some(last).flatten().map(|last| InboxCursor { status, agent, kind, last }.encode(owner));
     let view = PageView { data: page.entries.iter().map(InboxEntryView::from).collect(), next_cursor };
     Ok(json_response(StatusCode::OK, &view))
 }

@@ -128,6 +128,10 @@ pub struct InboxRequest {
 pub struct InboxPage {
     pub entries: Vec<InboxEntry>,
     pub has_more: bool,
+    /// Where the next page starts when the store stopped reading before the
+    /// page was full (a filter it cannot ask its index for); else after the
+    /// last entry.
+    pub resume_after: Option<InboxPosition>,
 }
 
 /// A batch of run writes that stopped: the first `written` runs were stored

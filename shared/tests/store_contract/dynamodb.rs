@@ -220,3 +220,56 @@ pub(super) async fn dynamodb_events_from_before_the_record_read_as_written() {
     );
     assert_eq!(created.data_json(Shown::default()).unwrap(), created.data.text());
 }
+
+/// With a kind filter, DynamoDB reads each entry's run: a page reads a
+/// bounded number of entries and, when it stops short, says where, so the
+/// next page goes on from there; nothing is skipped or repeated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn dynamodb_a_kind_filtered_inbox_stops_short_and_goes_on() {
+    use agent_runs_shared::domain::{ApprovalKind, ApprovalRequest};
+    if emulator::without_emulator("dynamodb_a_kind_filtered_inbox_stops_short_and_goes_on") {
+        return;
+    }
+    let (client, table) = fresh_table().await;
+    let store = DynamoStore::new(client, table).reading_inbox_kinds(2);
+    let policy = ExecutionPolicy::default();
+    // The oldest run asks a question; five newer ones wait on actions.
+    for n in 0..6u64 {
+        let mut run = new_run("kinds", 10 + n, 1);
+        insert(&store, &mut run).await;
+        let when = Timestamp::from_millis((T0 + 10 + n) as i64);
+        run.claim("w", when, &policy).unwrap();
+        let id = ApprovalId::from_ulid(Ulid::from_parts(T0 + 10 + n, 1));
+        let request = if n == 0 {
+            ApprovalRequest::question("which?", serde_json::json!({"type": "string"}))
+        } else {
+            ApprovalRequest::action(format!("step {n}"))
+        };
+        run.park("w", vec![(id, request)], serde_json::json!({}), when, &policy).unwrap();
+        store.update(&mut run).await.unwrap();
+    }
+    let (mut found, mut pages, mut after) = (Vec::new(), 0, None);
+    loop {
+        let request = InboxRequest {
+            status: ApprovalStatus::Pending,
+            agent: None,
+            kind: Some(ApprovalKind::Input),
+            after,
+            limit: 5,
+        };
+        let page = store.inbox(&owner("kinds"), request).await.unwrap();
+        pages += 1;
+        found.extend(page.entries.iter().map(|entry| entry.approval.action.clone()));
+        if !page.has_more {
+            break;
+        }
+        after = page.resume_after.or_else(|| page.entries.last().map(|entry| entry.position()));
+        assert!(pages < 10, "the pages go on");
+    }
+    assert_eq!(found, ["which?"]);
+    assert!(pages >= 3, "two entries a page over six: {pages} pages");
+    let all = InboxRequest { status: ApprovalStatus::Pending, agent: None, kind: Some(ApprovalKind::Action), after: None, limit: 3 };
+    let actions = store.inbox(&owner("kinds"), all).await.unwrap();
+    assert_eq!(actions.entries.len(), 2, "stopped after two entries");
+    assert!(actions.has_more && actions.resume_after.is_some());
+}

@@ -300,9 +300,10 @@ impl LlmAgent {
         let run_id = &run_id.to_string();
         let pending = transcript.pending.remove(0);
         let call = &pending.call;
-        if self.asks_humans(call) {
-            let answered = pending.approval.and_then(|index| approvals.get(index)).and_then(questions::result);
-            let Some((content, is_error)) = answered else {
+        // A question is told by its approval, whatever the definition says now.
+        let question = pending.approval.and_then(|index| approvals.get(index)).filter(|a| a.input_schema.is_some());
+        if question.is_some() || self.asks_humans(call) {
+            let Some((content, is_error)) = question.and_then(questions::result) else {
                 return Step::Failed("The question this run waited on is missing or unanswered.".into());
             };
             transcript.messages.push(Message::Tool { call_id: call.id.clone(), content, is_error });

@@ -47,13 +47,8 @@ function answerField(schema, label, required) {
     }
     if (schema.minLength !== undefined && text.length < schema.minLength) return { problem: label + " must be at least " + schema.minLength + " characters." };
     if (schema.maxLength !== undefined && text.length > schema.maxLength) return { problem: label + " must be at most " + schema.maxLength + " characters." };
-    if (schema.pattern !== undefined) {
-      try {
-        if (!new RegExp(schema.pattern, "u").test(text)) return { problem: label + " must match " + schema.pattern + "." };
-      } catch (error) {
-        // A pattern the browser reads differently is left to the service.
-      }
-    }
+    // A `pattern` is left to the service: the agent wrote it, and a
+    // backtracking regex could hang this tab.
     return { value: text };
   };
   const row = el("label", { class: "answer-field", for: id }, el("span", {}, label + (schema.description ? " — " + schema.description : "")), input);

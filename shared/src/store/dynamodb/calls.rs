@@ -67,7 +67,14 @@ where
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into(), shown: Shown::default(), event_format: EventFormat::default() }
+        let (shown, event_format) = (Shown::default(), EventFormat::default());
+        Self { client, table: table.into(), shown, event_format, kind_filter_budget: KIND_FILTERED_BUDGET }
+    }
+
+    /// Reads at most `entries` inbox entries for a page with a kind filter
+    /// (500 unless told; tests make it small to see a page stop short).
+    pub fn reading_inbox_kinds(self, entries: usize) -> Self {
+        DynamoStore { kind_filter_budget: entries.max(1), ..self }
     }
 
     /// Renders runs in lists and events showing `shown` (what the

@@ -99,6 +99,11 @@ pub const APPROVALS_INDEX: &str = "gsi3";
 pub const DECISIONS_INDEX: &str = "gsi4";
 /// Index entries an inbox Query with the agent filter reads at a time.
 const INBOX_FILTERED_READ: usize = 1_000;
+/// Index entries an inbox page with a kind filter reads per Query, and in
+/// all before it answers with what it found and where it stopped: each
+/// costs a read of its run (the kind is not in the index).
+const KIND_FILTERED_READ: usize = 100;
+const KIND_FILTERED_BUDGET: usize = 500;
 /// The most items one `TransactWriteItems` may hold.
 const MAX_TRANSACTION_ITEMS: usize = 100;
 /// The most bytes of items one `TransactWriteItems` is given (DynamoDB
@@ -195,6 +200,8 @@ pub struct DynamoStore {
     /// What the runs' JSON (lists, events) shows beyond the contract.
     shown: Shown,
     event_format: EventFormat,
+    /// Inbox entries a page with a kind filter reads at most.
+    kind_filter_budget: usize,
 }
 
 type Item = HashMap<String, AttributeValue>;

@@ -91,10 +91,18 @@ impl RunLists for DynamoStore {
         let wanted = request.limit as usize + 1;
         // Filtered, a Query reads past other agents' entries (small: keys
         // and agent), so each reads many; unfiltered, what the page needs.
-        let filtered = request.agent.is_some() || request.kind.is_some();
-        let read_per_query = if filtered { INBOX_FILTERED_READ } else { wanted };
+        // The kind is not in the index: a kind filter reads the runs of
+        // every entry it passes, so it reads a bounded number of them per
+        // request and says where it stopped.
+        let read_per_query = match (&request.agent, request.kind) {
+            (_, Some(_)) => KIND_FILTERED_READ.min(self.kind_filter_budget),
+            (Some(_), None) => INBOX_FILTERED_READ,
+            (None, None) => wanted,
+        };
         let mut entries = Vec::new();
         let mut start = None;
+        let mut examined = 0;
+        let mut resume_after: Option<InboxPosition> = None;
         loop {
             let output = query
                 .clone()
@@ -106,9 +114,10 @@ impl RunLists for DynamoStore {
             let mut items = output.items.unwrap_or_default();
             start = output.last_evaluated_key;
             // Only the runs of as many entries as the page still needs are
-            // read; the next round resumes after the last of them.
+            // read; the next round resumes after the last of them. (Not so
+            // with a kind filter: an entry may hold none of the page.)
             let needed = wanted.saturating_sub(entries.len()).max(1);
-            if items.len() > needed {
+            if request.kind.is_none() && items.len() > needed {
                 items.truncate(needed);
                 let keys = ["pk", "sk", "gsi3pk", "gsi3sk"];
                 let last = items.last().map(|item| {
@@ -116,6 +125,7 @@ impl RunLists for DynamoStore {
                 });
                 start = last.map(Item::from_iter);
             }
+            examined += items.len();
             let found: Vec<InboxIndexEntry> = items
                 .iter()
                 .filter_map(|item| {
@@ -125,7 +135,7 @@ impl RunLists for DynamoStore {
                 })
                 .collect();
             let runs = self.get_runs(owner, found.iter().map(|entry| entry.run_id)).await?;
-            for entry in found {
+            for entry in &found {
                 // The index lags behind the runs: what no longer matches is
                 // left out (a run's entry names the park it was made for).
                 let Some(run) = runs.get(&entry.run_id) else { continue };
@@ -148,10 +158,22 @@ impl RunLists for DynamoStore {
             if entries.len() >= wanted || start.is_none() {
                 break;
             }
+            if request.kind.is_some() && examined >= self.kind_filter_budget {
+                // Past everything examined: a run's entry all of it (no
+                // approval sorts below the nil id), an approval's itself.
+                resume_after = found.last().map(|entry| InboxPosition {
+                    requested_at: Timestamp::from_millis(entry.requested_at),
+                    run_id: entry.run_id,
+                    approval_id: entry.approval.unwrap_or_else(|| ApprovalId::from_ulid(ulid::Ulid::nil())),
+                });
+                break;
+            }
         }
-        let has_more = entries.len() > request.limit as usize;
+        // More may match past where the read stopped.
+        let has_more = entries.len() > request.limit as usize || resume_after.is_some();
+        // (Stopped early, the page holds every match of what was examined.)
         entries.truncate(request.limit as usize);
-        Ok(InboxPage { entries, has_more })
+        Ok(InboxPage { entries, has_more, resume_after })
     }
 
     async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
