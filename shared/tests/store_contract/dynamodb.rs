@@ -268,7 +268,13 @@ pub(super) async fn dynamodb_a_kind_filtered_inbox_stops_short_and_goes_on() {
     }
     assert_eq!(found, ["which?"]);
     assert!(pages >= 3, "two entries a page over six: {pages} pages");
-    let all = InboxRequest { status: ApprovalStatus::Pending, agent: None, kind: Some(ApprovalKind::Action), after: None, limit: 3 };
+    let all = InboxRequest {
+        status: ApprovalStatus::Pending,
+        agent: None,
+        kind: Some(ApprovalKind::Action),
+        after: None,
+        limit: 3,
+    };
     let actions = store.inbox(&owner("kinds"), all).await.unwrap();
     assert_eq!(actions.entries.len(), 2, "stopped after two entries");
     assert!(actions.has_more && actions.resume_after.is_some());

@@ -88,7 +88,8 @@ use super::{
     RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage, views_of,
 };
 use crate::domain::{
-    Approval, ApprovalId, ApprovalStatus, DecidedCall, Event, EventData, Owner, RunId, RunStatus, StoreNote, Timestamp,
+    Approval, ApprovalId, ApprovalStatus, DecidedCall, Event, EventData, InboxPosition, Owner, RunId, RunStatus,
+    StoreNote, Timestamp,
 };
 use crate::views::Shown;
 
