@@ -5,7 +5,7 @@ run awaiting a tool call, a script run to reject, a defined agent's run
 waiting on two calls of one model turn, and one asking a person a question
 with an object schema. Saves screenshots.
 
-Usage: console_test.py <base url> <key> <script run> <tool run> <reject run> <two-call run> <question run> <screenshot dir>
+Usage: console_test.py <base url> <key> <read-only key> <script run> <tool run> <reject run> <two-call run> <question run> <screenshot dir>
 """
 
 import json
@@ -20,7 +20,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-base, key, script_run, tool_run, reject_run, two_calls_run, question_run, shots = sys.argv[1:9]
+base, key, reader_key, script_run, tool_run, reject_run, two_calls_run, question_run, shots = sys.argv[1:10]
 
 options = webdriver.ChromeOptions()
 options.binary_location = "/usr/bin/chromium"
@@ -50,6 +50,28 @@ def get_run(run_id):
         return json.load(response)
 
 
+def wait_status(run_id, status):
+    """Waits until the API has the run in `status`."""
+    deadline = time.time() + 20
+    while get_run(run_id)["status"] != status:
+        assert time.time() < deadline, f"{run_id} is {get_run(run_id)['status']}, not {status}"
+        time.sleep(0.2)
+
+
+def advanced_from(run_id):
+    """After a decision in the inbox the next item is shown, not the decided run."""
+    wait.until(lambda _: run_id not in text_of("#detail h2") and text_of("#detail h2") != "")
+
+
+def shown(element_id):
+    return driver.find_element(By.ID, element_id).is_displayed()
+
+
+def sign_in(with_key):
+    driver.find_element(By.ID, "key").send_keys(with_key)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+
+
 def approval_box(branch):
     """The detail's approval of the call for `branch`."""
     for box in driver.find_elements(By.CSS_SELECTOR, "#detail .approval"):
@@ -70,18 +92,21 @@ def open_run(run_id):
 
 
 try:
-    driver.get(base + "/console")
+    driver.get(base + "/")  # the root leads a person to the console
+    assert driver.current_url.endswith("/console"), driver.current_url
     assert driver.title == "Agent Runs console", driver.title
+    # Before a key, nothing but the key form.
+    assert not shown("tabs") and not shown("app"), "tabs or lists show before a key is entered"
 
-    # A wrong key shows the API's 401 message.
-    driver.find_element(By.ID, "key").send_keys("ark_wrong")
-    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+    # A wrong key shows the API's 401 message, and nothing else.
+    sign_in("ark_wrong")
     wait_text("#notice", "A valid API key is required")
+    assert not shown("tabs") and not shown("app")
 
-    driver.find_element(By.ID, "key").send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+    sign_in(key)
     for run in (script_run, tool_run, reject_run):
         wait_text("#list", run)
+    assert not shown("notice"), "the wrong key's error is gone: " + text_of("#notice")
     assert driver.execute_script("return document.cookie") == "", "the key is never a cookie"
     assert key not in driver.current_url
 
@@ -93,11 +118,15 @@ try:
         "markup became elements"
     assert driver.execute_script("return document.scripts.length") == 2, "only the console's own scripts"
     assert "null" not in text_of("#detail"), text_of("#detail")
+    exact = driver.find_element(By.CSS_SELECTOR, "#detail time[title]").get_attribute("title")
+    assert exact.endswith("Z") and "T" in exact, "relative times keep the exact time on hover: " + exact
     driver.save_screenshot(f"{shots}/console-inbox.png")
     driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").click()
     wait_text("#notice", "Recorded: approve.")
-    wait_text("#detail h2", "succeeded")
-    wait_text("#events", "run.succeeded")
+    # Decide and advance: the next item is shown, the decided one left the list.
+    advanced_from(script_run)
+    wait_status(script_run, "succeeded")
+    wait.until(lambda _: script_run not in text_of("#list"))
 
     # A tool call: its arguments, a broken edit, a schema error from the API, an edit that works.
     driver.find_element(By.ID, "refresh").click()
@@ -120,8 +149,8 @@ try:
     editor.send_keys('{"branch": "older"}')
     driver.find_element(By.CSS_SELECTOR, "#detail .approval .edit").click()
     wait_text("#notice", "Recorded: edit.")
-    wait_text("#detail h2", "succeeded")
-    assert '"branch": "older"' in text_of("#detail .approval .edited")
+    advanced_from(tool_run)
+    wait_status(tool_run, "succeeded")
 
     # Keyboard: j/k to the run, a comment, then r rejects.
     driver.find_element(By.ID, "refresh").click()
@@ -137,8 +166,18 @@ try:
     body.click()
     time.sleep(1.1)  # a and r are ignored for a second after the view changed
     body.send_keys("r")
+    # One key never decides alone: a confirmation shows the call and asks why.
+    wait.until(lambda _: shown("confirm"))
+    assert "Archive the logs" in text_of("#confirm"), text_of("#confirm")
+    reason = driver.find_element(By.CSS_SELECTOR, "#confirm .reason")
+    assert reason.get_attribute("value") == "not today"
+    assert get_run(reject_run)["pending_approvals"][0]["status"] == "pending", "r alone decided"
+    driver.save_screenshot(f"{shots}/console-confirm.png")
+    reason.send_keys(Keys.ENTER)
     wait_text("#notice", "Recorded: reject.")
-    wait_text("#detail", "not today")
+    assert not shown("confirm")
+    advanced_from(reject_run)
+    wait_status(reject_run, "succeeded")
 
     # Two calls of one model turn wait at once: picked in the inbox, the
     # second is highlighted, and `a` decides it, never the first.
@@ -167,6 +206,9 @@ try:
     driver.find_element(By.CSS_SELECTOR, "#detail h2").click()  # out of the editor, not into another approval
     time.sleep(1.1)
     body.send_keys("a")
+    wait.until(lambda _: shown("confirm"))
+    assert '"second"' in text_of("#confirm") and '"first"' not in text_of("#confirm"), text_of("#confirm")
+    body.send_keys(Keys.ENTER)
     deadline = time.time() + 10
     while statuses["second"] == "pending" and time.time() < deadline:
         time.sleep(0.2)
@@ -177,7 +219,9 @@ try:
     wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#detail .approval[data-pending]")) == 1)
     approval_box("first").find_element(By.CSS_SELECTOR, ".edit").click()
     wait_text("#notice", "Recorded: edit.")
-    wait_text("#detail h2", "succeeded")
+    # The run is done; the only item left, the question, is shown.
+    wait_status(two_calls_run, "succeeded")
+    wait_text("#detail h2", question_run)
 
     # A question: a form from its schema; what the form can check is said
     # before sending, and the answer reaches the agent.
@@ -221,6 +265,40 @@ try:
     assert "when /branch == \"main\"" in text_of("#list"), text_of("#list")
     assert "reason: main is protected" in text_of("#list"), text_of("#list")
     assert "Policy version 1" in text_of("#list"), text_of("#list")
+
+    # Forget clears every view and stops every stream; no decision is
+    # offered for what is no longer shown.
+    driver.find_element(By.ID, "forget").click()
+    wait_text("#notice", "The key is forgotten.")
+    assert not shown("tabs") and not shown("app") and not shown("detail")
+    assert not driver.find_elements(By.CSS_SELECTOR, "#detail *, #list li"), "the previous owner's data stays"
+    # Signed in again, a run's events show once each.
+    sign_in(key)
+    driver.find_element(By.ID, "tab-runs").click()
+    wait_text("#list", tool_run)
+    next(entry for entry in driver.find_elements(By.CSS_SELECTOR, "#list li") if tool_run in entry.text).click()
+    wait_text("#events", "run.succeeded")
+    time.sleep(0.5)
+    created = [line for line in driver.find_elements(By.CSS_SELECTOR, "#events li") if "run.created" in line.text]
+    assert len(created) == 1, [line.text for line in driver.find_elements(By.CSS_SELECTOR, "#events li")]
+    # A key that may only read: no inbox, no decisions offered, no 403.
+    create = urllib.request.Request(f"{base}/v1/agent/runs", method="POST",
+                                    data=json.dumps({"agent": "script", "input": "approve Watch only"}).encode(),
+                                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(create) as response:
+        watched = json.load(response)["id"]
+    wait_status(watched, "awaiting_approval")
+    driver.find_element(By.ID, "forget").click()
+    sign_in(reader_key)
+    wait_text("#list", watched)
+    assert not shown("tab-inbox"), "the inbox for a key that may not decide"
+    assert "403" not in text_of("#notice") and "approvals:decide" not in text_of("#notice"), text_of("#notice")
+    assert driver.find_element(By.ID, "tab-runs").get_attribute("aria-pressed") == "true"
+    wait_text("#detail h2", watched)
+    wait_text("#detail .approval", "may not decide")
+    assert not driver.find_elements(By.CSS_SELECTOR, "#detail button"), "decisions offered to a key that may not decide"
+    driver.find_element(By.ID, "forget").click()
+    sign_in(key)
 
     # The runs tab, and a phone-width window.
     driver.find_element(By.ID, "tab-runs").click()

@@ -39,6 +39,19 @@ fn console_files_are_served_without_a_key_with_a_strict_policy(target: Target) {
     let client = reqwest::blocking::Client::new();
     let refused = client.post(format!("{}/console", server.base)).send().unwrap();
     assert_eq!(refused.status(), 405);
+    // The addresses a person types lead to the console; the root stays an
+    // unknown path to a client with a key; the icon is served.
+    let no_redirects = reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    for (path, location) in [("/", "console"), ("/console/", "../console")] {
+        let response = no_redirects.get(format!("{}{path}", server.base)).send().unwrap();
+        assert_eq!(response.status(), 308, "{path}");
+        assert_eq!(response.headers()["location"], location, "{path}");
+    }
+    let key = server.dev_key.clone().unwrap();
+    let root = no_redirects.get(format!("{}/", server.base)).bearer_auth(&key).send().unwrap();
+    assert_eq!(root.status(), 404);
+    let icon = reqwest::blocking::get(format!("{}/favicon.ico", server.base)).unwrap();
+    assert_eq!((icon.status().as_u16(), icon.headers()["content-type"].to_str().unwrap()), (200, "image/svg+xml"));
 }
 
 #[test]
@@ -108,6 +121,8 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     for run in [&script_run, &reject_run, &question_run] {
         server.wait_for_status(&key, &id(run), "awaiting_approval");
     }
+    let reader = server.admin(&["keys", "create", "--owner", "dev", "--name", "reader", "--scope", "runs:read"]);
+    let reader = reader.trim().to_owned();
     // Screenshots of the main screens (docs/console-*.png are copies of them).
     let shots = env!("CARGO_TARGET_TMPDIR");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../console_test.py");
@@ -116,6 +131,7 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
             script,
             &server.base,
             &key,
+            &reader,
             &id(&script_run),
             &id(&tool_run),
             &id(&reject_run),

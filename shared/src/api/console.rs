@@ -24,14 +24,37 @@ fn asset(path: &str) -> Option<Asset> {
         "/console/console.js" => ("text/javascript; charset=utf-8", include_str!("console/console.js")),
         "/console/answers.js" => ("text/javascript; charset=utf-8", include_str!("console/answers.js")),
         "/console/console.css" => ("text/css; charset=utf-8", include_str!("console/console.css")),
+        // Browsers ask for it at the root; the page names it too.
+        "/favicon.ico" | "/console/favicon.svg" => ("image/svg+xml", include_str!("console/favicon.svg")),
         _ => return None,
     };
     Some(Asset { content_type, body })
 }
 
-/// The console's answer to a request for one of its files; `None` for
-/// any other path.
-pub(super) fn serve(method: &Method, path: &str) -> Option<Result<ApiResponse, ApiError>> {
+/// Where the addresses people type for the console lead: relative, so
+/// that a stage or base path before them is kept. The root is a person's
+/// only when the request carries no key: to an API client it stays an
+/// unknown path (`404`).
+fn redirect(path: &str, with_key: bool) -> Option<&'static str> {
+    match path {
+        "/" if !with_key => Some("console"),
+        "/console/" => Some("../console"),
+        _ => None,
+    }
+}
+
+/// The console's answer to a request for one of its files (or an address
+/// that leads to it); `None` for any other path.
+pub(super) fn serve(method: &Method, path: &str, with_key: bool) -> Option<Result<ApiResponse, ApiError>> {
+    if let Some(location) = redirect(path, with_key) {
+        if method != Method::GET && method != Method::HEAD {
+            return Some(Err(ApiError::MethodNotAllowed { allow: "GET, HEAD".into() }));
+        }
+        let mut response = http::Response::new(Bytes::new());
+        *response.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
+        response.headers_mut().insert(header::LOCATION, HeaderValue::from_static(location));
+        return Some(Ok(response));
+    }
     let asset = asset(path)?;
     if method != Method::GET && method != Method::HEAD {
         return Some(Err(ApiError::MethodNotAllowed { allow: "GET, HEAD".into() }));

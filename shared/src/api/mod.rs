@@ -244,7 +244,8 @@ impl Api {
 
     async fn dispatch(&self, serving: Serving, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
         // The console's files need no key: the person types one into it.
-        if let Some(answer) = console::serve(request.method(), request.uri().path()) {
+        let with_key = request.headers().contains_key(http::header::AUTHORIZATION);
+        if let Some(answer) = console::serve(request.method(), request.uri().path(), with_key) {
             return answer;
         }
         if request.uri().path() == openapi::PATH {

@@ -19,7 +19,24 @@ const state = {
   renderedAt: 0,
   follow: null, // aborts the events loop of the shown run
   events: [], // the shown run's events so far
+  canDecide: true, // whether the key may decide (approvals:decide)
+  poll: null, // the timer that refreshes the list
 };
+
+// Forgets everything shown for a key: the lists, the run, its events and
+// their stream. Run before another key is used, and when one is forgotten.
+function reset() {
+  if (state.follow) state.follow.abort();
+  Object.assign(state, { items: [], selected: -1, cursor: null, runId: null, approvalId: null, shown: "", events: [], follow: null });
+  $("list").replaceChildren();
+  const detail = $("detail");
+  detail.replaceChildren();
+  delete detail.dataset.run;
+  detail.hidden = true;
+  $("more").hidden = true;
+  $("tabs").hidden = true;
+  $("app").hidden = true;
+}
 
 function el(tag, props, ...children) {
   const node = document.createElement(tag);
@@ -58,9 +75,15 @@ async function api(path, options = {}) {
   const body = await response.json().catch(() => null);
   if (!response.ok) {
     const message = body && body.error ? body.error.message : "HTTP " + response.status;
-    throw new ApiError(message);
+    throw Object.assign(new ApiError(message), { status: response.status });
   }
   return body;
+}
+
+// A time as "3m ago" (or "in 3m"), with the exact time on hover.
+function when(iso) {
+  const seconds = Math.round((Date.now() - Date.parse(iso)) / 1000);
+  return el("time", { datetime: iso, title: iso }, seconds >= 0 ? duration(seconds) + " ago" : "in " + duration(-seconds));
 }
 
 function ago(iso) {
@@ -102,9 +125,14 @@ async function loadList(more, keep) {
   if (more && state.cursor) params.set("cursor", state.cursor);
   try {
     const page = await api(path + "?" + params);
+    if ($("notice").className !== "ok") notice(""); // an earlier error is no longer news
     state.items = more ? state.items.concat(page.data) : page.data;
     state.cursor = page.next_cursor;
-    if (!more) state.selected = -1;
+    if (!more) {
+      // The item picked before, if it is still listed.
+      const picked = state.view === "inbox" ? state.approvalId : state.runId;
+      state.selected = keep ? state.items.findIndex((item) => item.id === picked) : -1;
+    }
     renderList();
     if (!more && !keep && state.items.length) select(0);
   } catch (error) {
@@ -185,11 +213,33 @@ function runIdOf(item) {
 function select(index) {
   if (index < 0 || index >= state.items.length) return;
   state.selected = index;
-  for (const node of $("list").children) node.classList.toggle("selected", node.dataset.index === String(index));
+  for (const node of $("list").children) {
+    const on = node.dataset.index === String(index);
+    node.classList.toggle("selected", on);
+    if (on) node.scrollIntoView({ block: "nearest" });
+  }
   // An inbox entry is one approval: a and r decide exactly that one.
   state.approvalId = state.view === "inbox" ? state.items[index].id : null;
   markCurrent();
   showRun(runIdOf(state.items[index]));
+}
+
+// After a decision in the inbox: the list again, without what was decided,
+// and the item now in the decided one's place shown.
+async function advance() {
+  const at = Math.max(state.selected, 0);
+  await loadList(false, true);
+  if (state.items.length) select(Math.min(at, state.items.length - 1));
+}
+
+// The list again now and then, keeping what is selected, unless the person
+// is typing or a confirmation is open.
+function refreshNowAndThen() {
+  clearInterval(state.poll);
+  state.poll = setInterval(() => {
+    const busy = ["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement.tagName) || !$("confirm").hidden;
+    if (!busy && !$("app").hidden && state.view !== "policy") loadList(false, true);
+  }, 10000);
 }
 
 // ------------------------------------------------------------------ a run
@@ -227,7 +277,11 @@ function renderRun(run) {
   detail.dataset.run = run.id;
   const parts = [
     el("h2", {}, run.id, " ", status(run.status)),
-    el("div", { class: "meta" }, "agent " + run.agent + " · created " + run.created_at),
+    el("div", { class: "meta" }, "agent " + run.agent + " · created ", when(run.created_at),
+      run.created_by ? " by key " + run.created_by : ""),
+    Object.keys(run.metadata || {}).length
+      ? el("div", { class: "meta metadata" }, Object.entries(run.metadata).map(([name, value]) => name + "=" + value).join(" · "))
+      : null,
     el("h3", {}, "Input"),
     el("pre", { id: "run-input" }, run.input),
     run.output !== null ? el("div", {}, el("h3", {}, "Output"), el("pre", { id: "run-output" }, run.output)) : null,
@@ -295,7 +349,12 @@ function approvalView(run, approval) {
   if (approval.resolved_by) box.append(el("div", { class: "meta" }, "decided by " + approval.resolved_by + (approval.comment ? ": " + approval.comment : "")));
   if (approval.status !== "pending") return box;
   box.dataset.pending = "";
-  box.append(el("div", { class: "meta" }, "waiting " + ago(approval.requested_at) + (approval.expires_at ? " · expires " + approval.expires_at : "")));
+  if (!state.canDecide) {
+    box.append(el("div", { class: "meta" }, "waiting " + ago(approval.requested_at) + " · this key may not decide (it lacks approvals:decide)"));
+    return box;
+  }
+  box.append(el("div", { class: "meta" }, "asked ", when(approval.requested_at),
+    approval.expires_at ? el("span", {}, " · expires ", when(approval.expires_at)) : null));
   if (approval.kind === "input") return questionView(run, approval, box);
   const comment = el("input", { class: "comment", placeholder: "comment (a rejection's reason reaches the model)" });
   const actions = el("div", { class: "actions" }, comment);
@@ -327,7 +386,7 @@ function approvalView(run, approval) {
       const decided = await api(path, { method: "POST", text });
       notice("Recorded: " + decision + ".", true);
       renderRun(decided);
-      if (state.view === "inbox") loadList(false, true);
+      if (state.view === "inbox") advance();
     } catch (error) {
       if (problem && decision === "edit") problem.textContent = error.message;
       failed(error);
@@ -361,7 +420,7 @@ function questionView(run, approval, box) {
       const decided = await api(path, { method: "POST", text });
       notice(decision === "answer" ? "Answered." : "Declined.", true);
       renderRun(decided);
-      if (state.view === "inbox") loadList(false, true);
+      if (state.view === "inbox") advance();
     } catch (error) {
       // The service's complaint (what the schema refuses, and where) shows by the form.
       problem.textContent = error.message;
@@ -373,6 +432,45 @@ function questionView(run, approval, box) {
     el("button", { type: "button", class: "danger reject", onclick: () => send("reject") }, "Decline"));
   box.append(form.element, problem, actions);
   return box;
+}
+
+// The confirmation `a` and `r` open: the exact call, and for a rejection
+// the reason (it reaches the model). Enter confirms, Escape cancels.
+function confirmDecision(box, button, rejecting) {
+  const dialog = $("confirm");
+  const shown = box.querySelector(".arguments");
+  const reason = el("input", { class: "reason", placeholder: "the reason (it reaches the model)" });
+  reason.value = box.querySelector(".comment") ? box.querySelector(".comment").value : "";
+  const close = () => {
+    dialog.hidden = true;
+    dialog.replaceChildren();
+    document.removeEventListener("keydown", keys, true);
+  };
+  const confirm = () => {
+    const comment = box.querySelector(".comment");
+    if (rejecting && comment) comment.value = reason.value;
+    close();
+    button.click();
+  };
+  const keys = (event) => {
+    if (event.key === "Enter") confirm();
+    else if (event.key === "Escape") close();
+    else return;
+    event.preventDefault();
+    event.stopPropagation();
+  };
+  dialog.replaceChildren(
+    el("strong", {}, (rejecting ? "Reject: " : "Approve: ") + box.querySelector(".action").textContent),
+    shown ? el("pre", {}, shown.textContent) : null,
+    rejecting ? reason : null,
+    el("div", { class: "actions" },
+      el("button", { type: "button", class: rejecting ? "danger" : "primary", onclick: confirm }, rejecting ? "Reject" : "Approve"),
+      el("button", { type: "button", onclick: close }, "Cancel"),
+      el("span", { class: "hint" }, "Enter confirms, Escape cancels")),
+  );
+  dialog.hidden = false;
+  document.addEventListener("keydown", keys, true);
+  if (rejecting) reason.focus();
 }
 
 // ------------------------------------------------------------------ events, live
@@ -474,18 +572,25 @@ function showView(view) {
 }
 
 async function start() {
+  reset();
   const key = sessionStorage.getItem(KEY);
-  $("tabs").hidden = !key;
-  $("app").hidden = !key;
   if (!key) return;
   try {
     await api("/v1/agent/runs?limit=1");
-    notice("");
-    showView(state.view);
+    // What the key may do: the inbox and decisions need approvals:decide.
+    state.canDecide = await api("/v1/approvals?limit=1").then(() => true, (error) => {
+      if (error.status === 403) return false;
+      throw error;
+    });
+    if ($("notice").className !== "ok") notice("");
+    $("tab-inbox").hidden = !state.canDecide;
+    $("tabs").hidden = false;
+    $("app").hidden = false;
+    showView(state.canDecide ? state.view : "runs");
+    refreshNowAndThen();
   } catch (error) {
+    reset();
     failed(error);
-    $("tabs").hidden = true;
-    $("app").hidden = true;
   }
 }
 
@@ -498,11 +603,9 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("forget").addEventListener("click", () => {
     sessionStorage.removeItem(KEY);
-    if (state.follow) state.follow.abort();
-    state.runId = null;
-    state.shown = "";
+    clearInterval(state.poll);
+    reset();
     notice("The key is forgotten.", true);
-    start();
   });
   $("tab-inbox").addEventListener("click", () => showView("inbox"));
   $("tab-runs").addEventListener("click", () => showView("runs"));
@@ -518,11 +621,13 @@ document.addEventListener("DOMContentLoaded", () => {
     else if (event.key === "k") select(state.selected - 1);
     else if ((event.key === "a" || event.key === "r") && Date.now() - state.renderedAt > 1000) {
       // Never on a view that changed under the person's eyes a moment ago,
-      // and only on the approval the person picked (a run may wait on several).
+      // only on the approval the person picked (a run may wait on several),
+      // and never by one key: a confirmation shows the exact call first.
       const box = document.querySelector("#detail .approval.current[data-pending]");
       const button = box && box.querySelector(event.key === "a" ? ".approve" : ".reject");
-      if (button) button.click();
+      if (button) confirmDecision(box, button, event.key === "r");
       else notice("Pick the approval to decide first: select it in the inbox, or click it.");
+      event.preventDefault();
     }
   });
   start();
