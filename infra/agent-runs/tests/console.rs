@@ -41,7 +41,8 @@ fn console_files_are_served_without_a_key_with_a_strict_policy(target: Target) {
     assert_eq!(refused.status(), 405);
     // The addresses a person types lead to the console; the root stays an
     // unknown path to a client with a key; the icon is served.
-    let no_redirects = reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let no_redirects =
+        reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     for (path, location) in [("/", "console"), ("/console/", "../console")] {
         let response = no_redirects.get(format!("{}{path}", server.base)).send().unwrap();
         assert_eq!(response.status(), 308, "{path}");

@@ -51,11 +51,15 @@ function el(tag, props, ...children) {
   return node;
 }
 
+// A banner: an error stays until something succeeds or another error
+// replaces it; a confirmation leaves by itself after a few seconds.
 function notice(message, ok) {
   const box = $("notice");
   box.textContent = message || "";
   box.hidden = !message;
   box.className = ok ? "ok" : "";
+  clearTimeout(state.noticeTimer);
+  if (ok && message) state.noticeTimer = setTimeout(() => { if (box.textContent === message) notice(""); }, 6000);
 }
 
 class ApiError extends Error {}
@@ -459,7 +463,7 @@ function confirmDecision(box, button, rejecting) {
     event.preventDefault();
     event.stopPropagation();
   };
-  dialog.replaceChildren(
+  const parts = [
     el("strong", {}, (rejecting ? "Reject: " : "Approve: ") + box.querySelector(".action").textContent),
     shown ? el("pre", {}, shown.textContent) : null,
     rejecting ? reason : null,
@@ -467,7 +471,8 @@ function confirmDecision(box, button, rejecting) {
       el("button", { type: "button", class: rejecting ? "danger" : "primary", onclick: confirm }, rejecting ? "Reject" : "Approve"),
       el("button", { type: "button", onclick: close }, "Cancel"),
       el("span", { class: "hint" }, "Enter confirms, Escape cancels")),
-  );
+  ];
+  dialog.replaceChildren(...parts.filter((part) => part !== null));
   dialog.hidden = false;
   document.addEventListener("keydown", keys, true);
   if (rejecting) reason.focus();
@@ -582,7 +587,7 @@ async function start() {
       if (error.status === 403) return false;
       throw error;
     });
-    if ($("notice").className !== "ok") notice("");
+    notice(""); // signed in: what was said before (an error, "forgotten") is past
     $("tab-inbox").hidden = !state.canDecide;
     $("tabs").hidden = false;
     $("app").hidden = false;
