@@ -202,7 +202,10 @@ impl Api {
             .into());
         }
         match value["error"]["message"].as_str() {
-            Some(message) => Err(format!("{message} (HTTP {}, {})", status.as_u16(), value["error"]["code"]).into()),
+            Some(message) => {
+                let code = value["error"]["code"].as_str().unwrap_or("error");
+                Err(format!("{message} (HTTP {}, {code})", status.as_u16()).into())
+            }
             None => Err(format!("{url} answered HTTP {} without the API's error", status.as_u16()).into()),
         }
     }
@@ -411,17 +414,46 @@ fn cell(value: &Value, width: usize) -> String {
     short
 }
 
+/// How wide `cell` shows on a terminal: its characters, colour codes left out.
+fn shown_width(cell: &str) -> usize {
+    let mut width = 0;
+    let mut in_escape = false;
+    for c in cell.chars() {
+        match (in_escape, c) {
+            (false, '\x1b') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, _) => width += 1,
+        }
+    }
+    width
+}
+
+/// How long ago `at` (RFC 3339) was, as `42s`, `3m`, `5h` or `2d`.
+fn ago(at: &Value) -> String {
+    let Some(then) = at.as_str().and_then(|text| chrono::DateTime::parse_from_rfc3339(text).ok()) else {
+        return text(at);
+    };
+    let seconds = (chrono::Utc::now() - then.to_utc()).num_seconds().max(0);
+    match seconds {
+        0..90 => format!("{seconds}s"),
+        90..5_400 => format!("{}m", (seconds + 30) / 60),
+        5_400..172_800 => format!("{}h", (seconds + 1_800) / 3_600),
+        _ => format!("{}d", (seconds + 43_200) / 86_400),
+    }
+}
+
 fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
-        .map(|i| rows.iter().filter_map(|row| row.get(i)).map(|c| c.chars().count()).max().unwrap_or(0))
+        .map(|i| rows.iter().filter_map(|row| row.get(i)).map(|c| shown_width(c)).max().unwrap_or(0))
         .collect();
     let mut lines = String::new();
     for row in rows {
         let padded: Vec<String> = row
             .iter()
             .zip(&widths)
-            .map(|(cell, width)| format!("{cell}{}", " ".repeat(width - cell.chars().count())))
+            .map(|(cell, width)| format!("{cell}{}", " ".repeat(width - shown_width(cell))))
             .collect();
         lines.push_str(padded.join("  ").trim_end());
         lines.push('\n');
@@ -470,6 +502,16 @@ impl Output {
                 rows.push(vec!["  arguments".into(), approval["arguments"].to_string()]);
                 rows.push(vec!["  sha256".into(), text(&approval["arguments_sha256"])]);
             }
+            for (name, key) in [("  edited to", "edited_arguments"), ("  answer", "answer")] {
+                if !approval[key].is_null() {
+                    rows.push(vec![name.into(), approval[key].to_string()]);
+                }
+            }
+            for (name, key) in [("  decided by", "resolved_by"), ("  comment", "comment")] {
+                if !approval[key].is_null() {
+                    rows.push(vec![name.into(), cell(&approval[key], 200)]);
+                }
+            }
         }
         emit(&table(&rows));
     }
@@ -503,8 +545,7 @@ impl Output {
             "APPROVAL".into(),
             "STATUS".into(),
             "AGENT".into(),
-            "REQUESTED".into(),
-            "EXPIRES".into(),
+            "WAITING".into(),
             "ACTION".into(),
         ]];
         for approval in page["data"].as_array().into_iter().flatten() {
@@ -513,8 +554,7 @@ impl Output {
                 text(&approval["id"]),
                 self.status(&approval["status"]),
                 text(&approval["agent"]),
-                text(&approval["requested_at"]),
-                text(&approval["expires_at"]),
+                ago(&approval["requested_at"]),
                 cell(&approval["action"], 60),
             ]);
         }
