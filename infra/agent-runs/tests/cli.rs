@@ -54,10 +54,19 @@ fn a_person_creates_finds_approves_and_watches_a_run() {
     assert!(shown.starts_with("RUN") && shown.contains(&id) && shown.contains("pending"), "{shown}");
     assert!(shown.contains("Deploy <b>v2</b>"), "{shown}");
     assert!(!shown.contains('\x1b'), "no colour when stdout is not a terminal");
+    // How long it has waited, not two timestamps.
+    let header: Vec<&str> = shown.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["RUN", "APPROVAL", "STATUS", "AGENT", "WAITING", "ACTION"]);
+    let waited = shown.lines().nth(1).unwrap().split_whitespace().nth(4).unwrap().to_owned();
+    assert!(waited.ends_with('s') && waited[..waited.len() - 1].parse::<u32>().is_ok(), "{shown}");
 
     let approved = cli(&server, &["runs", "approve", &id, "--comment", "ok"]);
     assert!(approved.status.success(), "{}", stderr(&approved));
     assert!(stdout(&approved).contains("approved"), "{}", stdout(&approved));
+    // Who decided and what they said are shown with the approval.
+    let comment = stdout(&approved).lines().find(|line| line.trim_start().starts_with("comment")).map(str::to_owned);
+    assert_eq!(comment.as_deref().map(str::split_whitespace).map(Iterator::collect::<Vec<_>>), Some(vec!["comment", "ok"]));
+    assert!(stdout(&approved).contains("decided by  key_"), "{}", stdout(&approved));
 
     let watched = cli(&server, &["runs", "watch", &id]);
     assert_eq!(watched.status.code(), Some(0), "{}", stderr(&watched));
@@ -109,7 +118,7 @@ fn errors_say_what_went_wrong_and_exit_non_zero() {
     let unknown = cli(&server, &["runs", "get", "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9"]);
     assert_eq!(unknown.status.code(), Some(2), "an error is 2; 1 is a run that did not succeed");
     let said = stderr(&unknown);
-    assert!(said.contains("No run with that id") && said.contains("HTTP 404"), "{said}");
+    assert!(said.contains("No run with that id") && said.contains("(HTTP 404, not_found)"), "{said}");
     assert!(!said.contains("panicked"), "{said}");
 
     let bad_input = cli(&server, &["runs", "create", "--agent", "script", "--input", "shout"]);
