@@ -205,6 +205,19 @@ try:
     assert statuses == {"first": "pending", "second": "pending"}, statuses
     driver.find_element(By.CSS_SELECTOR, "#detail h2").click()  # out of the editor, not into another approval
     time.sleep(1.1)
+    # A second `a` while a confirmation is open adds none; after Cancel, a
+    # stray Enter decides nothing.
+    body.send_keys("a")
+    wait.until(lambda _: visible("confirm"))
+    body.send_keys("a")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#confirm strong")) == 1
+    driver.find_element(By.CSS_SELECTOR, "#confirm button:not(.primary)").click()
+    assert not visible("confirm")
+    body.send_keys(Keys.ENTER)
+    time.sleep(0.5)
+    statuses = {a["arguments"]["branch"]: a["status"] for a in get_run(two_calls_run)["pending_approvals"]}
+    assert statuses == {"first": "pending", "second": "pending"}, statuses
+    time.sleep(1.1)
     body.send_keys("a")
     wait.until(lambda _: visible("confirm"))
     assert '"second"' in text_of("#confirm") and '"first"' not in text_of("#confirm"), text_of("#confirm")

@@ -45,7 +45,7 @@ fn console_files_are_served_without_a_key_with_a_strict_policy(target: Target) {
         reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     for (path, location) in [("/", "console"), ("/console/", "../console")] {
         let response = no_redirects.get(format!("{}{path}", server.base)).send().unwrap();
-        assert_eq!(response.status(), 308, "{path}");
+        assert_eq!(response.status(), 307, "{path}");
         assert_eq!(response.headers()["location"], location, "{path}");
     }
     let key = server.dev_key.clone().unwrap();

@@ -46,22 +46,27 @@ fn redirect(path: &str, with_key: bool) -> Option<&'static str> {
 /// The console's answer to a request for one of its files (or an address
 /// that leads to it); `None` for any other path.
 pub(super) fn serve(method: &Method, path: &str, with_key: bool) -> Option<Result<ApiResponse, ApiError>> {
-    if let Some(location) = redirect(path, with_key) {
-        if method != Method::GET && method != Method::HEAD {
-            return Some(Err(ApiError::MethodNotAllowed { allow: "GET, HEAD".into() }));
+    // Temporary: the root's answer depends on the key, so no cache keeps it.
+    let (status, body, content_type, location) = match redirect(path, with_key) {
+        Some(location) => (http::StatusCode::TEMPORARY_REDIRECT, "", None, Some(location)),
+        None => {
+            let asset = asset(path)?;
+            (http::StatusCode::OK, asset.body, Some(asset.content_type), None)
         }
-        let mut response = http::Response::new(Bytes::new());
-        *response.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
-        response.headers_mut().insert(header::LOCATION, HeaderValue::from_static(location));
-        return Some(Ok(response));
-    }
-    let asset = asset(path)?;
+    };
     if method != Method::GET && method != Method::HEAD {
         return Some(Err(ApiError::MethodNotAllowed { allow: "GET, HEAD".into() }));
     }
-    let mut response = http::Response::new(Bytes::from_static(asset.body.as_bytes()));
+    let mut response = http::Response::new(Bytes::from_static(body.as_bytes()));
+    *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    if let Some(content_type) = content_type {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    }
+    if let Some(location) = location {
+        headers.insert(header::LOCATION, HeaderValue::from_static(location));
+        headers.insert(header::VARY, HeaderValue::from_static("authorization"));
+    }
     headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));

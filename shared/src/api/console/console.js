@@ -21,11 +21,20 @@ const state = {
   events: [], // the shown run's events so far
   canDecide: true, // whether the key may decide (approvals:decide)
   poll: null, // the timer that refreshes the list
+  session: new AbortController(), // aborts every request of the key in use
+  listSeq: 0, // the latest list request: an older answer is dropped
+  listError: false, // whether the banner is a list's error (a later list clears it)
+  closeConfirm: null, // closes the open confirmation
 };
 
 // Forgets everything shown for a key: the lists, the run, its events and
 // their stream. Run before another key is used, and when one is forgotten.
 function reset() {
+  // Nothing asked with the previous key may paint anything any more.
+  state.session.abort();
+  state.session = new AbortController();
+  clearInterval(state.poll);
+  if (state.closeConfirm) state.closeConfirm();
   if (state.follow) state.follow.abort();
   Object.assign(state, { items: [], selected: -1, cursor: null, runId: null, approvalId: null, shown: "", events: [], follow: null });
   $("list").replaceChildren();
@@ -54,6 +63,7 @@ function el(tag, props, ...children) {
 // A banner: an error stays until something succeeds or another error
 // replaces it; a confirmation leaves by itself after a few seconds.
 function notice(message, ok) {
+  state.listError = false;
   const box = $("notice");
   box.textContent = message || "";
   box.hidden = !message;
@@ -73,7 +83,7 @@ async function api(path, options = {}) {
     method: options.method || "GET",
     headers,
     body: options.text,
-    signal: options.signal,
+    signal: options.signal ? AbortSignal.any([options.signal, state.session.signal]) : state.session.signal,
   });
   if (options.raw) return response;
   const body = await response.json().catch(() => null);
@@ -127,9 +137,13 @@ async function loadList(more, keep) {
   }
   params.set("limit", "20");
   if (more && state.cursor) params.set("cursor", state.cursor);
+  state.cursorUsed = Boolean(more);
+  const seq = ++state.listSeq;
+  const view = state.view;
   try {
     const page = await api(path + "?" + params);
-    if ($("notice").className !== "ok") notice(""); // an earlier error is no longer news
+    if (seq !== state.listSeq || view !== state.view) return; // a later list was asked for
+    if (state.listError) notice(""); // the list's earlier error is no longer news
     state.items = more ? state.items.concat(page.data) : page.data;
     state.cursor = page.next_cursor;
     if (!more) {
@@ -140,7 +154,7 @@ async function loadList(more, keep) {
     renderList();
     if (!more && !keep && state.items.length) select(0);
   } catch (error) {
-    failed(error);
+    if (seq === state.listSeq) failed(error, true);
   }
 }
 
@@ -242,7 +256,8 @@ function refreshNowAndThen() {
   clearInterval(state.poll);
   state.poll = setInterval(() => {
     const busy = ["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement.tagName) || !$("confirm").hidden;
-    if (!busy && !$("app").hidden && state.view !== "policy") loadList(false, true);
+    // Not over pages the person loaded with More (only the first is read again).
+    if (!busy && !$("app").hidden && state.view !== "policy" && !state.cursorUsed) loadList(false, true);
   }, 10000);
 }
 
@@ -253,6 +268,7 @@ async function showRun(runId) {
   state.runId = runId;
   if (switched) {
     state.shown = "";
+    delete $("detail").dataset.run; // the events list is built anew for this run
     follow(runId);
   }
   try {
@@ -374,6 +390,10 @@ function approvalView(run, approval) {
     box.append(editor, problem);
   }
   const decide = async (decision) => {
+    // One decision at a time: a second click waits for the first's answer.
+    const buttons = [...box.querySelectorAll("button")];
+    if (buttons.some((button) => button.disabled)) return;
+    buttons.forEach((button) => { button.disabled = true; });
     const body = { decision, comment: comment.value || null };
     if (approval.arguments_sha256) body.arguments_sha256 = approval.arguments_sha256;
     let text = JSON.stringify(body);
@@ -394,6 +414,8 @@ function approvalView(run, approval) {
     } catch (error) {
       if (problem && decision === "edit") problem.textContent = error.message;
       failed(error);
+    } finally {
+      buttons.forEach((button) => { button.disabled = false; });
     }
   };
   actions.append(el("button", { type: "button", class: "primary approve", onclick: () => decide("approve") }, "Approve"));
@@ -410,6 +432,8 @@ function questionView(run, approval, box) {
   form.element.addEventListener("input", () => { problem.textContent = ""; });
   const comment = el("input", { class: "comment", placeholder: "comment (a decline's reason reaches the agent)" });
   const send = async (decision) => {
+    const buttons = [...box.querySelectorAll("button")];
+    if (buttons.some((button) => button.disabled)) return;
     const body = { decision, comment: comment.value || null };
     let text = JSON.stringify(body);
     if (decision === "answer") {
@@ -419,6 +443,7 @@ function questionView(run, approval, box) {
       if (read.text !== undefined) text = text.slice(0, -1) + ',"answer":' + read.text + "}";
       else text = JSON.stringify(Object.assign(body, { answer: read.answer }));
     }
+    buttons.forEach((button) => { button.disabled = true; });
     try {
       const path = "/v1/agent/runs/" + encodeURIComponent(run.id) + "/approvals/" + encodeURIComponent(approval.id);
       const decided = await api(path, { method: "POST", text });
@@ -429,6 +454,8 @@ function questionView(run, approval, box) {
       // The service's complaint (what the schema refuses, and where) shows by the form.
       problem.textContent = error.message;
       failed(error);
+    } finally {
+      buttons.forEach((button) => { button.disabled = false; });
     }
   };
   const actions = el("div", { class: "actions" }, comment,
@@ -441,14 +468,18 @@ function questionView(run, approval, box) {
 // The confirmation `a` and `r` open: the exact call, and for a rejection
 // the reason (it reaches the model). Enter confirms, Escape cancels.
 function confirmDecision(box, button, rejecting) {
+  if (state.closeConfirm) state.closeConfirm();
   const dialog = $("confirm");
   const shown = box.querySelector(".arguments");
   const reason = el("input", { class: "reason", placeholder: "the reason (it reaches the model)" });
   reason.value = box.querySelector(".comment") ? box.querySelector(".comment").value : "";
+  const opener = document.activeElement;
   const close = () => {
     dialog.hidden = true;
     dialog.replaceChildren();
     document.removeEventListener("keydown", keys, true);
+    state.closeConfirm = null;
+    if (opener && opener.focus) opener.focus();
   };
   const confirm = () => {
     const comment = box.querySelector(".comment");
@@ -457,11 +488,15 @@ function confirmDecision(box, button, rejecting) {
     button.click();
   };
   const keys = (event) => {
-    if (event.key === "Enter") confirm();
-    else if (event.key === "Escape") close();
-    else return;
+    const inside = dialog.contains(event.target);
+    const onPage = event.target === document.body || event.target === document.documentElement;
+    if (event.key === "Escape") close();
+    // Enter confirms from the reason or the page; on the dialog's buttons
+    // it presses the one focused; from any other field it does nothing.
+    else if (event.key === "Enter" && !event.isComposing && (event.target === reason || onPage)) confirm();
+    else if (inside) return;
     event.preventDefault();
-    event.stopPropagation();
+    event.stopImmediatePropagation();
   };
   const parts = [
     el("strong", {}, (rejecting ? "Reject: " : "Approve: ") + box.querySelector(".action").textContent),
@@ -473,9 +508,12 @@ function confirmDecision(box, button, rejecting) {
       el("span", { class: "hint" }, "Enter confirms, Escape cancels")),
   ];
   dialog.replaceChildren(...parts.filter((part) => part !== null));
+  dialog.setAttribute("aria-label", rejecting ? "Confirm the rejection" : "Confirm the approval");
   dialog.hidden = false;
   document.addEventListener("keydown", keys, true);
+  state.closeConfirm = close;
   if (rejecting) reason.focus();
+  else dialog.querySelector("button.primary").focus();
 }
 
 // ------------------------------------------------------------------ events, live
@@ -560,8 +598,11 @@ async function readStream(response, add) {
 
 // ------------------------------------------------------------------ the page
 
-function failed(error) {
+// An error for the person; `fromList`: the banner a later list clears.
+function failed(error, fromList) {
+  if (error.name === "AbortError") return; // asked with a key no longer in use
   notice(error instanceof ApiError ? error.message : "The API could not be reached: " + error.message);
+  state.listError = Boolean(fromList);
 }
 
 function showView(view) {
@@ -578,15 +619,18 @@ function showView(view) {
 
 async function start() {
   reset();
+  const session = state.session;
   const key = sessionStorage.getItem(KEY);
   if (!key) return;
   try {
     await api("/v1/agent/runs?limit=1");
     // What the key may do: the inbox and decisions need approvals:decide.
-    state.canDecide = await api("/v1/approvals?limit=1").then(() => true, (error) => {
+    const canDecide = await api("/v1/approvals?limit=1").then(() => true, (error) => {
       if (error.status === 403) return false;
       throw error;
     });
+    if (session !== state.session) return; // another key, or Forget, since
+    state.canDecide = canDecide;
     notice(""); // signed in: what was said before (an error, "forgotten") is past
     $("tab-inbox").hidden = !state.canDecide;
     $("tabs").hidden = false;
@@ -594,6 +638,7 @@ async function start() {
     showView(state.canDecide ? state.view : "runs");
     refreshNowAndThen();
   } catch (error) {
+    if (session !== state.session) return;
     reset();
     failed(error);
   }
@@ -621,6 +666,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("agent-filter").addEventListener("change", () => loadList(false));
   $("kind-filter").addEventListener("change", () => loadList(false));
   document.addEventListener("keydown", (event) => {
+    if (!$("confirm").hidden) return; // the confirmation has the keyboard
     if (["INPUT", "TEXTAREA", "SELECT"].includes(event.target.tagName) || event.ctrlKey || event.metaKey || event.altKey) return;
     if (event.key === "j") select(state.selected + 1);
     else if (event.key === "k") select(state.selected - 1);
@@ -631,6 +677,7 @@ document.addEventListener("DOMContentLoaded", () => {
       const box = document.querySelector("#detail .approval.current[data-pending]");
       const button = box && box.querySelector(event.key === "a" ? ".approve" : ".reject");
       if (button) confirmDecision(box, button, event.key === "r");
+      else if (box || !state.canDecide) notice(state.canDecide ? "Answer a question with its form." : "This key may not decide.");
       else notice("Pick the approval to decide first: select it in the inbox, or click it.");
       event.preventDefault();
     }
