@@ -65,7 +65,10 @@ fn a_person_creates_finds_approves_and_watches_a_run() {
     assert!(stdout(&approved).contains("approved"), "{}", stdout(&approved));
     // Who decided and what they said are shown with the approval.
     let comment = stdout(&approved).lines().find(|line| line.trim_start().starts_with("comment")).map(str::to_owned);
-    assert_eq!(comment.as_deref().map(str::split_whitespace).map(Iterator::collect::<Vec<_>>), Some(vec!["comment", "ok"]));
+    assert_eq!(
+        comment.as_deref().map(str::split_whitespace).map(Iterator::collect::<Vec<_>>),
+        Some(vec!["comment", "ok"])
+    );
     assert!(stdout(&approved).contains("decided by  key_"), "{}", stdout(&approved));
 
     let watched = cli(&server, &["runs", "watch", &id]);
