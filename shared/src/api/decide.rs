@@ -30,6 +30,16 @@ pub(super) struct DecisionBody {
     seen_sha256: Option<String>,
 }
 
+/// `value` (the field `param`) as it is kept: in canonical form, its
+/// numbers exact, at most `max_bytes` as JSON.
+fn kept_json(param: &'static str, value: &Value, max_bytes: usize) -> Result<Value, ApiError> {
+    let kept = exact_canonical(value).map_err(|problem| ApiError::invalid(param, problem))?;
+    if canonical_json(&kept).len() > max_bytes {
+        return Err(ApiError::invalid(param, format!("`{param}` may be at most {max_bytes} bytes as JSON.")));
+    }
+    Ok(kept)
+}
+
 impl DecisionBody {
     pub(super) fn decision(&self) -> &Decision {
         &self.decision
@@ -56,26 +66,10 @@ impl DecisionBody {
         }
         let decision = match (decision.as_ref().and_then(Value::as_str), arguments) {
             (Some("answer"), None) => {
-                let answer = exact_canonical(&answer.unwrap_or_default())
-                    .map_err(|problem| ApiError::invalid("answer", problem))?;
-                if canonical_json(&answer).len() > MAX_ANSWER_BYTES {
-                    return Err(ApiError::invalid(
-                        "answer",
-                        format!("`answer` may be at most {MAX_ANSWER_BYTES} bytes as JSON."),
-                    ));
-                }
-                Decision::Answer(answer)
+                Decision::Answer(kept_json("answer", &answer.unwrap_or_default(), MAX_ANSWER_BYTES)?)
             }
             (Some("edit"), Some(Value::Object(fields))) => {
-                let arguments = exact_canonical(&Value::Object(fields))
-                    .map_err(|problem| ApiError::invalid("arguments", problem))?;
-                if canonical_json(&arguments).len() > MAX_APPROVAL_ARGUMENTS_BYTES {
-                    return Err(ApiError::invalid(
-                        "arguments",
-                        format!("`arguments` may be at most {MAX_APPROVAL_ARGUMENTS_BYTES} bytes as JSON."),
-                    ));
-                }
-                Decision::Edit(arguments)
+                Decision::Edit(kept_json("arguments", &Value::Object(fields), MAX_APPROVAL_ARGUMENTS_BYTES)?)
             }
             (Some("edit"), Some(_)) => {
                 return Err(ApiError::invalid("arguments", "`arguments` must be a JSON object."));
