@@ -139,6 +139,9 @@ try:
     editor.clear()
     editor.send_keys('{"branch": ')
     wait_text("#detail .approval .invalid", "Not JSON")
+    # Sent broken, it is refused here, and the buttons stay usable.
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .edit").click()
+    assert all(button.is_enabled() for button in driver.find_elements(By.CSS_SELECTOR, "#detail .approval button"))
     editor.clear()
     editor.send_keys('{"branch": 7}')
     driver.find_element(By.CSS_SELECTOR, "#detail .approval .edit").click()

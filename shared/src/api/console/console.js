@@ -389,11 +389,7 @@ function approvalView(run, approval) {
     });
     box.append(editor, problem);
   }
-  const decide = async (decision) => {
-    // One decision at a time: a second click waits for the first's answer.
-    const buttons = [...box.querySelectorAll("button")];
-    if (buttons.some((button) => button.disabled)) return;
-    buttons.forEach((button) => { button.disabled = true; });
+  const decide = (decision) => {
     const body = { decision, comment: comment.value || null };
     if (approval.arguments_sha256) body.arguments_sha256 = approval.arguments_sha256;
     let text = JSON.stringify(body);
@@ -405,18 +401,7 @@ function approvalView(run, approval) {
       // service refuses such numbers with a message saying so.
       text = text.slice(0, -1) + ',"arguments":' + editor.value + "}";
     }
-    try {
-      const path = "/v1/agent/runs/" + encodeURIComponent(run.id) + "/approvals/" + encodeURIComponent(approval.id);
-      const decided = await api(path, { method: "POST", text });
-      notice("Recorded: " + decision + ".", true);
-      renderRun(decided);
-      if (state.view === "inbox") advance();
-    } catch (error) {
-      if (problem && decision === "edit") problem.textContent = error.message;
-      failed(error);
-    } finally {
-      buttons.forEach((button) => { button.disabled = false; });
-    }
+    postDecision(box, run, approval, text, "Recorded: " + decision + ".", decision === "edit" ? problem : null);
   };
   actions.append(el("button", { type: "button", class: "primary approve", onclick: () => decide("approve") }, "Approve"));
   if (editor) actions.append(el("button", { type: "button", class: "edit", onclick: () => decide("edit") }, "Approve edited"));
@@ -425,15 +410,34 @@ function approvalView(run, approval) {
   return box;
 }
 
+// Sends a decision of `approval` (its JSON `text`): one at a time, the box's
+// buttons waiting for the answer; `said` once recorded, else the service's
+// complaint in `problem` (when given) and the banner.
+async function postDecision(box, run, approval, text, said, problem) {
+  const buttons = [...box.querySelectorAll("button")];
+  if (buttons.some((button) => button.disabled)) return;
+  buttons.forEach((button) => { button.disabled = true; });
+  try {
+    const path = "/v1/agent/runs/" + encodeURIComponent(run.id) + "/approvals/" + encodeURIComponent(approval.id);
+    const decided = await api(path, { method: "POST", text });
+    notice(said, true);
+    renderRun(decided);
+    if (state.view === "inbox") advance();
+  } catch (error) {
+    if (problem) problem.textContent = error.message;
+    failed(error);
+  } finally {
+    buttons.forEach((button) => { button.disabled = false; });
+  }
+}
+
 // A pending question: the form its schema makes, Answer and Decline.
 function questionView(run, approval, box) {
   const form = answerForm(approval.input_schema || { type: "string" });
   const problem = el("div", { class: "invalid", role: "status" });
   form.element.addEventListener("input", () => { problem.textContent = ""; });
   const comment = el("input", { class: "comment", placeholder: "comment (a decline's reason reaches the agent)" });
-  const send = async (decision) => {
-    const buttons = [...box.querySelectorAll("button")];
-    if (buttons.some((button) => button.disabled)) return;
+  const send = (decision) => {
     const body = { decision, comment: comment.value || null };
     let text = JSON.stringify(body);
     if (decision === "answer") {
@@ -443,20 +447,8 @@ function questionView(run, approval, box) {
       if (read.text !== undefined) text = text.slice(0, -1) + ',"answer":' + read.text + "}";
       else text = JSON.stringify(Object.assign(body, { answer: read.answer }));
     }
-    buttons.forEach((button) => { button.disabled = true; });
-    try {
-      const path = "/v1/agent/runs/" + encodeURIComponent(run.id) + "/approvals/" + encodeURIComponent(approval.id);
-      const decided = await api(path, { method: "POST", text });
-      notice(decision === "answer" ? "Answered." : "Declined.", true);
-      renderRun(decided);
-      if (state.view === "inbox") advance();
-    } catch (error) {
-      // The service's complaint (what the schema refuses, and where) shows by the form.
-      problem.textContent = error.message;
-      failed(error);
-    } finally {
-      buttons.forEach((button) => { button.disabled = false; });
-    }
+    // The service's complaint (what the schema refuses, and where) shows by the form.
+    postDecision(box, run, approval, text, decision === "answer" ? "Answered." : "Declined.", problem);
   };
   const actions = el("div", { class: "actions" }, comment,
     el("button", { type: "button", class: "primary answer", onclick: () => send("answer") }, "Answer"),
