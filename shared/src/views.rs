@@ -72,6 +72,8 @@ pub struct ApprovalView<'a> {
     /// A question's schema, and its answer once given (canonical JSON).
     input_schema: Option<Box<RawValue>>,
     answer: Option<Box<RawValue>>,
+    /// The call's MCP tool is new or changed since its server was pinned.
+    tool_changed: bool,
 }
 
 #[derive(Serialize)]
@@ -120,6 +122,7 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             policy: approval.policy.as_ref().map(PolicyView::from),
             input_schema: approval.input_schema.as_ref().map(canonical),
             answer: approval.answer.as_ref().map(canonical),
+            tool_changed: approval.tool_changed,
         }
     }
 }
@@ -145,6 +148,7 @@ impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
             policy: approval.policy.as_ref().map(PolicyView::from),
             input_schema: None,
             answer: None,
+            tool_changed: approval.tool_changed,
         }
     }
 }
@@ -305,14 +309,21 @@ pub fn event_data_json(data: &EventData, shown: Shown) -> String {
                 "total_tokens": usage.total_tokens,
             })),
         })),
-        EventData::ToolCompleted(call) => serde_json::to_string(&serde_json::json!({
-            "tool": call.tool,
-            "arguments": call.arguments,
-            "http_status": call.http_status,
-            "duration_ms": call.duration_ms,
-            "result": call.result.text,
-            "truncated": call.result.truncated,
-        })),
+        EventData::ToolCompleted(call) => {
+            let mut data = serde_json::json!({
+                "tool": call.tool,
+                "arguments": call.arguments,
+                "http_status": call.http_status,
+                "duration_ms": call.duration_ms,
+                "result": call.result.text,
+                "truncated": call.result.truncated,
+            });
+            // An MCP tool's call names its server (an HTTP tool's shows as before).
+            if let Some(server) = &call.mcp_server {
+                data["mcp_server"] = server.as_str().into();
+            }
+            serde_json::to_string(&data)
+        }
     };
     // Strings, numbers and maps of them: encoding cannot fail.
     encoded.unwrap_or_else(|_| "{}".to_owned())

@@ -37,6 +37,7 @@ fn service_digest(arguments: Value) -> String {
         policy: None,
         input_schema: None,
         answer: None,
+        tool_changed: false,
     };
     approval.arguments_sha256().unwrap()
 }

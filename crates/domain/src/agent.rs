@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::Usage;
+use crate::mcp::{McpServerDefinition, check_servers};
 
 pub const MAX_AGENT_NAME_CHARS: usize = 64;
 pub const MAX_AGENT_STEPS: u32 = 100;
@@ -142,6 +143,9 @@ pub struct AgentDefinition {
     /// person and waits for the answer. Left out when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ask_human: bool,
+    /// Remote MCP servers whose tools the model may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServerDefinition>,
 }
 
 /// The tool a definition with `ask_human` offers its model.
@@ -295,17 +299,24 @@ impl AgentDefinition {
             if !(1..=MAX_TOOL_RESPONSE_BYTES).contains(&tool.max_response_bytes) {
                 return fail(format!("{label}: `max_response_bytes` must be 1 to {MAX_TOOL_RESPONSE_BYTES}."));
             }
-            for (header, env) in &tool.headers_from_env {
-                if http_header_name_invalid(header) {
-                    return fail(format!("{label}: {header:?} is not a valid header name."));
-                }
-                if !valid_env_name(env) {
-                    return fail(format!("{label}: {env:?} is not an allowed environment variable name."));
-                }
-            }
+            check_headers(&label, &tool.headers_from_env)?;
         }
+        check_servers(&self.mcp_servers, &seen, self.allow_private_network, check_headers)?;
         Ok(self)
     }
+}
+
+/// Header names, and the environment variables their values come from.
+fn check_headers(label: &str, headers: &BTreeMap<String, String>) -> Result<(), DefinitionError> {
+    for (header, env) in headers {
+        if http_header_name_invalid(header) {
+            return Err(DefinitionError(format!("{label}: {header:?} is not a valid header name.")));
+        }
+        if !valid_env_name(env) {
+            return Err(DefinitionError(format!("{label}: {env:?} is not an allowed environment variable name.")));
+        }
+    }
+    Ok(())
 }
 
 fn http_header_name_invalid(name: &str) -> bool {
@@ -389,5 +400,44 @@ mod tests {
         let mut document = definition();
         document["surprise"] = serde_json::json!(1);
         assert!(parse(document).unwrap_err().contains("surprise"));
+    }
+
+    #[test]
+    fn mcp_servers_are_checked_and_named_in_the_message() {
+        let server = serde_json::json!({"name": "github", "url": "https://mcp.example.com/mcp"});
+        let mut document = definition();
+        document["mcp_servers"] = serde_json::json!([server]);
+        let agent = parse(document).unwrap();
+        assert_eq!(agent.mcp_servers[0].require_approval, crate::McpApproval::UnlessReadOnly);
+        assert_eq!(agent.mcp_servers[0].timeout_ms, 30_000);
+        let cases: [(serde_json::Value, &str); 8] = [
+            (serde_json::json!([{"name": "Git Hub", "url": "https://x.example/mcp"}]), "mcp_servers[0].name"),
+            (serde_json::json!([server, server]), "two MCP servers are named `github`"),
+            (serde_json::json!([{"name": "lookup", "url": "https://x.example/mcp"}]), "ok"),
+            (serde_json::json!([{"name": "gh", "url": "http://x.example/mcp"}]), "mcp_servers[0].url"),
+            (serde_json::json!([{"name": "gh", "url": "https://x.example/mcp", "timeout_ms": 0}]), "timeout_ms"),
+            (serde_json::json!([{"name": "gh", "url": "https://x.example/mcp", "tools": ["a", "a"]}]), "twice"),
+            (
+                serde_json::json!([{"name": "gh", "url": "https://x", "headers_from_env": {"A": "AWS_X"}}]),
+                "not an allowed",
+            ),
+            (serde_json::json!([{"name": "gh", "url": "https://x", "pinned": {"a": "b"}}]), "unknown field"),
+        ];
+        for (servers, expected) in cases {
+            let mut document = definition();
+            document["mcp_servers"] = servers.clone();
+            match parse(document) {
+                Ok(_) => assert_eq!(expected, "ok", "{servers}"),
+                Err(error) => assert!(error.contains(expected), "{servers}: {error}"),
+            }
+        }
+        let mut document = definition();
+        document["tools"][0]["name"] = serde_json::json!("github__list");
+        document["mcp_servers"] = serde_json::json!([server]);
+        assert!(parse(document).unwrap_err().contains("would clash"));
+        let mut document = definition();
+        document["mcp_servers"] = serde_json::json!([{"name": "gh", "url": "http://127.0.0.1:9/mcp"}]);
+        document["allow_private_network"] = serde_json::json!(true);
+        assert!(parse(document).is_ok(), "http:// with the opt-in");
     }
 }

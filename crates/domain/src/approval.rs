@@ -116,6 +116,8 @@ pub struct ApprovalRequest {
     pub decided: Option<RuleDecision>,
     /// For a question: the JSON Schema its answer must satisfy.
     pub input_schema: Option<Value>,
+    /// The call's tool is new or changed since its MCP server was pinned.
+    pub tool_changed: bool,
 }
 
 /// What a rule decided in a person's place.
@@ -130,7 +132,14 @@ pub enum RuleDecision {
 
 impl ApprovalRequest {
     pub fn action(action: impl Into<String>) -> Self {
-        ApprovalRequest { action: action.into(), call: None, policy: None, decided: None, input_schema: None }
+        ApprovalRequest {
+            action: action.into(),
+            call: None,
+            policy: None,
+            decided: None,
+            input_schema: None,
+            tool_changed: false,
+        }
     }
 
     /// A person is asked `question`, to be answered as `schema` says. No
@@ -270,6 +279,9 @@ pub struct Approval {
     pub input_schema: Option<Value>,
     /// A question's answer, once a person gave it.
     pub answer: Option<Value>,
+    /// The call's tool (of an MCP server) is new or changed since the
+    /// server was pinned; a person decides it whatever rules say.
+    pub tool_changed: bool,
 }
 
 impl Approval {
@@ -323,7 +335,7 @@ impl InboxEntry {
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
 }
 

@@ -125,6 +125,7 @@ pub struct ApprovalSummary {
     pub expires_at: Option<Timestamp>,
     pub resolved_by: Option<Resolver>,
     pub policy: Option<PolicyMatch>,
+    pub tool_changed: bool,
 }
 
 impl RunSnapshot {
@@ -172,6 +173,7 @@ impl ApprovalSummary {
             expires_at: approval.expires_at,
             resolved_by: approval.resolved_by.clone(),
             policy: approval.policy.clone(),
+            tool_changed: approval.tool_changed,
         }
     }
 }
@@ -185,6 +187,8 @@ pub struct ToolCompleted {
     pub http_status: Option<u16>,
     pub duration_ms: u64,
     pub result: EventText,
+    /// The MCP server of an MCP tool (whose `tool` is `<server>__<name>`).
+    pub mcp_server: Option<String>,
 }
 
 impl EventData {
@@ -260,6 +264,7 @@ mod tests {
             policy: None,
             input_schema: None,
             answer: None,
+            tool_changed: false,
         };
         let text = EventText::new("");
         let run = || {
@@ -296,6 +301,7 @@ mod tests {
                 http_status: None,
                 duration_ms: 0,
                 result: text,
+                mcp_server: None,
             })),
         ];
         let kinds: Vec<&str> = all.iter().map(EventData::kind).collect();

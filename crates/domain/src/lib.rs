@@ -7,6 +7,7 @@ mod cursor;
 mod event;
 mod fields;
 mod ids;
+mod mcp;
 mod policy;
 mod question;
 mod run;
@@ -26,6 +27,7 @@ pub use fields::*;
 pub use ids::{
     ApprovalId, DeliveryId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId, WebhookId,
 };
+pub use mcp::*;
 pub use policy::*;
 pub use question::*;
 pub use run::*;

@@ -2,6 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use agent_runs_shared::agents::llm::{DEFAULT_MAX_CHECKPOINT_BYTES, EnvLookup, LlmRuntime, pin};
 use agent_runs_shared::domain::{AgentDefinition, Clock, SystemClock};
 use agent_runs_shared::public_network;
 use clap::Subcommand;
@@ -42,14 +45,73 @@ pub fn read_definition(file: &Path) -> Result<AgentDefinition, Error> {
                 .into());
             }
         }
+        for server in &definition.mcp_servers {
+            if public_network::check_url(&server.url).is_err() {
+                return Err(format!(
+                    "{}: mcp_servers `{}`: its URL names a local or private address, which tools may not reach; \
+                     if the server runs on a private network, set `allow_private_network = true`.",
+                    file.display(),
+                    server.name
+                )
+                .into());
+            }
+        }
     }
     Ok(definition)
 }
 
+/// Connects to each MCP server of the definition, lists its tools and
+/// keeps the pin of each (`agents put` again re-pins). The headers'
+/// environment variables must be set where this runs too.
+pub async fn pin_mcp_servers(definition: &mut AgentDefinition) -> Result<(), Error> {
+    if definition.mcp_servers.is_empty() {
+        return Ok(());
+    }
+    let runtime = LlmRuntime::from_process_env(DEFAULT_MAX_CHECKPOINT_BYTES);
+    let http = runtime.tool_http(definition.allow_private_network);
+    let env: EnvLookup = Arc::new(|name| std::env::var(name).ok());
+    for server in &mut definition.mcp_servers {
+        if let Some(variable) = server.headers_from_env.values().find(|variable| std::env::var(variable).is_err()) {
+            return Err(format!(
+                "MCP server `{}`: set {variable} in this shell too: `agents put` connects to the server to pin its tools.",
+                server.name
+            )
+            .into());
+        }
+        let listed = pin(server, &http, &env).await.map_err(|why| why.0)?;
+        let offered: Vec<String> = listed
+            .iter()
+            .filter(|tool| server.offers(&tool.name))
+            .map(|tool| {
+                let gated = server.require_approval.requires_approval(tool.read_only);
+                format!("{}{}", server.tool_name(&tool.name), if gated { " (approval)" } else { "" })
+            })
+            .collect();
+        eprintln!(
+            "Pinned {} tools of MCP server `{}`; the model is offered {}: {}.",
+            listed.len(),
+            server.name,
+            offered.len(),
+            offered.join(", ")
+        );
+        if let Some(tools) = &server.tools {
+            for missing in tools.iter().filter(|name| !listed.iter().any(|tool| &tool.name == *name)) {
+                eprintln!("MCP server `{}` lists no tool `{missing}` (in its `tools`).", server.name);
+            }
+        }
+    }
+    Ok(())
+}
+
 pub async fn run(command: AgentsCommand, db: &Path) -> Result<(), Error> {
-    // Read the file before touching the store, so a mistake changes nothing.
+    // Read the file (and pin its MCP servers) before touching the store, so
+    // a mistake changes nothing.
     let definition = match &command {
-        AgentsCommand::Put { file } => Some(read_definition(file)?),
+        AgentsCommand::Put { file } => {
+            let mut definition = read_definition(file)?;
+            pin_mcp_servers(&mut definition).await?;
+            Some(definition)
+        }
         _ => None,
     };
     let store = admin_store(db).await?;
@@ -57,7 +119,12 @@ pub async fn run(command: AgentsCommand, db: &Path) -> Result<(), Error> {
         AgentsCommand::Put { .. } => {
             let definition = definition.expect("read above");
             store.put_agent(&definition, SystemClock.now()).await?;
-            eprintln!("Saved agent `{}` ({} tools).", definition.name, definition.tools.len());
+            eprintln!(
+                "Saved agent `{}` ({} tools, {} MCP servers).",
+                definition.name,
+                definition.tools.len(),
+                definition.mcp_servers.len()
+            );
             if definition.allow_private_network {
                 eprintln!("Its tools may reach private and local network addresses (allow_private_network).");
             }

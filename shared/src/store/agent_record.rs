@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use crate::domain::{AgentDefinition, ProviderKind, ToolDefinition, ToolMethod};
+use crate::domain::{AgentDefinition, McpApproval, McpServerDefinition, ProviderKind, ToolDefinition, ToolMethod};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredAgent {
@@ -35,6 +35,22 @@ struct StoredAgent {
     /// Absent (false) from definitions stored before questions.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     ask_human: bool,
+    /// Absent (none) from definitions stored before MCP servers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mcp_servers: Vec<StoredMcpServer>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredMcpServer {
+    name: String,
+    url: String,
+    headers_from_env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tools: Option<Vec<String>>,
+    require_approval: String,
+    timeout_ms: u64,
+    /// The server's name of each tool to its pin (SHA-256, hex).
+    pinned: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -113,6 +129,19 @@ pub fn encode_agent(agent: &AgentDefinition) -> Result<String, StoreError> {
         max_total_tokens: agent.max_total_tokens,
         max_tool_calls: agent.max_tool_calls,
         ask_human: agent.ask_human,
+        mcp_servers: agent
+            .mcp_servers
+            .iter()
+            .map(|server| StoredMcpServer {
+                name: server.name.clone(),
+                url: server.url.clone(),
+                headers_from_env: server.headers_from_env.clone(),
+                tools: server.tools.clone(),
+                require_approval: server.require_approval.as_str().to_owned(),
+                timeout_ms: server.timeout_ms,
+                pinned: server.pinned.clone(),
+            })
+            .collect(),
     };
     serde_json::to_string(&stored).map_err(|error| StoreError::Defect(format!("cannot encode an agent: {error}")))
 }
@@ -154,6 +183,22 @@ pub fn decode_agent(text: &str) -> Result<AgentDefinition, StoreError> {
         max_total_tokens: stored.max_total_tokens,
         max_tool_calls: stored.max_tool_calls,
         ask_human: stored.ask_human,
+        mcp_servers: stored
+            .mcp_servers
+            .into_iter()
+            .map(|server| {
+                Ok(McpServerDefinition {
+                    name: server.name,
+                    url: server.url,
+                    headers_from_env: server.headers_from_env,
+                    tools: server.tools,
+                    require_approval: McpApproval::parse(&server.require_approval)
+                        .ok_or_else(|| defect("MCP require_approval"))?,
+                    timeout_ms: server.timeout_ms,
+                    pinned: server.pinned,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?,
     })
 }
 
@@ -181,5 +226,24 @@ mod tests {
         for text in ["{}", "[]", wrong_method.as_str(), wrong_provider.as_str()] {
             assert!(matches!(decode_agent(text), Err(StoreError::Defect(_))), "{text}");
         }
+    }
+
+    #[test]
+    fn an_mcp_server_and_its_pins_read_back() {
+        let mut agent = decode_agent(WRITTEN_BEFORE).unwrap();
+        agent.mcp_servers.push(McpServerDefinition {
+            name: "github".into(),
+            url: "https://mcp.example/mcp".into(),
+            headers_from_env: BTreeMap::from([("Authorization".into(), "GH_TOKEN".into())]),
+            tools: Some(vec!["close_issue".into()]),
+            require_approval: McpApproval::Always,
+            timeout_ms: 5_000,
+            pinned: BTreeMap::from([("close_issue".into(), "ab".repeat(32))]),
+        });
+        let text = encode_agent(&agent).unwrap();
+        assert!(text.contains(r#""require_approval":"always""#), "{text}");
+        assert_eq!(decode_agent(&text).unwrap(), agent);
+        let wrong = text.replace(r#""always""#, r#""sometimes""#);
+        assert!(matches!(decode_agent(&wrong), Err(StoreError::Defect(_))));
     }
 }

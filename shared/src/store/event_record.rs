@@ -123,6 +123,7 @@ fn encode_event(data: &EventData) -> String {
             http_status: call.http_status,
             duration_ms: call.duration_ms,
             result: (&call.result).into(),
+            mcp_server: call.mcp_server.clone(),
         }),
     };
     // Strings, numbers and maps of them: encoding cannot fail.
@@ -169,6 +170,7 @@ fn decode_event(kind: &str, text: &str) -> Result<EventData, StoreError> {
                 http_status: call.http_status,
                 duration_ms: call.duration_ms,
                 result: call.result.into(),
+                mcp_server: call.mcp_server,
             }))
         }
         _ => return Err(StoreError::Defect(format!("stored event: unknown type {kind:?}"))),
@@ -233,6 +235,8 @@ struct StoredToolCall {
     http_status: Option<u16>,
     duration_ms: u64,
     result: StoredText,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mcp_server: Option<String>,
 }
 
 /// A [`RunSnapshot`]; times are milliseconds since the Unix epoch.
@@ -278,6 +282,8 @@ struct StoredSummary {
     resolved_by: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     policy: Option<StoredPolicyMatch>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    tool_changed: bool,
 }
 
 impl From<&RunSnapshot> for StoredSnapshot {
@@ -341,6 +347,7 @@ impl From<&ApprovalSummary> for StoredSummary {
             expires_at: approval.expires_at.map(millis),
             resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             policy: approval.policy.as_ref().map(StoredPolicyMatch::from),
+            tool_changed: approval.tool_changed,
         }
     }
 }
@@ -362,6 +369,7 @@ impl TryFrom<StoredSummary> for ApprovalSummary {
             expires_at: at(stored.expires_at),
             resolved_by: stored.resolved_by.map(|key| key.parse().map_err(|_| malformed("resolved_by"))).transpose()?,
             policy: stored.policy.map(StoredPolicyMatch::read).transpose()?,
+            tool_changed: stored.tool_changed,
         })
     }
 }
@@ -398,6 +406,7 @@ mod tests {
             policy: None,
             input_schema: None,
             answer: None,
+            tool_changed: false,
         }
     }
 
@@ -471,6 +480,7 @@ mod tests {
                 http_status: None,
                 duration_ms: 12,
                 result: text,
+                mcp_server: Some("github".into()),
             })),
         ]
     }

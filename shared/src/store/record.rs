@@ -91,6 +91,9 @@ pub(super) struct StoredApproval {
     input_schema: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     answer: Option<String>,
+    /// Absent (false) unless the call's MCP tool changed since pinning.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    tool_changed: bool,
 }
 
 /// The rule an approval names.
@@ -203,6 +206,7 @@ impl From<&Approval> for StoredApproval {
             policy: approval.policy.as_ref().map(StoredPolicyMatch::from),
             input_schema: approval.input_schema.as_ref().map(canonical_json),
             answer: approval.answer.as_ref().map(canonical_json),
+            tool_changed: approval.tool_changed,
         }
     }
 }
@@ -237,6 +241,7 @@ impl TryFrom<StoredApproval> for Approval {
             policy: approval.policy.map(StoredPolicyMatch::read).transpose()?,
             input_schema: approval.input_schema.map(json).transpose()?,
             answer: approval.answer.map(json).transpose()?,
+            tool_changed: approval.tool_changed,
         })
     }
 }

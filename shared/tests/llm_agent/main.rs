@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use support::stand_in::{self, StandIn, Turn, text, tool_call};
 use tokio::sync::watch;
 
+mod mcp;
 mod network;
 mod policies;
 mod questions;
@@ -101,8 +102,11 @@ impl Fixture {
         change(&mut document);
         let agent: AgentDefinition = serde_json::from_value(document).unwrap();
         store.put_agent(&agent.parse().unwrap(), Timestamp::from_millis(0)).await.unwrap();
-        let env: HashMap<&str, &str> =
-            HashMap::from([("STAND_IN_KEY", API_KEY), ("DELETE_TOKEN", "Bearer tool-token")]);
+        let env: HashMap<&str, &str> = HashMap::from([
+            ("STAND_IN_KEY", API_KEY),
+            ("DELETE_TOKEN", "Bearer tool-token"),
+            ("ISSUES_TOKEN", "Bearer issues-token"),
+        ]);
         let mut runtime =
             LlmRuntime::new(Arc::new(move |name| env.get(name).map(|value| value.to_string())), max_checkpoint_bytes);
         runtime.retry =

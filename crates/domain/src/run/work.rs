@@ -170,6 +170,7 @@ impl Run {
                 policy: request.policy,
                 input_schema: request.input_schema,
                 answer: None,
+                tool_changed: request.tool_changed,
             };
             self.record(now, EventData::ApprovalRequested(approval.clone()));
             let rule = approval.policy.as_ref().map(|policy| policy.rule.clone());

@@ -4,6 +4,7 @@
 //! number of invocations or approvals.
 
 mod bedrock;
+mod mcp;
 mod model;
 mod openai;
 mod questions;
@@ -17,17 +18,18 @@ use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
 use crate::domain::{
-    ASK_HUMAN_TOOL, AgentDefinition, ApprovalRequest, ApprovalStatus, Budget, EventData, EventText, GatedCall,
-    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Policy, ProposedCall, ProviderKind, Resolver,
-    RuleDecision, ToolCompleted, Usage, Verdict, approval_arguments_bytes, canonical_json,
+    ASK_HUMAN_TOOL, AgentDefinition, Approval, ApprovalRequest, ApprovalStatus, Budget, EventData, EventText,
+    GatedCall, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, McpServerDefinition, Policy, ProposedCall,
+    ProviderKind, Resolver, RuleDecision, ToolCompleted, Usage, Verdict, approval_arguments_bytes, canonical_json,
 };
 
 use crate::telemetry::{self, Span, SpanKind};
 
 pub use bedrock::{BedrockModel, to_document, to_value};
+pub use mcp::{ListedTool, McpSession, Unreachable, pin};
 pub use model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, RetryPolicy, ToolCall, ToolSpec};
 pub use openai::OpenAiModel;
-pub use tools::{EnvLookup, Tool, ToolHttp, ToolOutcome};
+pub use tools::{EnvLookup, McpBinding, Tool, ToolHttp, ToolOutcome};
 
 /// The default largest checkpoint (the transcript as JSON).
 pub const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 256 * 1024;
@@ -144,15 +146,7 @@ impl LlmRuntime {
             ProviderKind::Bedrock => Arc::new(BedrockModel::new(self.bedrock().await)),
         };
         let tools = definition.tools.iter().cloned().map(Tool::new).collect::<Result<Vec<_>, _>>()?;
-        let specs = tools
-            .iter()
-            .map(|tool| ToolSpec {
-                name: tool.definition.name.clone(),
-                description: tool.definition.description.clone(),
-                parameters: tool.definition.parameters.clone(),
-            })
-            .chain(definition.ask_human.then(questions::spec))
-            .collect();
+        let specs = tools.iter().map(Tool::spec).chain(definition.ask_human.then(questions::spec)).collect();
         Ok(LlmAgent { definition, model, tools, specs, runtime: self.clone() })
     }
 }
@@ -169,7 +163,7 @@ pub(crate) fn build_client(configure: impl Fn(reqwest::ClientBuilder) -> reqwest
     // the other agents go on.
     builder().build().unwrap_or_else(|error| {
         tracing::error!(%error, "no trusted root certificate could be read; HTTPS calls of agents will fail");
-        builder().tls_built_in_root_certs(false).build().expect("a client that reads no certificates builds")
+        builder().tls_certs_only([]).build().expect("a client that reads no certificates builds")
     })
 }
 
@@ -204,6 +198,19 @@ struct Transcript {
     judged: bool,
 }
 
+/// The tools of one step: the definition's HTTP tools, and what its MCP
+/// servers list now (listed only by the steps that ask the model).
+struct Toolbox<'a> {
+    http: &'a [Tool],
+    mcp: Vec<Tool>,
+}
+
+impl Toolbox<'_> {
+    fn find(&self, name: &str) -> Option<&Tool> {
+        self.http.iter().chain(&self.mcp).find(|tool| tool.definition.name == name)
+    }
+}
+
 /// What the model is told of a call a rule denied.
 fn denied_by(rule: &str, reason: Option<&str>) -> String {
     format!("denied by policy {rule}: {}", reason.unwrap_or("no reason given"))
@@ -219,8 +226,31 @@ fn shorten(text: &str, max_chars: usize) -> String {
 }
 
 impl LlmAgent {
-    fn tool(&self, name: &str) -> Option<&Tool> {
-        self.tools.iter().find(|tool| tool.definition.name == name)
+    /// The HTTP tools alone: what a step that does not ask the model needs.
+    fn http_tools(&self) -> Toolbox<'_> {
+        Toolbox { http: &self.tools, mcp: Vec::new() }
+    }
+
+    /// The HTTP tools and every tool the MCP servers offer now; a server
+    /// that cannot be used fails the run.
+    async fn toolbox(&self) -> Result<Toolbox<'_>, Unreachable> {
+        let mut mcp = Vec::new();
+        let http = self.runtime.tool_http(self.definition.allow_private_network);
+        for server in &self.definition.mcp_servers {
+            let session = McpSession::open(server, &http, &self.runtime.env).await?;
+            let listed = session.list().await;
+            session.close().await;
+            mcp.extend(mcp::offered(server, listed?));
+        }
+        Ok(Toolbox { http: &self.tools, mcp })
+    }
+
+    /// The MCP server a tool name belongs to, and the tool's name there.
+    fn mcp_target<'n>(&self, name: &'n str) -> Option<(&McpServerDefinition, &'n str)> {
+        self.definition.mcp_servers.iter().find_map(|server| {
+            let tool = name.strip_prefix(&server.tool_name(""))?;
+            (!tool.is_empty()).then_some((server, tool))
+        })
     }
 
     /// Whether the call puts a question to a person.
@@ -230,9 +260,9 @@ impl LlmAgent {
 
     /// The tool a call names and its arguments, or what is wrong with the
     /// call in words for the model.
-    fn checked(&self, call: &ToolCall) -> Result<(&Tool, serde_json::Value), String> {
+    fn checked<'t>(&self, tools: &'t Toolbox, call: &ToolCall) -> Result<(&'t Tool, serde_json::Value), String> {
         let tool =
-            self.tool(&call.name).ok_or_else(|| format!("There is no tool named `{}`.", shorten(&call.name, 64)))?;
+            tools.find(&call.name).ok_or_else(|| format!("There is no tool named `{}`.", shorten(&call.name, 64)))?;
         Ok((tool, tool.check_arguments(&call.arguments)?))
     }
 
@@ -256,6 +286,10 @@ impl LlmAgent {
 
     /// What the owner's policy, or else the tool, says of a call of `tool`.
     fn verdict(&self, tool: &Tool, arguments: &serde_json::Value, policy: &Policy) -> Verdict {
+        // A tool its server changed since pinning asks, whatever rules say.
+        if tool.mcp.as_ref().is_some_and(|mcp| mcp.changed) {
+            return Verdict::Ask { policy: None };
+        }
         policy.evaluate(&GatedCall {
             agent: &self.definition.name,
             tool: &tool.definition.name,
@@ -268,17 +302,17 @@ impl LlmAgent {
     /// What a human is asked about the call (the call in plain words, and
     /// exactly), or what a rule of `policy` decided for them; `None` when
     /// the call runs without an approval.
-    fn approval_request(&self, call: &ToolCall, policy: &Policy) -> Option<ApprovalRequest> {
+    fn approval_request(&self, tools: &Toolbox, call: &ToolCall, policy: &Policy) -> Option<ApprovalRequest> {
         // Questions always go to a person; no rule decides them.
         if self.asks_humans(call) {
             let (question, schema) = questions::asked(&call.arguments).ok()?;
             return Some(ApprovalRequest::question(question, schema));
         }
-        let tool = self.tool(&call.name)?;
+        let tool = tools.find(&call.name)?;
         // Only checked calls get here, but the definition may have changed
         // since: the model's text is used then (the call is checked again
         // before it is made).
-        let arguments = self.checked(call).map(|(_, arguments)| arguments).unwrap_or_else(|_| {
+        let arguments = self.checked(tools, call).map(|(_, arguments)| arguments).unwrap_or_else(|_| {
             serde_json::from_str(&call.arguments).unwrap_or_else(|_| serde_json::Value::String(call.arguments.clone()))
         });
         let (policy, decided) = match self.verdict(tool, &arguments, policy) {
@@ -290,7 +324,8 @@ impl LlmAgent {
         let shown = canonical_json(&arguments);
         let action = format!("Call the tool `{}` with {}", call.name, shorten(&shown, MAX_ACTION_ARGUMENT_CHARS));
         let call = ProposedCall { tool: call.name.clone(), arguments };
-        Some(ApprovalRequest { policy, decided, ..ApprovalRequest::call(action, call) })
+        let tool_changed = tool.mcp.as_ref().is_some_and(|mcp| mcp.changed);
+        Some(ApprovalRequest { policy, decided, tool_changed, ..ApprovalRequest::call(action, call) })
     }
 
     /// Answers the first pending call: runs it, or tells the model a human
@@ -317,11 +352,16 @@ impl LlmAgent {
             return Step::Failed(spent);
         }
         let outcome = match pending.approval.map(|index| approvals.get(index)) {
-            None => self.run_tool(run_id, call, None, must_finish, usage, events).await,
+            None => match self.run_tool(run_id, call, None, must_finish, usage, events).await {
+                Ok(outcome) => outcome,
+                Err(failed) => return failed,
+            },
             Some(Some(approval)) if approval.status == ApprovalStatus::Approved => {
-                let edited = approval.edited_arguments.as_ref();
-                let outcome = self.run_tool(run_id, call, edited, must_finish, usage, events).await;
-                match edited {
+                let outcome = match self.run_tool(run_id, call, Some(approval), must_finish, usage, events).await {
+                    Ok(outcome) => outcome,
+                    Err(failed) => return failed,
+                };
+                match approval.edited_arguments.as_ref() {
                     None => outcome,
                     Some(edited) => ToolOutcome {
                         content: format!(
@@ -355,62 +395,68 @@ impl LlmAgent {
         self.checkpoint(&transcript)
     }
 
-    /// Checks the call again (the definition may have changed while it
-    /// waited for a human) and makes it, with `edited` arguments in place
-    /// of the model's when a human edited them.
+    /// Makes the call once: an HTTP tool's is checked again first (the
+    /// definition may have changed while it waited), with the arguments a
+    /// person edited in place of the model's; an MCP tool gets exactly the
+    /// arguments its approval holds. `Err` fails the run (an MCP server
+    /// that cannot be used).
     async fn run_tool(
         &self,
         run_id: &str,
         call: &ToolCall,
-        edited: Option<&serde_json::Value>,
+        approval: Option<&Approval>,
         must_finish: &super::MustFinish,
         usage: &mut Option<crate::domain::Usage>,
         events: &mut Vec<EventData>,
-    ) -> ToolOutcome {
+    ) -> Result<ToolOutcome, Step> {
+        let http = self.runtime.tool_http(self.definition.allow_private_network);
+        if let Some((server, tool)) = self.mcp_target(&call.name) {
+            if !server.offers(tool) {
+                return Ok(ToolOutcome::error(format!("There is no tool named `{}`.", shorten(&call.name, 64))));
+            }
+            let arguments = match approval.and_then(Approval::arguments_to_use) {
+                Some(arguments) => arguments.clone(),
+                None => {
+                    match serde_json::from_str(if call.arguments.trim().is_empty() { "{}" } else { &call.arguments }) {
+                        Ok(arguments) => arguments,
+                        Err(error) => {
+                            return Ok(ToolOutcome::error(format!(
+                                "The arguments are not valid JSON ({error}); send a JSON object."
+                            )));
+                        }
+                    }
+                }
+            };
+            let session =
+                McpSession::open(server, &http, &self.runtime.env).await.map_err(|why| Step::Failed(why.0))?;
+            must_finish.set();
+            usage.get_or_insert_default().tool_calls += 1;
+            let traced = ToolCallTrace::start(call);
+            let outcome = session.call(tool, &arguments).await;
+            session.close().await;
+            traced.end(call, arguments, &outcome, Some(&server.name), events);
+            return Ok(outcome);
+        }
         let edited_call;
-        let call = match edited {
+        let call = match approval.and_then(|approval| approval.edited_arguments.as_ref()) {
             Some(arguments) => {
                 edited_call = ToolCall { arguments: arguments.to_string(), ..call.clone() };
                 &edited_call
             }
             None => call,
         };
-        match self.checked(call) {
-            Ok((tool, arguments)) => {
-                must_finish.set();
-                usage.get_or_insert_default().tool_calls += 1;
-                let idempotency_key = format!("{run_id}/{}", call.id);
-                let http = self.runtime.tool_http(self.definition.allow_private_network);
-                let started = std::time::Instant::now();
-                let span = telemetry::current().and_then(|parent| {
-                    Span::child_of(parent, format!("execute_tool {}", call.name), SpanKind::Internal)
-                });
-                let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env).await;
-                if let Some(mut span) = span {
-                    span.set("gen_ai.operation.name", "execute_tool");
-                    span.set("gen_ai.tool.name", call.name.clone());
-                    span.set("gen_ai.tool.type", "function");
-                    span.set("gen_ai.tool.call.id", call.id.clone());
-                    if let Some(status) = outcome.http_status {
-                        span.set("http.response.status_code", i64::from(status));
-                    }
-                    if outcome.is_error {
-                        let kind = if outcome.http_status.is_some() { "tool_error" } else { "no_response" };
-                        span.fail(kind, "the tool call failed");
-                    }
-                    span.end();
-                }
-                events.push(EventData::ToolCompleted(Box::new(ToolCompleted {
-                    tool: call.name.clone(),
-                    arguments,
-                    http_status: outcome.http_status,
-                    duration_ms: started.elapsed().as_millis() as u64,
-                    result: EventText::new(&outcome.content),
-                })));
-                outcome
-            }
-            Err(problem) => ToolOutcome::error(problem),
-        }
+        let tools = self.http_tools();
+        let (tool, arguments) = match self.checked(&tools, call) {
+            Ok(checked) => checked,
+            Err(problem) => return Ok(ToolOutcome::error(problem)),
+        };
+        must_finish.set();
+        usage.get_or_insert_default().tool_calls += 1;
+        let idempotency_key = format!("{run_id}/{}", call.id);
+        let traced = ToolCallTrace::start(call);
+        let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env).await;
+        traced.end(call, arguments, &outcome, None, events);
+        Ok(outcome)
     }
 
     /// A span for a model call made now (GenAI semantic conventions).
@@ -436,6 +482,7 @@ impl LlmAgent {
     /// no call waits for a decision.
     fn put_to_people(
         &self,
+        tools: &Toolbox,
         transcript: &mut Transcript,
         first_approval: usize,
         policy: &Policy,
@@ -447,7 +494,7 @@ impl LlmAgent {
             if pending.approval.is_some() {
                 continue;
             }
-            if let Some(request) = self.approval_request(&pending.call, policy) {
+            if let Some(request) = self.approval_request(tools, &pending.call, policy) {
                 pending.approval = Some(first_approval + requests.len());
                 requests.push(request);
             }
@@ -482,11 +529,20 @@ impl LlmAgent {
                 self.definition.max_steps
             ));
         }
+        let tools = match self.toolbox().await {
+            Ok(tools) => tools,
+            Err(Unreachable(why)) => return Step::Failed(why),
+        };
+        let specs: std::borrow::Cow<[ToolSpec]> = if tools.mcp.is_empty() {
+            std::borrow::Cow::Borrowed(&self.specs)
+        } else {
+            self.specs.iter().cloned().chain(tools.mcp.iter().map(Tool::spec)).collect()
+        };
         let request = ChatRequest {
             model: &self.definition.model,
             system: &self.definition.system_prompt,
             messages: &transcript.messages,
-            tools: &self.specs,
+            tools: &specs,
             max_tokens: self.definition.max_tokens,
         };
         let mut span = self.model_call_span();
@@ -540,7 +596,7 @@ impl LlmAgent {
         let mut room = proposals.saturating_sub(approval_arguments_bytes(approvals));
         for call in reply.tool_calls {
             // Calls that cannot be made are answered at once, never put to a human.
-            let refused = match self.checked(&call) {
+            let refused = match self.checked(&tools, &call) {
                 _ if self.asks_humans(&call) => match questions::asked(&call.arguments) {
                     // The schema is kept with the approval; the answer is
                     // held to the run's room when it is given.
@@ -585,10 +641,60 @@ impl LlmAgent {
         // reckoned with.
         transcript.judged = true;
         let first_approval = approvals.len();
-        if let Some(asked) = self.put_to_people(&mut transcript, first_approval, policy, budget, usage.as_ref()) {
+        if let Some(asked) = self.put_to_people(&tools, &mut transcript, first_approval, policy, budget, usage.as_ref())
+        {
             return asked;
         }
         self.checkpoint(&transcript)
+    }
+}
+
+/// A tool call being made: its span, and its event once it ends.
+struct ToolCallTrace {
+    started: std::time::Instant,
+    span: Option<Span>,
+}
+
+impl ToolCallTrace {
+    fn start(call: &ToolCall) -> Self {
+        let span = telemetry::current()
+            .and_then(|parent| Span::child_of(parent, format!("execute_tool {}", call.name), SpanKind::Internal));
+        ToolCallTrace { started: std::time::Instant::now(), span }
+    }
+
+    fn end(
+        self,
+        call: &ToolCall,
+        arguments: serde_json::Value,
+        outcome: &ToolOutcome,
+        mcp_server: Option<&str>,
+        events: &mut Vec<EventData>,
+    ) {
+        if let Some(mut span) = self.span {
+            span.set("gen_ai.operation.name", "execute_tool");
+            span.set("gen_ai.tool.name", call.name.clone());
+            span.set("gen_ai.tool.type", if mcp_server.is_some() { "extension" } else { "function" });
+            span.set("gen_ai.tool.call.id", call.id.clone());
+            if let Some(server) = mcp_server {
+                span.set("mcp.server.name", server.to_owned());
+            }
+            if let Some(status) = outcome.http_status {
+                span.set("http.response.status_code", i64::from(status));
+            }
+            if outcome.is_error {
+                let kind = if outcome.http_status.is_some() { "tool_error" } else { "no_response" };
+                span.fail(kind, "the tool call failed");
+            }
+            span.end();
+        }
+        events.push(EventData::ToolCompleted(Box::new(ToolCompleted {
+            tool: call.name.clone(),
+            arguments,
+            http_status: outcome.http_status,
+            duration_ms: self.started.elapsed().as_millis() as u64,
+            result: EventText::new(&outcome.content),
+            mcp_server: mcp_server.map(str::to_owned),
+        })));
     }
 }
 
@@ -602,7 +708,7 @@ impl Agent for LlmAgent {
         // Read without decoding the transcript: the step asks the model
         // unless calls are pending, and calls pending from a checkpoint of
         // an earlier release are judged first.
-        if self.specs.is_empty() {
+        if self.specs.is_empty() && self.definition.mcp_servers.is_empty() {
             return false;
         }
         let Some(checkpoint) = checkpoint else { return true };
@@ -625,7 +731,9 @@ impl Agent for LlmAgent {
         if !transcript.judged {
             transcript.judged = true;
             let (first_approval, budget, usage) = (step.approvals.len(), step.budget, step.usage.as_ref());
-            if let Some(asked) = self.put_to_people(&mut transcript, first_approval, step.policy, budget, usage) {
+            let tools = self.http_tools();
+            if let Some(asked) = self.put_to_people(&tools, &mut transcript, first_approval, step.policy, budget, usage)
+            {
                 return asked;
             }
         }

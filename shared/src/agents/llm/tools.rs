@@ -12,6 +12,17 @@ use crate::public_network::{self, NotPublic};
 pub struct Tool {
     pub definition: ToolDefinition,
     schema: jsonschema::Validator,
+    /// For a tool of an MCP server: which, and the tool's name there.
+    pub mcp: Option<McpBinding>,
+}
+
+/// Where an MCP tool lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpBinding {
+    pub server: String,
+    pub tool: String,
+    /// New or changed since the server was pinned: a person decides.
+    pub changed: bool,
 }
 
 /// What a tool call produced, for the model.
@@ -43,8 +54,8 @@ const NOT_PUBLIC: &str =
     "The tool's address is not allowed: it resolves to a private or local network address. The call was not made.";
 
 /// Whether a failed request failed because its destination is not public.
-fn refused_as_not_public(error: &reqwest::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+pub(super) fn refused_as_not_public(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
     while let Some(cause) = source {
         if cause.downcast_ref::<NotPublic>().is_some() {
             return true;
@@ -66,7 +77,16 @@ fn timed_out(tool: &ToolDefinition) -> String {
 impl Tool {
     pub fn new(definition: ToolDefinition) -> Result<Self, String> {
         let schema = jsonschema::validator_for(&definition.parameters).map_err(|error| error.to_string())?;
-        Ok(Self { definition, schema })
+        Ok(Self { definition, schema, mcp: None })
+    }
+
+    /// How the model is offered the tool.
+    pub fn spec(&self) -> super::ToolSpec {
+        super::ToolSpec {
+            name: self.definition.name.clone(),
+            description: self.definition.description.clone(),
+            parameters: self.definition.parameters.clone(),
+        }
     }
 
     /// The arguments as an object that matches the schema, or what is wrong

@@ -410,13 +410,14 @@ impl<'a> Parts<'a> {
         let approval = json!({
             "type": "object",
             "additionalProperties": false,
-            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments", "policy", "input_schema", "answer"],
+            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments", "policy", "input_schema", "answer", "tool_changed"],
             "properties": {
                 "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
                 "kind": {"type": "string", "enum": ApprovalKind::ALL.map(ApprovalKind::as_str), "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly. `input`: a question a person answers (decision answer) or declines (reject)."},
                 "action": {"type": "string", "description": "In plain words, what approving does; for an input, the question."},
                 "input_schema": {"type": ["object", "null"], "additionalProperties": true, "description": "For an input: the JSON Schema the answer must satisfy (`{\"type\": \"string\"}` when the agent gave none); null otherwise."},
                 "answer": {"description": "For an input: the answer once given (status answered), any JSON its schema accepts; null otherwise."},
+                "tool_changed": {"type": "boolean", "description": "For a tool call of an MCP server's tool: the tool is new or changed (name, description, input schema or annotations) since `agents put` pinned the server, so a person decides it whatever its annotations or the policy say. False otherwise."},
                 "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
                 "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments the model proposed."},
                 "arguments_sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$", "description": "Hex SHA-256 of `arguments` serialized per RFC 8785 (the JSON Canonicalization Scheme: any JCS library computes it); send it with a decision to bind the decision to this exact call."},
@@ -552,6 +553,7 @@ mod tests {
             policy: None,
             input_schema: None,
             answer: None,
+            tool_changed: false,
         });
         let view = serde_json::to_value(RunView::new(&run, crate::views::Shown::default())).unwrap();
         let schemas = &builtin()["components"]["schemas"];
