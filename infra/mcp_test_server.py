@@ -4,7 +4,7 @@ PyPI) and served over Streamable HTTP.
     python infra/mcp_test_server.py PORT CALLS_FILE [--stateless] [--changed]
 
 Every tool call is appended to CALLS_FILE as a JSON line
-({"tool": ..., "arguments": ...}), so a test can tell what reached the
+({"tool": ..., "arguments": ..., "authorization": ..., ...}), so a test can tell what reached the
 server and how often. `--stateless` answers without sessions (JSON
 answers); `--changed` serves `list_issues` with another description, as a
 server changed after its tools were pinned.
@@ -13,7 +13,7 @@ server changed after its tools were pinned.
 import json
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
@@ -25,9 +25,19 @@ changed = "--changed" in sys.argv
 server = MCPServer("issues", log_level="WARNING")
 
 
-def record(tool, arguments):
+def record(tool, arguments, ctx):
+    """One line per call: what was called, with the header the client
+    sent, the protocol version it speaks and the capabilities it declared."""
+    capabilities = ctx.client_capabilities
+    line = {
+        "tool": tool,
+        "arguments": arguments,
+        "authorization": (ctx.headers or {}).get("authorization"),
+        "protocol_version": ctx.protocol_version,
+        "capabilities": capabilities.model_dump(exclude_none=True) if capabilities else None,
+    }
     with open(calls_file, "a", encoding="utf-8") as calls:
-        calls.write(json.dumps({"tool": tool, "arguments": arguments}) + "\n")
+        calls.write(json.dumps(line) + "\n")
 
 
 list_description = (
@@ -36,26 +46,26 @@ list_description = (
 
 
 @server.tool(description=list_description, annotations=ToolAnnotations(readOnlyHint=True))
-def list_issues(repo: str) -> str:
-    record("list_issues", {"repo": repo})
+def list_issues(repo: str, ctx: Context) -> str:
+    record("list_issues", {"repo": repo}, ctx)
     return f"{repo}: #1 flaky test, #2 typo in README"
 
 
 @server.tool(description="Closes an issue.", annotations=ToolAnnotations(destructiveHint=True))
-def close_issue(number: int, comment: str = "") -> str:
-    record("close_issue", {"number": number, "comment": comment})
+def close_issue(number: int, ctx: Context, comment: str = "") -> str:
+    record("close_issue", {"number": number, "comment": comment}, ctx)
     return f"closed #{number}"
 
 
 @server.tool(description="Reads the tracker's status.", annotations=ToolAnnotations(readOnlyHint=True))
-def tracker_status() -> str:
-    record("tracker_status", {})
+def tracker_status(ctx: Context) -> str:
+    record("tracker_status", {}, ctx)
     raise ToolError("the tracker is down for maintenance")
 
 
 @server.tool(description="Deletes a repository.", annotations=ToolAnnotations(destructiveHint=True))
-def delete_repo(repo: str) -> str:
-    record("delete_repo", {"repo": repo})
+def delete_repo(repo: str, ctx: Context) -> str:
+    record("delete_repo", {"repo": repo}, ctx)
     return f"deleted {repo}"
 
 

@@ -1,9 +1,11 @@
 //! What the tests use and the service never ships: fault injection for the
 //! store, the queue and the AWS SDK calls, and a capacity model of
 //! DynamoDB's limits (`faults`); what tests ask of a store beyond its
-//! ports (`stores`).
+//! ports (`stores`); an MCP server made with the official Python SDK
+//! (`mcp_server`).
 
 pub mod faults;
+pub mod mcp_server;
 pub mod stores;
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

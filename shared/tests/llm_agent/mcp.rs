@@ -4,85 +4,12 @@
 //! server's approval mode, policies and pins, and called once with exactly
 //! the arguments approved.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-
 use agent_runs_shared::agents::llm::{EnvLookup, LlmRuntime, pin};
 use agent_runs_shared::domain::{KeyId, McpServerDefinition, parse_rules};
 use agent_runs_shared::store::PolicyStore;
+use agent_runs_testkit::mcp_server::McpServer;
 
 use super::*;
-
-/// The Python MCP server on a port of its own; killed when dropped.
-struct McpServer {
-    child: Child,
-    port: u16,
-    calls: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl McpServer {
-    fn start(flags: &[&str]) -> McpServer {
-        let dir = tempfile::tempdir().unwrap();
-        let calls = dir.path().join("calls.jsonl");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut server = McpServer { child: Self::spawn(port, &calls, flags), port, calls, _dir: dir };
-        server.wait_until_listening();
-        server
-    }
-
-    fn spawn(port: u16, calls: &std::path::Path, flags: &[&str]) -> Child {
-        let python = std::env::var("AGENT_RUNS_TEST_PYTHON")
-            .expect("AGENT_RUNS_TEST_PYTHON names a Python with the `mcp` package (bash infra/test.sh sets it up)");
-        Command::new(python)
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/mcp_test_server.py"))
-            .arg(port.to_string())
-            .arg(calls)
-            .args(flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the MCP test server")
-    }
-
-    fn wait_until_listening(&mut self) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(self.child.try_wait().unwrap().is_none(), "the MCP test server exited");
-            assert!(std::time::Instant::now() < deadline, "the MCP test server did not listen");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The same server (same URL) started again with other flags.
-    fn restart(&mut self, flags: &[&str]) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.child = Self::spawn(self.port, &self.calls, flags);
-        self.wait_until_listening();
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-
-    /// Every call the server received: (tool, arguments).
-    fn calls(&self) -> Vec<(String, Value)> {
-        let text = std::fs::read_to_string(&self.calls).unwrap_or_default();
-        text.lines()
-            .map(|line| serde_json::from_str::<Value>(line).unwrap())
-            .map(|call| (call["tool"].as_str().unwrap().to_owned(), call["arguments"].clone()))
-            .collect()
-    }
-}
-
-impl Drop for McpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn env() -> EnvLookup {
     Arc::new(|name| (name == "ISSUES_TOKEN").then(|| "Bearer issues-token".to_owned()))
@@ -154,6 +81,17 @@ async fn read_only_tool_runs_without_a_person(flags: &[&str]) {
     assert_eq!(result["role"], "tool");
     assert!(result["content"].as_str().unwrap().contains("#1 flaky test"), "{result}");
     assert_eq!(server.calls(), [("list_issues".to_owned(), json!({"repo": "acme/app"}))]);
+    let received = &server.received()[0];
+    assert_eq!(received["authorization"], "Bearer issues-token", "headers_from_env: {received}");
+    assert!(received["protocol_version"].as_str().is_some_and(|version| version >= "2025-03-26"), "{received}");
+    // The client declares no sampling, elicitation or roots: the server may ask nothing of it.
+    if flags.is_empty() {
+        assert!(received["capabilities"].is_object(), "declared in the handshake: {received}");
+    }
+    let capabilities = received["capabilities"].as_object().cloned().unwrap_or_default();
+    for refused in ["sampling", "elicitation", "roots"] {
+        assert!(!capabilities.contains_key(refused), "{received}");
+    }
     let run = fixture.run(&message).await;
     assert!(run.approvals.is_empty());
     assert_eq!(run.usage.map(|usage| usage.tool_calls), Some(1));

@@ -14,12 +14,14 @@ use support::{Server, Target, is_timestamp};
 
 mod approvals;
 mod events;
+mod mcp;
 mod policies;
 mod questions;
 mod runs;
 
 use approvals::*;
 use events::*;
+use mcp::*;
 use policies::*;
 use questions::*;
 use runs::*;
@@ -74,6 +76,7 @@ on_every_target!(
     too_many_active_runs_answer_429_with_retry_after,
     requests_over_the_rate_limit_answer_429_with_retry_after,
     a_defined_agent_is_managed_with_the_cli_and_waits_for_approval,
+    an_mcp_server_is_pinned_by_the_cli_and_its_tools_are_gated,
     events_tell_what_happened_to_a_run_in_order,
     events_parameters_are_checked_strictly,
     scopes_limit_what_a_key_may_do_and_decisions_name_their_key,
