@@ -133,14 +133,14 @@ pub async fn run(command: AgentsCommand, db: &Path) -> Result<(), Error> {
             println!("{:<24}  {:<8}  {:<40}  TOOLS", "NAME", "PROVIDER", "MODEL");
             for agent in store.list_agents().await? {
                 let provider = serde_json::to_value(agent.provider)?;
-                let tools: Vec<String> =
-                    agent
-                        .tools
-                        .iter()
-                        .map(|tool| {
-                            if tool.requires_approval { format!("{} (approval)", tool.name) } else { tool.name.clone() }
-                        })
-                        .collect();
+                let http = agent.tools.iter().map(|tool| {
+                    if tool.requires_approval { format!("{} (approval)", tool.name) } else { tool.name.clone() }
+                });
+                let mcp = agent
+                    .mcp_servers
+                    .iter()
+                    .map(|server| format!("{} (MCP, {} pinned)", server.tool_name("*"), server.pinned.len()));
+                let tools: Vec<String> = http.chain(mcp).collect();
                 println!(
                     "{:<24}  {:<8}  {:<40}  {}",
                     agent.name,
@@ -162,4 +162,23 @@ pub async fn run(command: AgentsCommand, db: &Path) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_example_definition_reads() {
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut read = 0;
+        for entry in std::fs::read_dir(examples).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|extension| extension == "toml") {
+                read_definition(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+                read += 1;
+            }
+        }
+        assert!(read >= 2, "janitor.toml and triage.toml");
+    }
 }

@@ -52,6 +52,11 @@ pub(super) fn an_mcp_server_is_pinned_by_the_cli_and_its_tools_are_gated(target:
     assert!(put.status.success(), "{stderr}");
     assert!(stderr.contains("Pinned 4 tools of MCP server `issues`"), "{stderr}");
     assert!(stderr.contains("issues__close_issue (approval)") && !stderr.contains("delete_repo"), "{stderr}");
+    let listed = server.admin(&["agents", "list"]);
+    assert!(
+        listed.lines().any(|line| line.starts_with("triage") && line.contains("issues__* (MCP, 4 pinned)")),
+        "{listed}"
+    );
     let shown: Value = serde_json::from_str(&server.admin(&["agents", "get", "triage"])).unwrap();
     assert_eq!(shown["mcp_servers"][0]["pinned"].as_object().unwrap().len(), 4, "{shown}");
 
