@@ -502,6 +502,9 @@ impl Output {
                 rows.push(vec!["  arguments".into(), approval["arguments"].to_string()]);
                 rows.push(vec!["  sha256".into(), text(&approval["arguments_sha256"])]);
             }
+            if approval["tool_changed"] == true {
+                rows.push(vec!["  warning".into(), "the tool changed on its MCP server since it was pinned".into()]);
+            }
             for (name, key) in [("  edited to", "edited_arguments"), ("  answer", "answer")] {
                 if !approval[key].is_null() {
                     rows.push(vec![name.into(), approval[key].to_string()]);

@@ -351,6 +351,10 @@ function approvalView(run, approval) {
   box.append(el("div", {}, status(approval.status), " ", el("strong", { class: "action" }, approval.action)));
   if (approval.kind === "tool_call") {
     box.append(el("div", { class: "meta" }, "tool " + approval.tool + " · sha256 " + approval.arguments_sha256.slice(0, 12) + "…"));
+    if (approval.tool_changed) {
+      box.append(el("div", { class: "warning tool-changed" },
+        "This tool changed on its MCP server since the operator pinned it (agents put): check what it does before approving."));
+    }
     box.append(el("pre", { class: "arguments" }, JSON.stringify(approval.arguments, null, 2)));
     if (approval.edited_arguments) {
       box.append(el("div", { class: "meta" }, "approved with edited arguments:"));
