@@ -410,7 +410,7 @@ mod tests {
         let agent = parse(document).unwrap();
         assert_eq!(agent.mcp_servers[0].require_approval, crate::McpApproval::UnlessReadOnly);
         assert_eq!(agent.mcp_servers[0].timeout_ms, 30_000);
-        let cases: [(serde_json::Value, &str); 8] = [
+        let cases: [(serde_json::Value, &str); 11] = [
             (serde_json::json!([{"name": "Git Hub", "url": "https://x.example/mcp"}]), "mcp_servers[0].name"),
             (serde_json::json!([server, server]), "two MCP servers are named `github`"),
             (serde_json::json!([{"name": "lookup", "url": "https://x.example/mcp"}]), "ok"),
@@ -422,6 +422,15 @@ mod tests {
                 "not an allowed",
             ),
             (serde_json::json!([{"name": "gh", "url": "https://x", "pinned": {"a": "b"}}]), "unknown field"),
+            (serde_json::json!([{"name": "a", "url": "https://x"}, {"name": "a_", "url": "https://y"}]), "both claim"),
+            (
+                serde_json::json!([{"name": "a__b", "url": "https://x"}, {"name": "a", "url": "https://y"}]),
+                "both claim",
+            ),
+            (
+                serde_json::json!([{"name": "gh", "url": "https://x"}, {"name": "gh_enterprise", "url": "https://y"}]),
+                "ok",
+            ),
         ];
         for (servers, expected) in cases {
             let mut document = definition();

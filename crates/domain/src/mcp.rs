@@ -97,6 +97,17 @@ impl McpServerDefinition {
     }
 }
 
+impl super::AgentDefinition {
+    /// The MCP server a tool name of the model's belongs to, and the
+    /// tool's name there (the definition's checks make it at most one).
+    pub fn mcp_tool<'n>(&self, name: &'n str) -> Option<(&McpServerDefinition, &'n str)> {
+        self.mcp_servers.iter().find_map(|server| {
+            let tool = name.strip_prefix(&server.tool_name(""))?;
+            (!tool.is_empty()).then_some((server, tool))
+        })
+    }
+}
+
 /// The SHA-256 (hex) of a tool's canonical JSON (RFC 8785) of its name,
 /// description, input schema and annotations, as the server lists them.
 pub fn tool_pin(name: &str, description: Option<&str>, input_schema: &Value, annotations: Option<&Value>) -> String {
@@ -136,8 +147,10 @@ pub(super) fn check_servers(
             return fail(format!("`{}`: two MCP servers are named `{}`.", field("name"), server.name));
         }
         let prefix = server.tool_name("");
-        // `a` and `a__b` would both claim a tool named `a__b__c`.
-        if let Some(other) = servers.iter().find(|other| other.name != server.name && other.name.starts_with(&prefix)) {
+        // `a` and `a__b` would both claim `a__b__c`; `a` and `a_`, `a___c`.
+        let claims_ours =
+            |other: &McpServerDefinition| other.name == format!("{}_", server.name) || other.name.starts_with(&prefix);
+        if let Some(other) = servers.iter().find(|other| other.name != server.name && claims_ours(other)) {
             return fail(format!(
                 "`{}`: the MCP servers `{}` and `{}` would both claim tools named `{}<tool>`.",
                 field("name"),

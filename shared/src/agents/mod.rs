@@ -185,9 +185,19 @@ impl AgentRegistry {
             Some(defined) if !self.builtin.contains_key(agent) => defined.store.get_agent(agent).await?,
             _ => None,
         };
-        let Some(tool) = definition.and_then(|definition| definition.tools.into_iter().find(|t| t.name == tool)) else {
-            return Ok(Err(format!("The agent `{agent}` no longer has the tool `{tool}`; its call cannot be edited.")));
-        };
+        let gone =
+            || Ok(Err(format!("The agent `{agent}` no longer has the tool `{tool}`; its call cannot be edited.")));
+        let Some(definition) = definition else { return gone() };
+        // An MCP tool's schema is the server's: the edit is checked against
+        // it when the call is made (this API does not reach the server).
+        if let Some((server, name)) = definition.mcp_tool(tool) {
+            return match arguments {
+                _ if !server.offers(name) => gone(),
+                serde_json::Value::Object(_) => Ok(Ok(())),
+                _ => Ok(Err("The arguments must be a JSON object.".into())),
+            };
+        }
+        let Some(tool) = definition.tools.into_iter().find(|t| t.name == tool) else { return gone() };
         let tool = llm::Tool::new(tool).map_err(|error| {
             StoreError::Defect(format!("stored agent `{agent}` has an invalid tool schema: {error}"))
         })?;

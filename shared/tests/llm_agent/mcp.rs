@@ -227,6 +227,38 @@ fn reply_with_two_calls() -> Turn {
     ]}))
 }
 
+/// The server changes a tool after the call was judged (a read-only call
+/// waiting behind another's approval): the call is not made; a person is
+/// asked about it, `tool_changed: true`, and only then is it made.
+#[tokio::test]
+async fn a_tool_changed_between_judging_and_calling_is_put_to_a_person() {
+    let mut server = McpServer::start(&[]);
+    let fixture = fixture_with(&server, issues(&server), true).await;
+    fixture.stand_in.script(vec![reply_with_two_calls(), text("Done.")]);
+    let message = fixture.create("Tidy up").await;
+    assert_eq!(fixture.process(&message).await, Outcome::AwaitingApproval);
+    assert_eq!(fixture.run(&message).await.approvals.len(), 1, "only close_issue asks");
+    server.restart(&["--changed"]);
+    decide(&fixture, &message, 0, Decision::Approve).await;
+    let outcome = fixture.process(&message).await;
+    assert_eq!(outcome, Outcome::AwaitingApproval, "{:?}", fixture.run(&message).await.error);
+    assert!(server.calls().is_empty(), "the changed tool was not called");
+    let run = fixture.run(&message).await;
+    let asked = &run.approvals[1];
+    assert_eq!(asked.call.as_ref().unwrap().tool, "issues__list_issues");
+    assert_eq!(asked.call.as_ref().unwrap().arguments, json!({"repo": "a/b"}));
+    assert!(asked.tool_changed && asked.status == ApprovalStatus::Pending);
+    decide(&fixture, &message, 1, Decision::Approve).await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(
+        server.calls(),
+        [
+            ("list_issues".to_owned(), json!({"repo": "a/b"})),
+            ("close_issue".to_owned(), json!({"number": 2, "comment": ""})),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_server_never_pinned_has_every_tool_ask() {
     let server = McpServer::start(&[]);

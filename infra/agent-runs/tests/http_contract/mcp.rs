@@ -70,14 +70,18 @@ pub(super) fn an_mcp_server_is_pinned_by_the_cli_and_its_tools_are_gated(target:
     assert_eq!(mcp.calls().len(), 1, "the read-only tool ran without a person: {:?}", mcp.calls());
 
     let path = format!("{}/approvals/{}", run_path(&waiting), approval["id"].as_str().unwrap());
-    server.post(&key, &path, json!({"decision": "approve"})).expect_status(200);
+    // An edit is checked by the server's schema when the call is made; here
+    // only that it is an object.
+    server.post(&key, &path, json!({"decision": "edit", "arguments": ["x"]})).expect_error(400, "invalid_request");
+    let edit = json!({"decision": "edit", "arguments": {"number": 3, "comment": "duplicate of #2"}});
+    server.post(&key, &path, edit).expect_status(200);
     let done = server.wait_for_status(&key, id, "succeeded");
     assert_eq!(done["output"], "Closed #2.");
     assert_eq!(
         mcp.calls(),
         [
             ("list_issues".to_owned(), json!({"repo": "acme/app"})),
-            ("close_issue".to_owned(), json!({"number": 2, "comment": "typo fixed"})),
+            ("close_issue".to_owned(), json!({"number": 3, "comment": "duplicate of #2"})),
         ]
     );
     let events = server.get(&key, &format!("{}/events", run_path(&done))).expect_status(200).clone();
@@ -85,5 +89,5 @@ pub(super) fn an_mcp_server_is_pinned_by_the_cli_and_its_tools_are_gated(target:
         events["data"].as_array().unwrap().iter().filter(|event| event["type"] == "tool.completed").collect();
     assert_eq!(completed.len(), 2);
     assert!(completed.iter().all(|event| event["data"]["mcp_server"] == "issues"), "{completed:?}");
-    assert_eq!(completed[1]["data"]["result"], "closed #2");
+    assert_eq!(completed[1]["data"]["result"], "closed #3");
 }

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, ContentBlock, Implementation, ResourceContents,
+    CallToolRequestParams, ClientCapabilities, ClientConfig, ContentBlock, Implementation, PaginatedRequestParams,
+    ResourceContents,
 };
 use rmcp::service::{RoleClient, RunningService, ServiceExt};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -22,8 +23,13 @@ use crate::domain::{
 };
 use crate::public_network;
 
-/// The largest JSON answer read from a server (a listing or a result).
+/// The largest answer read from a server (a page of tools or a result).
 const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// A listing stops there: a server cannot keep a step paging.
+const MAX_TOOL_PAGES: usize = 10;
+const MAX_TOOLS: usize = 500;
+/// What of a JSON-RPC error's message the model is told.
+const MAX_ERROR_CHARS: usize = 1_000;
 
 /// A server could not be used: the run fails with this, naming the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,10 +100,27 @@ impl McpSession {
         let config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str())
             .custom_headers(headers)
             .max_json_response_size(MAX_MESSAGE_BYTES)
+            .max_sse_event_size(MAX_MESSAGE_BYTES)
+            // A call is sent once: no new session and a second POST after a
+            // `404` (the server may have run it).
+            .reinit_on_expired_session(false)
             .control_request_timeout(timeout)
             .session_recovery_timeout(timeout);
-        let transport = StreamableHttpClientTransport::with_client(http.client.clone(), config);
-        match tokio::time::timeout(timeout, client_info().serve(transport)).await {
+        // The handshake changes nothing on the server, so it is tried a
+        // second time (within the same time): the first may have gone out
+        // on a pooled connection the server had closed (it restarted).
+        let handshake = async {
+            let transport = StreamableHttpClientTransport::with_client(http.client.clone(), config.clone());
+            match client_info().serve(transport).await {
+                Ok(service) => Ok(service),
+                Err(error) => {
+                    tracing::info!(server = %server.name, error = %crate::error_chain(&error), "MCP handshake failed; trying again");
+                    let transport = StreamableHttpClientTransport::with_client(http.client.clone(), config);
+                    client_info().serve(transport).await
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, handshake).await {
             Ok(Ok(service)) => Ok(McpSession { service, server: server.name.clone(), timeout }),
             Ok(Err(error)) => {
                 tracing::warn!(server = %server.name, error = %crate::error_chain(&error), "MCP handshake failed");
@@ -107,10 +130,27 @@ impl McpSession {
         }
     }
 
-    /// Every tool the server lists, with its pin.
+    /// Every tool the server lists (at most 10 pages and 500 tools), with
+    /// its pin. Two tools of one name are both left out: neither can be
+    /// told from the other.
     pub async fn list(&self) -> Result<Vec<ListedTool>, Unreachable> {
         let failed = |why: String| Unreachable(format!("The MCP server `{}` could not be used: {why}", self.server));
-        let tools = match tokio::time::timeout(self.timeout, self.service.peer().list_all_tools()).await {
+        let listing = async {
+            let mut tools = Vec::new();
+            let mut cursor = None;
+            for _ in 0..MAX_TOOL_PAGES {
+                let page = PaginatedRequestParams::default().with_cursor(cursor.take());
+                let page = self.service.peer().list_tools(Some(page)).await?;
+                tools.extend(page.tools);
+                match page.next_cursor {
+                    Some(next) if tools.len() < MAX_TOOLS => cursor = Some(next),
+                    _ => break,
+                }
+            }
+            tools.truncate(MAX_TOOLS);
+            Ok::<_, rmcp::ServiceError>(tools)
+        };
+        let tools = match tokio::time::timeout(self.timeout, listing).await {
             Ok(Ok(tools)) => tools,
             Ok(Err(error)) => {
                 tracing::warn!(server = %self.server, error = %crate::error_chain(&error), "MCP tools/list failed");
@@ -118,8 +158,19 @@ impl McpSession {
             }
             Err(_) => return Err(failed(format!("it did not list its tools within {} ms.", self.timeout.as_millis()))),
         };
+        let mut seen = std::collections::BTreeMap::<String, usize>::new();
+        for tool in &tools {
+            *seen.entry(tool.name.to_string()).or_default() += 1;
+        }
         Ok(tools
             .into_iter()
+            .filter(|tool| {
+                let once = seen[tool.name.as_ref()] == 1;
+                if !once {
+                    tracing::warn!(server = %self.server, tool = %tool.name, "an MCP server lists two tools of one name; neither is offered");
+                }
+                once
+            })
             .map(|tool| {
                 let input_schema = Value::Object((*tool.input_schema).clone());
                 let annotations = tool.annotations.as_ref().and_then(|a| serde_json::to_value(a).ok());
@@ -141,7 +192,8 @@ impl McpSession {
         let result = match tokio::time::timeout(self.timeout, self.service.peer().call_tool(params)).await {
             Ok(Ok(result)) => result,
             Ok(Err(rmcp::ServiceError::McpError(error))) => {
-                return ToolOutcome::error(format!("The tool call failed: {}", error.message));
+                let message: String = error.message.chars().take(MAX_ERROR_CHARS).collect();
+                return ToolOutcome::error(format!("The tool call failed: {message}"));
             }
             Ok(Err(error)) => {
                 tracing::warn!(server = %self.server, %tool, error = %crate::error_chain(&error), "MCP tools/call failed");
@@ -238,7 +290,7 @@ pub fn offered(server: &McpServerDefinition, listed: Vec<ListedTool>) -> Vec<Too
                 requires_approval: changed || server.require_approval.requires_approval(tool.read_only),
                 always_ask: changed,
             };
-            let binding = McpBinding { server: server.name.clone(), tool: tool.name.clone(), changed };
+            let binding = McpBinding { server: server.name.clone(), tool: tool.name.clone(), pin: tool.pin, changed };
             match Tool::new(definition) {
                 Ok(mut offered) => {
                     offered.mcp = Some(binding);

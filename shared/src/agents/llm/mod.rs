@@ -182,6 +182,19 @@ struct PendingCall {
     /// The index in the run's approvals of the one that decides this call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     approval: Option<usize>,
+    /// An MCP tool's pin when the call was judged: the call is made only
+    /// if the server still lists the tool so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mcp_pin: Option<String>,
+}
+
+/// Why a tool call was not made.
+enum NotMade {
+    /// The run fails (an MCP server that cannot be used).
+    Failed(String),
+    /// The MCP tool changed since the call was judged: a person decides
+    /// these arguments again.
+    ToolChanged { pin: String, arguments: serde_json::Value },
 }
 
 /// The checkpoint: the conversation so far and the calls still to make.
@@ -209,6 +222,13 @@ impl Toolbox<'_> {
     fn find(&self, name: &str) -> Option<&Tool> {
         self.http.iter().chain(&self.mcp).find(|tool| tool.definition.name == name)
     }
+}
+
+/// A person is asked about a call of `tool` with `arguments`.
+fn asking(tool: &str, arguments: serde_json::Value) -> ApprovalRequest {
+    let shown = canonical_json(&arguments);
+    let action = format!("Call the tool `{tool}` with {}", shorten(&shown, MAX_ACTION_ARGUMENT_CHARS));
+    ApprovalRequest::call(action, ProposedCall { tool: tool.to_owned(), arguments })
 }
 
 /// What the model is told of a call a rule denied.
@@ -243,14 +263,6 @@ impl LlmAgent {
             mcp.extend(mcp::offered(server, listed?));
         }
         Ok(Toolbox { http: &self.tools, mcp })
-    }
-
-    /// The MCP server a tool name belongs to, and the tool's name there.
-    fn mcp_target<'n>(&self, name: &'n str) -> Option<(&McpServerDefinition, &'n str)> {
-        self.definition.mcp_servers.iter().find_map(|server| {
-            let tool = name.strip_prefix(&server.tool_name(""))?;
-            (!tool.is_empty()).then_some((server, tool))
-        })
     }
 
     /// Whether the call puts a question to a person.
@@ -321,11 +333,8 @@ impl LlmAgent {
             Verdict::Allowed { policy } => (Some(policy), Some(RuleDecision::Allowed)),
             Verdict::Denied { policy, reason } => (Some(policy), Some(RuleDecision::Denied { reason })),
         };
-        let shown = canonical_json(&arguments);
-        let action = format!("Call the tool `{}` with {}", call.name, shorten(&shown, MAX_ACTION_ARGUMENT_CHARS));
-        let call = ProposedCall { tool: call.name.clone(), arguments };
         let tool_changed = tool.mcp.as_ref().is_some_and(|mcp| mcp.changed);
-        Some(ApprovalRequest { policy, decided, tool_changed, ..ApprovalRequest::call(action, call) })
+        Some(ApprovalRequest { policy, decided, tool_changed, ..asking(&call.name, arguments) })
     }
 
     /// Answers the first pending call: runs it, or tells the model a human
@@ -344,24 +353,32 @@ impl LlmAgent {
             transcript.messages.push(Message::Tool { call_id: call.id.clone(), content, is_error });
             return self.checkpoint(&transcript);
         }
-        let will_call = match pending.approval.map(|index| approvals.get(index)) {
-            None => true,
-            Some(approval) => approval.is_some_and(|approval| approval.status == ApprovalStatus::Approved),
+        let approval = pending.approval.map(|index| approvals.get(index));
+        // `Some` when the call is to be made, with the approval that allowed it.
+        let allowed = match approval {
+            None => Some(None),
+            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => Some(Some(approval)),
+            _ => None,
         };
-        if will_call && let Some(spent) = budget.within(self.definition.budget()).refuses_tool_call(usage.as_ref()) {
+        if allowed.is_some()
+            && let Some(spent) = budget.within(self.definition.budget()).refuses_tool_call(usage.as_ref())
+        {
             return Step::Failed(spent);
         }
-        let outcome = match pending.approval.map(|index| approvals.get(index)) {
-            None => match self.run_tool(run_id, call, None, must_finish, usage, events).await {
-                Ok(outcome) => outcome,
-                Err(failed) => return failed,
-            },
-            Some(Some(approval)) if approval.status == ApprovalStatus::Approved => {
-                let outcome = match self.run_tool(run_id, call, Some(approval), must_finish, usage, events).await {
-                    Ok(outcome) => outcome,
-                    Err(failed) => return failed,
-                };
-                match approval.edited_arguments.as_ref() {
+        let outcome = match (allowed, approval) {
+            (Some(allowed), _) => match self.run_tool(run_id, &pending, allowed, must_finish, usage, events).await {
+                Err(NotMade::Failed(why)) => return Step::Failed(why),
+                Err(NotMade::ToolChanged { pin, arguments }) => {
+                    // Asked again, about the tool as its server has it now.
+                    let request = ApprovalRequest { tool_changed: true, ..asking(&call.name, arguments) };
+                    let again = PendingCall { call: call.clone(), approval: Some(approvals.len()), mcp_pin: Some(pin) };
+                    transcript.pending.insert(0, again);
+                    return match self.save(&transcript) {
+                        Ok(checkpoint) => Step::AwaitApproval { requests: vec![request], checkpoint },
+                        Err(failed) => failed,
+                    };
+                }
+                Ok(outcome) => match allowed.and_then(|approval| approval.edited_arguments.as_ref()) {
                     None => outcome,
                     Some(edited) => ToolOutcome {
                         content: format!(
@@ -371,19 +388,21 @@ impl LlmAgent {
                         ),
                         ..outcome
                     },
+                },
+            },
+            (None, Some(Some(approval))) if approval.status == ApprovalStatus::Rejected => {
+                match &approval.resolved_by {
+                    Some(Resolver::Policy(rule)) => ToolOutcome::error(denied_by(rule, approval.comment.as_deref())),
+                    _ => {
+                        let comment = approval
+                            .comment
+                            .as_deref()
+                            .map(|comment| format!(" Their comment: {comment}"))
+                            .unwrap_or_default();
+                        ToolOutcome::error(format!("A human reviewer rejected this call; it was not made.{comment}"))
+                    }
                 }
             }
-            Some(Some(approval)) if approval.status == ApprovalStatus::Rejected => match &approval.resolved_by {
-                Some(Resolver::Policy(rule)) => ToolOutcome::error(denied_by(rule, approval.comment.as_deref())),
-                _ => {
-                    let comment = approval
-                        .comment
-                        .as_deref()
-                        .map(|comment| format!(" Their comment: {comment}"))
-                        .unwrap_or_default();
-                    ToolOutcome::error(format!("A human reviewer rejected this call; it was not made.{comment}"))
-                }
-            },
             _ => return Step::Failed("The approval this run waited for is missing or undecided.".into()),
         };
         transcript.messages.push(Message::Tool {
@@ -397,45 +416,21 @@ impl LlmAgent {
 
     /// Makes the call once: an HTTP tool's is checked again first (the
     /// definition may have changed while it waited), with the arguments a
-    /// person edited in place of the model's; an MCP tool gets exactly the
-    /// arguments its approval holds. `Err` fails the run (an MCP server
-    /// that cannot be used).
+    /// person edited in place of the model's; an MCP tool's, see
+    /// [`Self::run_mcp_tool`].
     async fn run_tool(
         &self,
         run_id: &str,
-        call: &ToolCall,
+        pending: &PendingCall,
         approval: Option<&Approval>,
         must_finish: &super::MustFinish,
         usage: &mut Option<crate::domain::Usage>,
         events: &mut Vec<EventData>,
-    ) -> Result<ToolOutcome, Step> {
+    ) -> Result<ToolOutcome, NotMade> {
+        let call = &pending.call;
         let http = self.runtime.tool_http(self.definition.allow_private_network);
-        if let Some((server, tool)) = self.mcp_target(&call.name) {
-            if !server.offers(tool) {
-                return Ok(ToolOutcome::error(format!("There is no tool named `{}`.", shorten(&call.name, 64))));
-            }
-            let arguments = match approval.and_then(Approval::arguments_to_use) {
-                Some(arguments) => arguments.clone(),
-                None => {
-                    match serde_json::from_str(if call.arguments.trim().is_empty() { "{}" } else { &call.arguments }) {
-                        Ok(arguments) => arguments,
-                        Err(error) => {
-                            return Ok(ToolOutcome::error(format!(
-                                "The arguments are not valid JSON ({error}); send a JSON object."
-                            )));
-                        }
-                    }
-                }
-            };
-            let session =
-                McpSession::open(server, &http, &self.runtime.env).await.map_err(|why| Step::Failed(why.0))?;
-            must_finish.set();
-            usage.get_or_insert_default().tool_calls += 1;
-            let traced = ToolCallTrace::start(call);
-            let outcome = session.call(tool, &arguments).await;
-            session.close().await;
-            traced.end(call, arguments, &outcome, Some(&server.name), events);
-            return Ok(outcome);
+        if let Some((server, _)) = self.definition.mcp_tool(&call.name) {
+            return self.run_mcp_tool(server, &http, pending, approval, must_finish, usage, events).await;
         }
         let edited_call;
         let call = match approval.and_then(|approval| approval.edited_arguments.as_ref()) {
@@ -456,6 +451,63 @@ impl LlmAgent {
         let traced = ToolCallTrace::start(call);
         let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env).await;
         traced.end(call, arguments, &outcome, None, events);
+        Ok(outcome)
+    }
+
+    /// Calls an MCP tool once, in a session that lists the tools first:
+    /// the server must still offer the tool as it did when the call was
+    /// judged (else a person is asked again), and the arguments (the
+    /// approval's, exactly, or the model's) must fit its input schema now.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_mcp_tool(
+        &self,
+        server: &McpServerDefinition,
+        http: &ToolHttp,
+        pending: &PendingCall,
+        approval: Option<&Approval>,
+        must_finish: &super::MustFinish,
+        usage: &mut Option<crate::domain::Usage>,
+        events: &mut Vec<EventData>,
+    ) -> Result<ToolOutcome, NotMade> {
+        let call = &pending.call;
+        let session = McpSession::open(server, http, &self.runtime.env).await.map_err(|why| NotMade::Failed(why.0))?;
+        let listed = match session.list().await {
+            Ok(listed) => listed,
+            Err(why) => {
+                session.close().await;
+                return Err(NotMade::Failed(why.0));
+            }
+        };
+        let tools = mcp::offered(server, listed);
+        let Some(tool) = tools.iter().find(|tool| tool.definition.name == call.name) else {
+            session.close().await;
+            return Ok(ToolOutcome::error(format!("There is no tool named `{}`.", shorten(&call.name, 64))));
+        };
+        let binding = tool.mcp.as_ref().expect("an MCP server's tool");
+        let arguments = match approval.and_then(Approval::arguments_to_use) {
+            Some(arguments) => Ok(arguments.clone()),
+            None => tool.check_arguments(&call.arguments),
+        };
+        if pending.mcp_pin.as_deref() != Some(binding.pin.as_str()) {
+            session.close().await;
+            return match arguments {
+                Ok(arguments) => Err(NotMade::ToolChanged { pin: binding.pin.clone(), arguments }),
+                Err(problem) => Ok(ToolOutcome::error(problem)),
+            };
+        }
+        let arguments = match arguments.and_then(|arguments| tool.check_arguments(&arguments.to_string())) {
+            Ok(arguments) => arguments,
+            Err(problem) => {
+                session.close().await;
+                return Ok(ToolOutcome::error(problem));
+            }
+        };
+        must_finish.set();
+        usage.get_or_insert_default().tool_calls += 1;
+        let traced = ToolCallTrace::start(call);
+        let outcome = session.call(&binding.tool, &arguments).await;
+        session.close().await;
+        traced.end(call, arguments, &outcome, Some(&server.name), events);
         Ok(outcome)
     }
 
@@ -634,7 +686,10 @@ impl LlmAgent {
             };
             match refused {
                 Some(content) => transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true }),
-                None => transcript.pending.push(PendingCall { call, approval: None }),
+                None => {
+                    let mcp_pin = tools.find(&call.name).and_then(|tool| tool.mcp.as_ref()).map(|mcp| mcp.pin.clone());
+                    transcript.pending.push(PendingCall { call, approval: None, mcp_pin });
+                }
             }
         }
         // Judged in this step, under the policy the room above was
@@ -682,7 +737,9 @@ impl ToolCallTrace {
                 span.set("http.response.status_code", i64::from(status));
             }
             if outcome.is_error {
-                let kind = if outcome.http_status.is_some() { "tool_error" } else { "no_response" };
+                // An MCP tool's error is its own answer (`isError`).
+                let answered = outcome.http_status.is_some() || mcp_server.is_some();
+                let kind = if answered { "tool_error" } else { "no_response" };
                 span.fail(kind, "the tool call failed");
             }
             span.end();
@@ -731,7 +788,10 @@ impl Agent for LlmAgent {
         if !transcript.judged {
             transcript.judged = true;
             let (first_approval, budget, usage) = (step.approvals.len(), step.budget, step.usage.as_ref());
-            let tools = self.http_tools();
+            let tools = match self.toolbox().await {
+                Ok(tools) => tools,
+                Err(Unreachable(why)) => return Step::Failed(why),
+            };
             if let Some(asked) = self.put_to_people(&tools, &mut transcript, first_approval, step.policy, budget, usage)
             {
                 return asked;

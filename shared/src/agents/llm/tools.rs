@@ -21,6 +21,8 @@ pub struct Tool {
 pub struct McpBinding {
     pub server: String,
     pub tool: String,
+    /// Its pin as the server lists it now.
+    pub pin: String,
     /// New or changed since the server was pinned: a person decides.
     pub changed: bool,
 }
