@@ -285,8 +285,8 @@ pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
                 "name": "If-Match",
                 "in": "header",
                 "required": false,
-                "description": "The version to replace, as the ETag shows it (`\"3\"`); another put since answers 412.",
-                "schema": {"type": "string", "pattern": "^\"[0-9]+\"$"}
+                "description": "The version to replace, as the ETag shows it (`\"3\"`; the quotes may be left out); another put since answers 412.",
+                "schema": {"type": "string", "pattern": "^(\"[0-9]+\"|[0-9]+)$"}
             }]),
             Some(
                 json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PolicyInput"}}}}),
