@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::domain::{
-    ApprovalId, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner,
+    ApprovalId, ApprovalStatus, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner,
     Resolver, Run, RunId, RunTrace, Timestamp, TransitionError,
 };
 use crate::error_chain;
@@ -321,8 +321,12 @@ impl Lifecycle {
             if run.expire_if_due(approval_id, now, &self.policy) {
                 return Ok(writes.note(Transition::Write(None)));
             }
-            let outcome =
+            // Past its veto window, the approval is approved first: an
+            // approve then repeats it, anything else is refused.
+            let auto = run.auto_approve_if_due(approval_id, now, &self.policy);
+            let decided =
                 run.decide(approval_id, request.clone(), now, &self.policy).map_err(DecideRefused::Transition)?;
+            let outcome = auto.map_or(decided, |auto| auto.max(decided));
             Ok(writes.note(Transition::write_if(outcome != DecideOutcome::Unchanged, Some(outcome))))
         })
         .await?;
@@ -427,6 +431,9 @@ impl Lifecycle {
                     if next.approval_past_expiry(decision.approval_id, now) {
                         return Err(refused(DecideRefused::Expired));
                     }
+                    if let Some(auto) = next.auto_approve_if_due(decision.approval_id, now, &self.policy) {
+                        outcome = outcome.max(auto);
+                    }
                     let decided = next
                         .decide(decision.approval_id, decision.request.clone(), now, &self.policy)
                         .map_err(|error| refused(DecideRefused::Transition(error)))?;
@@ -500,6 +507,10 @@ impl Lifecycle {
             let now = self.clock.now();
             if run.expire_if_due(approval_id, now, &self.policy) {
                 return Ok(Transition::Write(false));
+            }
+            // Its veto window is over: the sweeper approves it.
+            if run.clone().auto_approve_if_due(approval_id, now, &self.policy).is_some() {
+                return Err(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved)));
             }
             let changed = run.extend_approval(approval_id, by, now, &self.policy).map_err(DecideRefused::Transition)?;
             Ok(Transition::write_if(changed == Changed::Yes, true))

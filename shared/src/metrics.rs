@@ -75,8 +75,11 @@ pub fn observations(run: &Run) -> Vec<Observation> {
                     tool_calls: usage.tool_calls,
                 })
             }
-            // A person's wait; a rule decides at once, and is not one.
-            EventData::ApprovalDecided(approval) if !matches!(approval.resolved_by, Some(Resolver::Policy(_))) => {
+            // A person's wait; a rule decides at once, and a veto window's
+            // end is nobody's.
+            EventData::ApprovalDecided(approval)
+                if !matches!(approval.resolved_by, Some(Resolver::Policy(_) | Resolver::Timeout)) =>
+            {
                 approval
                     .resolved_at
                     .map(|resolved| Observation::ApprovalDecided { wait: between(approval.requested_at, resolved) })

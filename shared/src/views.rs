@@ -74,6 +74,8 @@ pub struct ApprovalView<'a> {
     answer: Option<Box<RawValue>>,
     /// The call's MCP tool is new or changed since its server was pinned.
     tool_changed: bool,
+    /// When a pending approval is approved by `timeout` (a veto window).
+    auto_approves_at: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -123,6 +125,7 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             input_schema: approval.input_schema.as_ref().map(canonical),
             answer: approval.answer.as_ref().map(canonical),
             tool_changed: approval.tool_changed,
+            auto_approves_at: rfc3339(approval.auto_approves_at),
         }
     }
 }
@@ -149,6 +152,7 @@ impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
             input_schema: None,
             answer: None,
             tool_changed: approval.tool_changed,
+            auto_approves_at: rfc3339(approval.auto_approves_at),
         }
     }
 }

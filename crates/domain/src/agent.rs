@@ -95,6 +95,21 @@ pub struct ToolDefinition {
     /// rule may still deny).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub always_ask: bool,
+    /// A veto window: a call waiting for a person is approved (as
+    /// `timeout`) this many seconds after it is asked unless someone
+    /// decides first. Only with `requires_approval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_approve_after_secs: Option<u64>,
+}
+
+/// The shortest and the longest veto window.
+pub const AUTO_APPROVE_AFTER_SECS: std::ops::RangeInclusive<u64> = 60..=86_400;
+
+impl ToolDefinition {
+    /// Its veto window, if it has one.
+    pub fn auto_approve_after(&self) -> Option<std::time::Duration> {
+        self.auto_approve_after_secs.map(std::time::Duration::from_secs)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -300,6 +315,20 @@ impl AgentDefinition {
                 return fail(format!("{label}: `max_response_bytes` must be 1 to {MAX_TOOL_RESPONSE_BYTES}."));
             }
             check_headers(&label, &tool.headers_from_env)?;
+            if let Some(secs) = tool.auto_approve_after_secs {
+                if !AUTO_APPROVE_AFTER_SECS.contains(&secs) {
+                    return fail(format!(
+                        "{label}: `auto_approve_after_secs` must be {} to {} seconds.",
+                        AUTO_APPROVE_AFTER_SECS.start(),
+                        AUTO_APPROVE_AFTER_SECS.end()
+                    ));
+                }
+                if !tool.requires_approval {
+                    return fail(format!(
+                        "{label}: `auto_approve_after_secs` needs `requires_approval = true` (a veto window is for calls a person is asked about)."
+                    ));
+                }
+            }
         }
         check_servers(&self.mcp_servers, &seen, self.allow_private_network, check_headers)?;
         Ok(self)
@@ -397,6 +426,19 @@ mod tests {
             let error = parse(document).unwrap_err();
             assert!(error.contains(expected), "{pointer}: {error}");
         }
+        for (secs, requires_approval, expected) in
+            [(59, true, "60 to 86400"), (86_401, true, "60 to 86400"), (900, false, "requires_approval")]
+        {
+            let mut document = definition();
+            document["tools"][0]["auto_approve_after_secs"] = serde_json::json!(secs);
+            document["tools"][0]["requires_approval"] = serde_json::json!(requires_approval);
+            let error = parse(document).unwrap_err();
+            assert!(error.contains("auto_approve_after_secs") && error.contains(expected), "{error}");
+        }
+        let mut document = definition();
+        document["tools"][0]["auto_approve_after_secs"] = serde_json::json!(900);
+        document["tools"][0]["requires_approval"] = serde_json::json!(true);
+        assert_eq!(parse(document).unwrap().tools[0].auto_approve_after(), Some(std::time::Duration::from_secs(900)));
         let mut document = definition();
         document["surprise"] = serde_json::json!(1);
         assert!(parse(document).unwrap_err().contains("surprise"));

@@ -118,6 +118,9 @@ pub struct ApprovalRequest {
     pub input_schema: Option<Value>,
     /// The call's tool is new or changed since its MCP server was pinned.
     pub tool_changed: bool,
+    /// A veto window: approved by `timeout` this long after it is asked
+    /// unless a person decides first.
+    pub auto_approve_after: Option<std::time::Duration>,
 }
 
 /// What a rule decided in a person's place.
@@ -139,6 +142,7 @@ impl ApprovalRequest {
             decided: None,
             input_schema: None,
             tool_changed: false,
+            auto_approve_after: None,
         }
     }
 
@@ -160,23 +164,26 @@ pub enum Resolver {
     Key(KeyId),
     /// The id of the rule.
     Policy(String),
+    /// Nobody objected within the tool's veto window.
+    Timeout,
 }
 
 impl Resolver {
     pub fn key(&self) -> Option<KeyId> {
         match self {
             Resolver::Key(key) => Some(*key),
-            Resolver::Policy(_) => None,
+            Resolver::Policy(_) | Resolver::Timeout => None,
         }
     }
 }
 
-/// `key_<ulid>`, or `policy:<rule id>`.
+/// `key_<ulid>`, `policy:<rule id>` or `timeout`.
 impl std::fmt::Display for Resolver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Resolver::Key(key) => key.fmt(f),
             Resolver::Policy(rule) => write!(f, "policy:{rule}"),
+            Resolver::Timeout => f.write_str("timeout"),
         }
     }
 }
@@ -185,6 +192,9 @@ impl std::str::FromStr for Resolver {
     type Err = super::MalformedId;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "timeout" {
+            return Ok(Resolver::Timeout);
+        }
         match text.strip_prefix("policy:") {
             // Whatever id a rule had when it decided (ids are checked when put).
             Some(rule) if !rule.is_empty() => Ok(Resolver::Policy(rule.to_owned())),
@@ -282,6 +292,9 @@ pub struct Approval {
     /// The call's tool (of an MCP server) is new or changed since the
     /// server was pinned; a person decides it whatever rules say.
     pub tool_changed: bool,
+    /// When a still-pending approval is approved by `timeout` (its tool's
+    /// veto window); `None` without one.
+    pub auto_approves_at: Option<Timestamp>,
 }
 
 impl Approval {

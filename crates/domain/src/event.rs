@@ -126,6 +126,7 @@ pub struct ApprovalSummary {
     pub resolved_by: Option<Resolver>,
     pub policy: Option<PolicyMatch>,
     pub tool_changed: bool,
+    pub auto_approves_at: Option<Timestamp>,
 }
 
 impl RunSnapshot {
@@ -174,6 +175,7 @@ impl ApprovalSummary {
             resolved_by: approval.resolved_by.clone(),
             policy: approval.policy.clone(),
             tool_changed: approval.tool_changed,
+            auto_approves_at: approval.auto_approves_at,
         }
     }
 }
@@ -265,6 +267,7 @@ mod tests {
             input_schema: None,
             answer: None,
             tool_changed: false,
+            auto_approves_at: None,
         };
         let text = EventText::new("");
         let run = || {

@@ -259,6 +259,8 @@ pub enum SweepAction {
     Failed,
     /// `approval.expiring` was recorded for approvals about to expire.
     Warned,
+    /// Approvals whose veto window ended were approved; others still wait.
+    AutoApproved,
 }
 
 /// The longest wait between two sends of a queued run is `requeue_after`
@@ -406,17 +408,71 @@ impl Run {
     }
 
     /// When the sweeper must look at an awaiting run: the first pending
-    /// approval's warning, or its expiry once warned.
+    /// approval's warning, its expiry once warned, or the end of its veto
+    /// window.
     pub(super) fn next_approval_due(&self, policy: &ExecutionPolicy) -> Option<Timestamp> {
         self.approvals
             .iter()
             .filter(|approval| approval.status == ApprovalStatus::Pending)
             .filter_map(|approval| {
-                let expires_at = approval.expires_at?;
-                let warn = !approval.expiry_warned && !policy.approval_warning.is_zero();
-                Some(if warn { warning_time(expires_at, policy) } else { expires_at })
+                let expiry = approval.expires_at.map(|expires_at| {
+                    let warn = !approval.expiry_warned && !policy.approval_warning.is_zero();
+                    if warn { warning_time(expires_at, policy) } else { expires_at }
+                });
+                match (expiry, approval.auto_approves_at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             })
             .min()
+    }
+
+    /// Approves, as `timeout`, every pending approval whose veto window has
+    /// ended; the run is queued again when none is left pending. `None`
+    /// when none was due.
+    pub fn auto_approve_due(&mut self, now: Timestamp, policy: &ExecutionPolicy) -> Option<DecideOutcome> {
+        if self.status != RunStatus::AwaitingApproval {
+            return None;
+        }
+        let mut approved = Vec::new();
+        for approval in &mut self.approvals {
+            if approval.status == ApprovalStatus::Pending && approval.auto_approves_at.is_some_and(|at| at <= now) {
+                approval.status = ApprovalStatus::Approved;
+                approval.resolved_at = Some(now.max(approval.requested_at));
+                approval.resolved_by = Some(Resolver::Timeout);
+                approved.push(approval.clone());
+            }
+        }
+        if approved.is_empty() {
+            return None;
+        }
+        for approval in approved {
+            self.record(now, EventData::ApprovalDecided(approval));
+        }
+        if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {
+            self.due_at = self.next_approval_due(policy);
+            return Some(DecideOutcome::Recorded);
+        }
+        self.requeue(now, policy);
+        self.record(now, EventData::RunResumed);
+        Some(DecideOutcome::Requeued)
+    }
+
+    /// Approves the approval as `timeout` when it is still pending past
+    /// its veto window (the sweeper has not come by yet), with any other
+    /// due: the window has the last word over a late decision.
+    pub fn auto_approve_if_due(
+        &mut self,
+        approval_id: ApprovalId,
+        now: Timestamp,
+        policy: &ExecutionPolicy,
+    ) -> Option<DecideOutcome> {
+        let due = self.approvals.iter().any(|approval| {
+            approval.id == approval_id
+                && approval.status == ApprovalStatus::Pending
+                && approval.auto_approves_at.is_some_and(|at| at <= now)
+        });
+        if due { self.auto_approve_due(now, policy) } else { None }
     }
 
     /// Still exactly as its create inserted it: queued, never written since.
@@ -582,8 +638,9 @@ impl Run {
         self.approvals.iter_mut().find(|approval| approval.id == approval_id).ok_or(TransitionError::NoSuchApproval)
     }
 
-    /// Moves a pending approval's expiry to `now + by`, never earlier than
-    /// it was; the warning before it is due again. An approval whose time
+    /// Moves a pending approval's expiry (and the end of its veto window)
+    /// to `now + by`, never earlier than it was; the warning before it is
+    /// due again. An approval whose time
     /// is already up is not extended: the caller expires it first.
     pub fn extend_approval(
         &mut self,
@@ -601,11 +658,17 @@ impl Run {
             return Err(TransitionError::InvalidState(run_status));
         }
         let extended = now.plus(by);
-        if approval.expires_at.is_some_and(|at| at >= extended) {
+        let window_moves = approval.auto_approves_at.is_some_and(|at| at < extended);
+        if approval.expires_at.is_some_and(|at| at >= extended) && !window_moves {
             return Ok(Changed::No);
         }
-        approval.expires_at = Some(extended);
-        approval.expiry_warned = false;
+        if window_moves {
+            approval.auto_approves_at = Some(extended);
+        }
+        if approval.expires_at.is_none_or(|at| at < extended) {
+            approval.expires_at = Some(extended);
+            approval.expiry_warned = false;
+        }
         let approval = approval.clone();
         self.record(now, EventData::ApprovalExtended(approval));
         self.due_at = self.next_approval_due(policy);

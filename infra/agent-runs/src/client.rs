@@ -434,7 +434,18 @@ fn ago(at: &Value) -> String {
     let Some(then) = at.as_str().and_then(|text| chrono::DateTime::parse_from_rfc3339(text).ok()) else {
         return text(at);
     };
-    let seconds = (chrono::Utc::now() - then.to_utc()).num_seconds().max(0);
+    span((chrono::Utc::now() - then.to_utc()).num_seconds().max(0))
+}
+
+/// How long until `at` ("12m"), or `at` as given when it cannot be read.
+fn until(at: &Value) -> String {
+    let Some(then) = at.as_str().and_then(|text| chrono::DateTime::parse_from_rfc3339(text).ok()) else {
+        return text(at);
+    };
+    span((then.to_utc() - chrono::Utc::now()).num_seconds().max(0))
+}
+
+fn span(seconds: i64) -> String {
     match seconds {
         0..90 => format!("{seconds}s"),
         90..5_400 => format!("{}m", (seconds + 30) / 60),
@@ -502,6 +513,10 @@ impl Output {
                 rows.push(vec!["  arguments".into(), approval["arguments"].to_string()]);
                 rows.push(vec!["  sha256".into(), text(&approval["arguments_sha256"])]);
             }
+            if approval["status"] == "pending" && approval["auto_approves_at"].is_string() {
+                let veto = format!("in {} unless someone rejects it", until(&approval["auto_approves_at"]));
+                rows.push(vec!["  auto-approves".into(), veto]);
+            }
             if approval["tool_changed"] == true {
                 rows.push(vec!["  warning".into(), "the tool changed on its MCP server since it was pinned".into()]);
             }
@@ -557,7 +572,12 @@ impl Output {
                 text(&approval["id"]),
                 self.status(&approval["status"]),
                 text(&approval["agent"]),
-                ago(&approval["requested_at"]),
+                match approval["auto_approves_at"].as_str() {
+                    Some(_) if approval["status"] == "pending" => {
+                        format!("{}, auto in {}", ago(&approval["requested_at"]), until(&approval["auto_approves_at"]))
+                    }
+                    _ => ago(&approval["requested_at"]),
+                },
                 cell(&approval["action"], 60),
             ]);
         }

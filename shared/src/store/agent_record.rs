@@ -67,6 +67,9 @@ struct StoredTool {
     /// Absent (false) from definitions stored before policies.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     always_ask: bool,
+    /// Absent from definitions stored before veto windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    auto_approve_after_secs: Option<u64>,
 }
 
 fn provider_name(provider: ProviderKind) -> &'static str {
@@ -111,6 +114,7 @@ pub fn encode_agent(agent: &AgentDefinition) -> Result<String, StoreError> {
             max_response_bytes: tool.max_response_bytes,
             requires_approval: tool.requires_approval,
             always_ask: tool.always_ask,
+            auto_approve_after_secs: tool.auto_approve_after_secs,
         })
         .collect();
     let stored = StoredAgent {
@@ -164,6 +168,7 @@ pub fn decode_agent(text: &str) -> Result<AgentDefinition, StoreError> {
                 max_response_bytes: tool.max_response_bytes,
                 requires_approval: tool.requires_approval,
                 always_ask: tool.always_ask,
+                auto_approve_after_secs: tool.auto_approve_after_secs,
             })
         })
         .collect::<Result<_, StoreError>>()?;

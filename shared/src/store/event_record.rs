@@ -284,6 +284,8 @@ struct StoredSummary {
     policy: Option<StoredPolicyMatch>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     tool_changed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    auto_approves_at: Option<i64>,
 }
 
 impl From<&RunSnapshot> for StoredSnapshot {
@@ -348,6 +350,7 @@ impl From<&ApprovalSummary> for StoredSummary {
             resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             policy: approval.policy.as_ref().map(StoredPolicyMatch::from),
             tool_changed: approval.tool_changed,
+            auto_approves_at: approval.auto_approves_at.map(millis),
         }
     }
 }
@@ -370,6 +373,7 @@ impl TryFrom<StoredSummary> for ApprovalSummary {
             resolved_by: stored.resolved_by.map(|key| key.parse().map_err(|_| malformed("resolved_by"))).transpose()?,
             policy: stored.policy.map(StoredPolicyMatch::read).transpose()?,
             tool_changed: stored.tool_changed,
+            auto_approves_at: at(stored.auto_approves_at),
         })
     }
 }

@@ -94,6 +94,9 @@ pub(super) struct StoredApproval {
     /// Absent (false) unless the call's MCP tool changed since pinning.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     tool_changed: bool,
+    /// Absent unless its tool has a veto window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    auto_approves_at: Option<i64>,
 }
 
 /// The rule an approval names.
@@ -207,6 +210,7 @@ impl From<&Approval> for StoredApproval {
             input_schema: approval.input_schema.as_ref().map(canonical_json),
             answer: approval.answer.as_ref().map(canonical_json),
             tool_changed: approval.tool_changed,
+            auto_approves_at: approval.auto_approves_at.map(millis),
         }
     }
 }
@@ -242,6 +246,7 @@ impl TryFrom<StoredApproval> for Approval {
             input_schema: approval.input_schema.map(json).transpose()?,
             answer: approval.answer.map(json).transpose()?,
             tool_changed: approval.tool_changed,
+            auto_approves_at: at(approval.auto_approves_at),
         })
     }
 }

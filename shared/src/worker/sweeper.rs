@@ -26,6 +26,9 @@ pub struct SweepReport {
     pub failed: usize,
     /// Runs with an approval about to expire, warned about.
     pub warned: usize,
+    /// Runs with approvals approved at the end of their veto window that
+    /// still wait for others (those left with none are `enqueued`).
+    pub auto_approved: usize,
     /// Runs this pass could not handle; tried again next pass.
     pub skipped: usize,
     /// Places on owners' active-run counts given back (see
@@ -94,6 +97,7 @@ impl Sweeper {
                             SweepAction::Enqueue => report.enqueued += 1,
                             SweepAction::Failed => report.failed += 1,
                             SweepAction::Warned => report.warned += 1,
+                            SweepAction::AutoApproved => report.auto_approved += 1,
                             SweepAction::Nothing => {}
                         }
                     }

@@ -164,6 +164,7 @@ impl Run {
                 comment: None,
                 // A rule's decision is made as it is asked: nothing to expire.
                 expires_at: request.decided.is_none().then_some(expires_at),
+                auto_approves_at: None,
                 expiry_warned: false,
                 resolved_by: None,
                 edited_arguments: None,
@@ -172,6 +173,12 @@ impl Run {
                 answer: None,
                 tool_changed: request.tool_changed,
             };
+            // A veto window: never expiring before it ends.
+            if let Some(window) = request.auto_approve_after.filter(|_| request.decided.is_none()) {
+                let auto_approves_at = requested_at.plus(window);
+                approval.auto_approves_at = Some(auto_approves_at);
+                approval.expires_at = approval.expires_at.map(|at| at.max(auto_approves_at));
+            }
             self.record(now, EventData::ApprovalRequested(approval.clone()));
             let rule = approval.policy.as_ref().map(|policy| policy.rule.clone());
             match (request.decided, rule) {
@@ -268,6 +275,13 @@ impl Run {
                 SweepAction::Failed
             }
             RunStatus::AwaitingApproval => {
+                // A veto window ends before its approval's expiry (parking
+                // makes sure), so approving comes first.
+                match self.auto_approve_due(now, policy) {
+                    Some(DecideOutcome::Requeued) => return SweepAction::Enqueue,
+                    Some(_) => return SweepAction::AutoApproved,
+                    None => {}
+                }
                 let mut expired = Vec::new();
                 let mut warned = Vec::new();
                 for approval in &mut self.approvals {

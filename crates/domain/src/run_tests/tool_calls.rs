@@ -192,3 +192,92 @@ fn when_rules_decided_every_call_the_run_goes_on_and_never_parks() {
         "not its lease"
     );
 }
+
+/// A tool call with a veto window of 15 minutes, asked at `at(20)`.
+fn awaiting_with_veto_window() -> Run {
+    let mut run = running();
+    let request = ApprovalRequest {
+        auto_approve_after: Some(Duration::from_secs(900)),
+        ..ApprovalRequest::call(
+            "Call the tool `rotate`",
+            ProposedCall { tool: "rotate".into(), arguments: serde_json::json!({"key": "k1"}) },
+        )
+    };
+    run.park("w1", vec![(approval_id(1), request)], serde_json::json!({}), at(20), &policy()).unwrap();
+    run
+}
+
+#[test]
+fn a_veto_window_approves_as_timeout_when_it_ends_and_the_run_resumes() {
+    let mut run = awaiting_with_veto_window();
+    let ends = at(20).plus(Duration::from_secs(900));
+    assert_eq!(run.approvals[0].auto_approves_at, Some(ends));
+    assert!(run.approvals[0].expires_at.unwrap() >= ends, "it never expires before its window ends");
+    assert!(run.due_at.is_some_and(|due| due <= ends), "the sweeper comes by then");
+    let just_before = Timestamp::from_millis(ends.millis() - 1);
+    assert_eq!(run.sweep(just_before, &policy()), SweepAction::Nothing);
+    run.due_at = Some(ends);
+    assert_eq!(run.sweep(ends, &policy()), SweepAction::Enqueue);
+    let approval = &run.approvals[0];
+    assert_eq!((approval.status, approval.resolved_by.as_ref()), (ApprovalStatus::Approved, Some(&Resolver::Timeout)));
+    assert_eq!(approval.resolved_at, Some(ends));
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(kinds(&run)[kinds(&run).len() - 2..], ["approval.decided", "run.resumed"]);
+    assert_eq!(Resolver::Timeout.to_string().parse::<Resolver>(), Ok(Resolver::Timeout));
+}
+
+#[test]
+fn a_person_decides_before_the_window_ends_and_a_late_decision_meets_the_timeout() {
+    let ends = at(20).plus(Duration::from_secs(900));
+    let mut run = awaiting_with_veto_window();
+    assert_eq!(run.auto_approve_if_due(approval_id(1), at(30), &policy()), None);
+    run.decide(approval_id(1), ask(Decision::Reject, Some("not now".into())), at(30), &policy()).unwrap();
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Rejected);
+    assert_eq!(run.auto_approve_due(ends, &policy()), None, "decided: nothing left to approve");
+
+    // Past the window, the timeout comes first: an approve repeats it, a reject is refused.
+    let mut run = awaiting_with_veto_window();
+    assert_eq!(run.auto_approve_if_due(approval_id(1), ends, &policy()), Some(DecideOutcome::Requeued));
+    assert_eq!(run.decide(approval_id(1), ask(Decision::Approve, None), ends, &policy()), Ok(DecideOutcome::Unchanged));
+    assert_eq!(
+        run.decide(approval_id(1), ask(Decision::Reject, None), ends, &policy()),
+        Err(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved))
+    );
+}
+
+#[test]
+fn extend_moves_the_window_never_earlier_and_a_cancel_before_it_wins() {
+    let ends = at(20).plus(Duration::from_secs(900));
+    let mut run = awaiting_with_veto_window();
+    let now = at(30);
+    assert_eq!(run.extend_approval(approval_id(1), Duration::from_secs(3_600), now, &policy()), Ok(Changed::Yes));
+    assert_eq!(run.approvals[0].auto_approves_at, Some(now.plus(Duration::from_secs(3_600))));
+    assert!(run.approvals[0].expires_at.unwrap() >= now.plus(Duration::from_secs(3_600)));
+    // A shorter extension moves nothing.
+    assert_eq!(run.extend_approval(approval_id(1), Duration::from_secs(60), now, &policy()), Ok(Changed::No));
+    assert_eq!(run.auto_approve_due(ends, &policy()), None, "the window now ends later");
+
+    let mut run = awaiting_with_veto_window();
+    run.cancel(at(30)).unwrap();
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Canceled);
+    assert_eq!(run.auto_approve_due(ends, &policy()), None);
+    assert_eq!(run.status, RunStatus::Canceled);
+}
+
+#[test]
+fn with_two_approvals_the_window_approves_its_own_and_the_run_waits_for_the_other() {
+    let mut run = running();
+    let windowed = ApprovalRequest {
+        auto_approve_after: Some(Duration::from_secs(60)),
+        ..ApprovalRequest::call("a", ProposedCall { tool: "a".into(), arguments: serde_json::json!({}) })
+    };
+    let plain = ApprovalRequest::call("b", ProposedCall { tool: "b".into(), arguments: serde_json::json!({}) });
+    run.park("w1", vec![(approval_id(1), windowed), (approval_id(2), plain)], serde_json::json!({}), at(20), &policy())
+        .unwrap();
+    let ends = at(20).plus(Duration::from_secs(60));
+    run.due_at = Some(ends);
+    assert_eq!(run.sweep(ends, &policy()), SweepAction::AutoApproved);
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
+    assert_eq!(run.approvals[1].status, ApprovalStatus::Pending);
+    assert!(run.due_at.is_some_and(|due| due > ends), "next: the other's warning or expiry");
+}

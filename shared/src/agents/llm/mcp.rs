@@ -289,6 +289,7 @@ pub fn offered(server: &McpServerDefinition, listed: Vec<ListedTool>) -> Vec<Too
                 max_response_bytes: MAX_MCP_RESULT_BYTES,
                 requires_approval: changed || server.require_approval.requires_approval(tool.read_only),
                 always_ask: changed,
+                auto_approve_after_secs: None,
             };
             let binding = McpBinding { server: server.name.clone(), tool: tool.name.clone(), pin: tool.pin, changed };
             match Tool::new(definition) {

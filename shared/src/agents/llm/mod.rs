@@ -334,7 +334,8 @@ impl LlmAgent {
             Verdict::Denied { policy, reason } => (Some(policy), Some(RuleDecision::Denied { reason })),
         };
         let tool_changed = tool.mcp.as_ref().is_some_and(|mcp| mcp.changed);
-        Some(ApprovalRequest { policy, decided, tool_changed, ..asking(&call.name, arguments) })
+        let auto_approve_after = tool.definition.auto_approve_after();
+        Some(ApprovalRequest { policy, decided, tool_changed, auto_approve_after, ..asking(&call.name, arguments) })
     }
 
     /// Answers the first pending call: runs it, or tells the model a human

@@ -379,6 +379,11 @@ function approvalView(run, approval) {
   }
   box.append(el("div", { class: "meta" }, "asked ", when(approval.requested_at),
     approval.expires_at ? el("span", {}, " · expires ", when(approval.expires_at)) : null));
+  if (approval.auto_approves_at) {
+    // A veto window: it runs then unless someone rejects (Veto) first.
+    box.append(el("div", { class: "warning veto" }, "auto-approves ", when(approval.auto_approves_at),
+      " unless someone objects: Veto rejects it."));
+  }
   if (approval.kind === "input") return questionView(run, approval, box);
   const comment = el("input", { class: "comment", placeholder: "comment (a rejection's reason reaches the model)" });
   const actions = el("div", { class: "actions" }, comment);
@@ -409,7 +414,8 @@ function approvalView(run, approval) {
   };
   actions.append(el("button", { type: "button", class: "primary approve", onclick: () => decide("approve") }, "Approve"));
   if (editor) actions.append(el("button", { type: "button", class: "edit", onclick: () => decide("edit") }, "Approve edited"));
-  actions.append(el("button", { type: "button", class: "danger reject", onclick: () => decide("reject") }, "Reject"));
+  actions.append(el("button", { type: "button", class: "danger reject", onclick: () => decide("reject") },
+    approval.auto_approves_at ? "Veto (reject)" : "Reject"));
   box.append(actions);
   return box;
 }

@@ -410,13 +410,14 @@ impl<'a> Parts<'a> {
         let approval = json!({
             "type": "object",
             "additionalProperties": false,
-            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments", "policy", "input_schema", "answer", "tool_changed"],
+            "required": ["id", "kind", "action", "tool", "arguments", "arguments_sha256", "status", "requested_at", "resolved_at", "comment", "expires_at", "resolved_by", "edited_arguments", "policy", "input_schema", "answer", "tool_changed", "auto_approves_at"],
             "properties": {
                 "id": {"type": "string", "pattern": format!("^apr_{ULID}$")},
                 "kind": {"type": "string", "enum": ApprovalKind::ALL.map(ApprovalKind::as_str), "description": "`action`: words only (the script agent). `tool_call`: a defined agent's tool call, shown exactly. `input`: a question a person answers (decision answer) or declines (reject)."},
                 "action": {"type": "string", "description": "In plain words, what approving does; for an input, the question."},
                 "input_schema": {"type": ["object", "null"], "additionalProperties": true, "description": "For an input: the JSON Schema the answer must satisfy (`{\"type\": \"string\"}` when the agent gave none); null otherwise."},
                 "answer": {"description": "For an input: the answer once given (status answered), any JSON its schema accepts; null otherwise."},
+                "auto_approves_at": {"type": ["string", "null"], "format": "date-time", "description": "A veto window: when this approval, still pending, is approved with `resolved_by` `timeout` (the tool's `auto_approve_after_secs` after it was asked; moved by extend, never earlier). A person may approve, edit or reject before. Null without one."},
                 "tool_changed": {"type": "boolean", "description": "For a tool call of an MCP server's tool: the tool is new or changed (name, description, input schema or annotations) since `agents put` pinned the server, so a person decides it whatever its annotations or the policy say. False otherwise."},
                 "tool": {"type": ["string", "null"], "description": "The tool a tool_call calls."},
                 "arguments": {"type": ["object", "null"], "additionalProperties": true, "description": "The arguments the model proposed."},
@@ -427,7 +428,7 @@ impl<'a> Parts<'a> {
                 "resolved_at": timestamp(true),
                 "comment": {"type": ["string", "null"]},
                 "expires_at": {"description": "When a pending approval expires: the run then fails.", "anyOf": [timestamp(true)]},
-                "resolved_by": {"type": ["string", "null"], "pattern": format!("^(key_{ULID}|policy:[a-z0-9][a-z0-9_-]{{0,62}})$"), "description": "The id of the API key that approved or rejected it, or `policy:<rule id>` for a call a rule of the owner's policy decided; null while pending and for a cancel or expiry."},
+                "resolved_by": {"type": ["string", "null"], "pattern": format!("^(key_{ULID}|policy:[a-z0-9][a-z0-9_-]{{0,62}}|timeout)$"), "description": "The id of the API key that approved or rejected it, `policy:<rule id>` for a call a rule of the owner's policy decided, or `timeout` for one approved at the end of its veto window (`auto_approves_at`); null while pending and for a cancel or expiry."},
                 "policy": {
                     "description": "The rule of the owner's policy that decided the call (an `ask` rule included) or, when none decided, the first matching `log_only` rule with the effect it would have had; null otherwise.",
                     "type": ["object", "null"],
