@@ -30,6 +30,7 @@ mod policies;
 mod questions;
 mod saves;
 mod tool_calls;
+mod veto;
 
 const API_KEY: &str = "sk-test-secret-4f9a";
 

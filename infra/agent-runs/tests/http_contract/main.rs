@@ -18,6 +18,7 @@ mod mcp;
 mod policies;
 mod questions;
 mod runs;
+mod veto;
 
 use approvals::*;
 use events::*;
@@ -25,6 +26,7 @@ use mcp::*;
 use policies::*;
 use questions::*;
 use runs::*;
+use veto::*;
 
 const RUNS: &str = "/v1/agent/runs";
 const UNKNOWN_RUN: &str = "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9";
@@ -77,6 +79,7 @@ on_every_target!(
     requests_over_the_rate_limit_answer_429_with_retry_after,
     a_defined_agent_is_managed_with_the_cli_and_waits_for_approval,
     an_mcp_server_is_pinned_by_the_cli_and_its_tools_are_gated,
+    a_veto_window_is_shown_moved_by_extend_and_vetoed,
     events_tell_what_happened_to_a_run_in_order,
     events_parameters_are_checked_strictly,
     scopes_limit_what_a_key_may_do_and_decisions_name_their_key,
