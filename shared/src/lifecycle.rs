@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::domain::{
-    ApprovalId, ApprovalStatus, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator, KeyId, Owner,
-    Resolver, Run, RunId, RunTrace, Timestamp, TransitionError,
+    ApprovalId, ApprovalStatus, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator,
+    KeyId, Owner, Resolver, Run, RunId, RunTrace, Timestamp, TransitionError,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -510,7 +510,9 @@ impl Lifecycle {
             }
             // Its veto window is over: the sweeper approves it.
             if run.clone().auto_approve_if_due(approval_id, now, &self.policy).is_some() {
-                return Err(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(ApprovalStatus::Approved)));
+                return Err(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(
+                    ApprovalStatus::Approved,
+                )));
             }
             let changed = run.extend_approval(approval_id, by, now, &self.policy).map_err(DecideRefused::Transition)?;
             Ok(Transition::write_if(changed == Changed::Yes, true))

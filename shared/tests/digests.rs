@@ -38,6 +38,7 @@ fn service_digest(arguments: Value) -> String {
         input_schema: None,
         answer: None,
         tool_changed: false,
+        auto_approves_at: None,
     };
     approval.arguments_sha256().unwrap()
 }

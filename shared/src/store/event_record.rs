@@ -411,6 +411,7 @@ mod tests {
             input_schema: None,
             answer: None,
             tool_changed: false,
+            auto_approves_at: None,
         }
     }
 

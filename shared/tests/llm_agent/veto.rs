@@ -35,8 +35,12 @@ async fn nobody_objects_and_the_sweeper_approves_the_call_when_the_window_ends()
     let approval = &run.approvals[0];
     assert_eq!((approval.status, approval.resolved_by.as_ref()), (ApprovalStatus::Approved, Some(&Resolver::Timeout)));
     assert_eq!(run.status, RunStatus::Queued);
-    let decided: Vec<Value> =
-        events(&fixture, &message).await.into_iter().filter(|(kind, _)| kind == "approval.decided").map(|e| e.1).collect();
+    let decided: Vec<Value> = events(&fixture, &message)
+        .await
+        .into_iter()
+        .filter(|(kind, _)| kind == "approval.decided")
+        .map(|e| e.1)
+        .collect();
     assert_eq!(decided.len(), 1);
     assert_eq!(decided[0]["resolved_by"], "timeout");
 

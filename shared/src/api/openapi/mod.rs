@@ -555,6 +555,7 @@ mod tests {
             input_schema: None,
             answer: None,
             tool_changed: false,
+            auto_approves_at: None,
         });
         let view = serde_json::to_value(RunView::new(&run, crate::views::Shown::default())).unwrap();
         let schemas = &builtin()["components"]["schemas"];
