@@ -52,6 +52,9 @@ pub struct Config {
     /// `AGENT_RUNS_WEBHOOK_QUEUE_URL`: the SQS queue of webhook deliveries
     /// (the notifier and delivery functions on AWS).
     pub webhook_queue_url: Option<String>,
+    /// `AGENT_RUNS_ISSUER`: the `iss` of approval receipts; each way of
+    /// running has its default (the embedded server's base URL).
+    pub issuer: Option<String>,
     /// Traces, from the standard OpenTelemetry variables (docs/operations.md).
     pub traces: TracesConfig,
     /// `AGENT_RUNS_EVENT_FORMAT`: `2` (the stored record, rendered on read)
@@ -212,6 +215,7 @@ impl Config {
             emf_metrics: read(&env, "AGENT_RUNS_EMF_METRICS", false)?,
             webhook_allow_private: read(&env, "AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", false)?,
             webhook_queue_url: env("AGENT_RUNS_WEBHOOK_QUEUE_URL").filter(|url| !url.trim().is_empty()),
+            issuer: env("AGENT_RUNS_ISSUER").map(|issuer| issuer.trim().to_owned()).filter(|issuer| !issuer.is_empty()),
             traces: traces(&env)?,
             event_format: match read(&env, "AGENT_RUNS_EVENT_FORMAT", EVENT_FORMAT)? {
                 EVENT_FORMAT => EventFormat::Record,

@@ -15,6 +15,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod public_network;
 pub mod queue;
+pub mod receipts;
 pub mod sdk;
 pub mod services;
 pub mod store;

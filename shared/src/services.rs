@@ -3,6 +3,7 @@
 //! DynamoDB and SQS on AWS ([`crate::aws`]), SQLite and the in-process
 //! queue in `agent-runs serve`, fault-injecting wrappers in tests.
 
+use crate::receipts::{PublishedKeys, Receipts};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -60,11 +61,28 @@ pub struct Services {
     /// The agents the workers execute, made once and shared, so their
     /// definition cache and model clients are too.
     worker_agents: OnceLock<AgentRegistry>,
+    /// Signs approval receipts, and the keys the JWKS shows.
+    receipts: Option<(Receipts, Arc<dyn PublishedKeys>)>,
 }
 
 impl Services {
     pub fn new(config: Config, adapters: Adapters, caches: CacheDefaults) -> Self {
-        Services { config, adapters, clock: Arc::new(SystemClock), caches, sdk: None, worker_agents: OnceLock::new() }
+        Services {
+            config,
+            adapters,
+            clock: Arc::new(SystemClock),
+            caches,
+            sdk: None,
+            worker_agents: OnceLock::new(),
+            receipts: None,
+        }
+    }
+
+    /// Tool calls an approval allowed carry receipts `receipts` signs; the
+    /// API serves `keys` as its JWKS.
+    pub fn with_receipts(mut self, receipts: Receipts, keys: Arc<dyn PublishedKeys>) -> Self {
+        self.receipts = Some((receipts, keys));
+        self
     }
 
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -86,7 +104,7 @@ impl Services {
 
     pub fn api(&self) -> Api {
         let key_cache = self.config.key_cache.unwrap_or(self.caches.keys);
-        Api::new(ApiParts {
+        let api = Api::new(ApiParts {
             runs: self.adapters.runs.clone(),
             queue: self.adapters.queue.clone(),
             auth: Authenticator::new(self.adapters.keys.clone(), key_cache),
@@ -98,7 +116,11 @@ impl Services {
             webhook_allow_private: self.config.webhook_allow_private,
             shown: self.config.shown(),
             policies: self.adapters.policies.clone(),
-        })
+        });
+        match &self.receipts {
+            Some((_, keys)) => api.with_signing_keys(keys.clone()),
+            None => api,
+        }
     }
 
     pub fn worker(&self) -> Worker {
@@ -106,6 +128,9 @@ impl Services {
             let mut runtime = LlmRuntime::from_process_env(self.config.max_checkpoint_bytes);
             if let Some(sdk) = &self.sdk {
                 runtime = runtime.with_sdk_config(sdk.clone());
+            }
+            if let Some((receipts, _)) = &self.receipts {
+                runtime = runtime.with_receipts(receipts.clone());
             }
             self.agents(Some(Arc::new(runtime)))
         });

@@ -328,6 +328,11 @@ impl AgentDefinition {
                         "{label}: `auto_approve_after_secs` needs `requires_approval = true` (a veto window is for calls a person is asked about)."
                     ));
                 }
+                if self.separate_approver {
+                    return fail(format!(
+                        "{label}: `auto_approve_after_secs` cannot be used with `separate_approver = true`: a second person must decide, so nobody's silence may."
+                    ));
+                }
             }
         }
         check_servers(&self.mcp_servers, &seen, self.allow_private_network, check_headers)?;

@@ -415,14 +415,13 @@ impl Run {
             .iter()
             .filter(|approval| approval.status == ApprovalStatus::Pending)
             .filter_map(|approval| {
-                let expiry = approval.expires_at.map(|expires_at| {
+                // One with a veto window is approved then, never warned
+                // about or expired.
+                approval.auto_approves_at.or_else(|| {
+                    let expires_at = approval.expires_at?;
                     let warn = !approval.expiry_warned && !policy.approval_warning.is_zero();
-                    if warn { warning_time(expires_at, policy) } else { expires_at }
-                });
-                match (expiry, approval.auto_approves_at) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                    Some(if warn { warning_time(expires_at, policy) } else { expires_at })
+                })
             })
             .min()
     }
@@ -546,6 +545,7 @@ impl Run {
         self.approvals.iter().any(|approval| {
             approval.id == approval_id
                 && approval.status == ApprovalStatus::Pending
+                && approval.auto_approves_at.is_none()
                 && approval.expires_at.is_some_and(|at| at <= now)
         })
     }

@@ -12,6 +12,7 @@ use agent_runs_shared::domain::Owner;
 use agent_runs_shared::error_chain;
 use agent_runs_shared::metrics::{Measured, MetricsSink, Registry};
 use agent_runs_shared::queue::{InProcessQueue, RunQueue};
+use agent_runs_shared::receipts::{LocalKey, Receipts};
 use agent_runs_shared::services::{Adapters, CacheDefaults, Services};
 use agent_runs_shared::store::KeyStore;
 use agent_runs_shared::webhooks::OutboxWorker;
@@ -130,7 +131,14 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
         queue: queue.clone(),
         policies: Arc::new(store.clone()),
     };
-    let services = Services::new(config, adapters, CacheDefaults::LOCAL);
+    let listener =
+        TcpListener::bind(args.addr).await.map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;
+    let addr = listener.local_addr()?;
+    // Approval receipts are signed with a key kept beside the database.
+    let key = Arc::new(LocalKey::open_or_create(&db.with_extension("signing-key")).map_err(|error| error.0)?);
+    let issuer = config.issuer.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let receipts = Receipts { signer: key.clone(), issuer };
+    let services = Services::new(config, adapters, CacheDefaults::LOCAL).with_receipts(receipts, key);
     let api = Arc::new(services.api());
     let settings = PoolSettings {
         workers: args.workers.max(1),
@@ -143,9 +151,6 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let deliveries = OutboxWorker::new(Arc::new(store.clone()), engine);
     let deliveries = tokio::spawn(deliveries.run(stopped));
 
-    let listener =
-        TcpListener::bind(args.addr).await.map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;
-    let addr = listener.local_addr()?;
     println!("Listening on http://{addr} (database {})", store.path().display());
     std::io::stdout().flush()?;
     tracing::info!(%addr, db = %store.path().display(), workers = args.workers, "serving");

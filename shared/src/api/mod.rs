@@ -25,6 +25,7 @@ mod response;
 pub mod routes;
 mod webhooks;
 
+use crate::receipts::{JWKS_PATH, PublishedKeys, jwks};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -106,6 +107,8 @@ pub struct Api {
     /// What runs show beyond the contract's keys.
     shown: Shown,
     policies: Arc<dyn PolicyStore>,
+    /// The keys approval receipts are signed with, for the JWKS.
+    signing_keys: Option<Arc<dyn PublishedKeys>>,
 }
 
 /// What [`Api`] is made of; [`crate::services::Services::api`] builds it.
@@ -158,7 +161,14 @@ impl Api {
             webhook_allow_private,
             shown,
             policies,
+            signing_keys: None,
         }
+    }
+
+    /// Serves these keys at [`JWKS_PATH`] (an empty set without).
+    pub fn with_signing_keys(mut self, keys: Arc<dyn PublishedKeys>) -> Self {
+        self.signing_keys = Some(keys);
+        self
     }
 
     /// Answers one request, of any operation. Never fails: every error
@@ -255,6 +265,19 @@ impl Api {
             }
             let mut response = http::Response::new(self.openapi.clone());
             response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            return Ok(response);
+        }
+        if request.uri().path() == JWKS_PATH {
+            // The keys a tool checks receipts with need no key either.
+            if request.method() != Method::GET {
+                return Err(ApiError::MethodNotAllowed { allow: "GET".into() });
+            }
+            let keys = match &self.signing_keys {
+                Some(keys) => keys.keys().await.map_err(|error| ApiError::Unavailable(Box::new(error)))?,
+                None => Vec::new(),
+            };
+            let mut response = response::json_response(http::StatusCode::OK, &jwks(&keys));
+            response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=300"));
             return Ok(response);
         }
         let principal = self.authenticate(&request).await?;

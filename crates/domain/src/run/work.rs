@@ -275,17 +275,14 @@ impl Run {
                 SweepAction::Failed
             }
             RunStatus::AwaitingApproval => {
-                // A veto window ends before its approval's expiry (parking
-                // makes sure), so approving comes first.
-                match self.auto_approve_due(now, policy) {
-                    Some(DecideOutcome::Requeued) => return SweepAction::Enqueue,
-                    Some(_) => return SweepAction::AutoApproved,
-                    None => {}
-                }
                 let mut expired = Vec::new();
                 let mut warned = Vec::new();
                 for approval in &mut self.approvals {
-                    let Some(expires_at) = approval.expires_at.filter(|_| approval.status == ApprovalStatus::Pending)
+                    // One with a veto window never expires: it is approved
+                    // when the window ends, at the latest at its expiry.
+                    let Some(expires_at) = approval
+                        .expires_at
+                        .filter(|_| approval.status == ApprovalStatus::Pending && approval.auto_approves_at.is_none())
                     else {
                         continue;
                     };
@@ -299,14 +296,20 @@ impl Run {
                     }
                 }
                 let Some(action) = expired.first().map(|approval| approval.action.clone()) else {
-                    if warned.is_empty() {
+                    // Nothing expired: windows that ended approve their calls.
+                    let auto_approved = self.auto_approve_due(now, policy);
+                    if auto_approved == Some(DecideOutcome::Requeued) {
+                        // Every approval decided: none was left to warn about.
+                        return SweepAction::Enqueue;
+                    }
+                    if auto_approved.is_none() && warned.is_empty() {
                         return SweepAction::Nothing;
                     }
                     for approval in warned {
                         self.record(now, EventData::ApprovalExpiring(approval));
                     }
                     self.due_at = self.next_approval_due(policy);
-                    return SweepAction::Warned;
+                    return if auto_approved.is_some() { SweepAction::AutoApproved } else { SweepAction::Warned };
                 };
                 for approval in expired {
                     self.record(now, EventData::ApprovalExpired(approval));

@@ -264,6 +264,37 @@ fn extend_moves_the_window_never_earlier_and_a_cancel_before_it_wins() {
     assert_eq!(run.status, RunStatus::Canceled);
 }
 
+/// One approval without a window expires at the very time another's
+/// window ends: the expiry wins (the run fails), as a late decision never
+/// counts; and an approval with a window is never warned about or expired.
+#[test]
+fn an_expiry_at_the_end_of_another_window_fails_the_run_and_a_windowed_approval_never_expires() {
+    let mut run = running();
+    let window = policy().approval_timeout;
+    let windowed = ApprovalRequest {
+        auto_approve_after: Some(window),
+        ..ApprovalRequest::call("a", ProposedCall { tool: "a".into(), arguments: serde_json::json!({}) })
+    };
+    let plain = ApprovalRequest::call("b", ProposedCall { tool: "b".into(), arguments: serde_json::json!({}) });
+    run.park("w1", vec![(approval_id(1), windowed), (approval_id(2), plain)], serde_json::json!({}), at(20), &policy())
+        .unwrap();
+    let ends = at(20).plus(window);
+    assert_eq!(run.approvals[0].expires_at, Some(ends));
+    assert!(!run.approval_past_expiry(approval_id(1), ends), "it is approved, not expired");
+    assert!(run.clone().expire_if_due(approval_id(2), ends, &policy()));
+    run.due_at = Some(ends);
+    assert_eq!(run.sweep(ends, &policy()), SweepAction::Failed);
+    assert_eq!(run.approvals[0].status, ApprovalStatus::Canceled);
+    assert_eq!(run.approvals[1].status, ApprovalStatus::Expired);
+
+    // Alone, the windowed one is approved at its expiry, never warned about.
+    let mut run = awaiting_with_veto_window();
+    let warn_at = Timestamp::from_millis(run.approvals[0].expires_at.unwrap().millis() - 1);
+    run.due_at = Some(warn_at);
+    assert_eq!(run.sweep(warn_at, &policy()), SweepAction::Enqueue, "its window ended long before");
+    assert!(!kinds(&run).contains(&"approval.expiring"));
+}
+
 #[test]
 fn with_two_approvals_the_window_approves_its_own_and_the_run_waits_for_the_other() {
     let mut run = running();

@@ -76,7 +76,12 @@ fn describe(error: &(dyn std::error::Error + 'static), timeout: Duration) -> Str
 impl McpSession {
     /// Connects and completes the handshake (the protocol version is
     /// negotiated; sessions are kept when the server keeps them).
-    pub async fn open(server: &McpServerDefinition, http: &ToolHttp, env: &EnvLookup) -> Result<Self, Unreachable> {
+    pub async fn open(
+        server: &McpServerDefinition,
+        http: &ToolHttp,
+        env: &EnvLookup,
+        receipt: Option<&str>,
+    ) -> Result<Self, Unreachable> {
         let timeout = Duration::from_millis(server.timeout_ms);
         if http.public_only && public_network::check_url(&server.url).is_err() {
             return Err(unreachable(
@@ -96,6 +101,9 @@ impl McpSession {
                 return Err(unreachable(server, "a header's value is not a valid HTTP header value."));
             };
             headers.insert(name, value);
+        }
+        if let Some(receipt) = receipt.and_then(|receipt| http::HeaderValue::try_from(receipt).ok()) {
+            headers.insert(http::HeaderName::from_static("agent-runs-approval"), receipt);
         }
         let config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str())
             .custom_headers(headers)
@@ -256,7 +264,7 @@ pub async fn pin(
     http: &ToolHttp,
     env: &EnvLookup,
 ) -> Result<Vec<ListedTool>, Unreachable> {
-    let session = McpSession::open(server, http, env).await?;
+    let session = McpSession::open(server, http, env, None).await?;
     let listed = session.list().await;
     session.close().await;
     let listed = listed?;

@@ -23,6 +23,7 @@ use crate::domain::{
     ProviderKind, Resolver, RuleDecision, ToolCompleted, Usage, Verdict, approval_arguments_bytes, canonical_json,
 };
 
+use crate::receipts::{self, Receipts};
 use crate::telemetry::{self, Span, SpanKind};
 
 pub use bedrock::{BedrockModel, to_document, to_value};
@@ -54,6 +55,9 @@ pub struct LlmRuntime {
     env: EnvLookup,
     pub retry: RetryPolicy,
     pub max_checkpoint_bytes: usize,
+    /// Signs the receipts of calls an approval allowed; without, calls
+    /// carry none.
+    receipts: Option<Receipts>,
 }
 
 impl LlmRuntime {
@@ -67,7 +71,13 @@ impl LlmRuntime {
             env,
             retry: RetryPolicy::default(),
             max_checkpoint_bytes,
+            receipts: None,
         }
+    }
+
+    /// Calls an approval allowed carry a receipt these sign.
+    pub fn with_receipts(self, receipts: Receipts) -> Self {
+        Self { receipts: Some(receipts), ..self }
     }
 
     /// The HTTP client of OpenAI-compatible providers (whose address the
@@ -257,7 +267,7 @@ impl LlmAgent {
         let mut mcp = Vec::new();
         let http = self.runtime.tool_http(self.definition.allow_private_network);
         for server in &self.definition.mcp_servers {
-            let session = McpSession::open(server, &http, &self.runtime.env).await?;
+            let session = McpSession::open(server, &http, &self.runtime.env, None).await?;
             let listed = session.list().await;
             session.close().await;
             mcp.extend(mcp::offered(server, listed?));
@@ -431,7 +441,7 @@ impl LlmAgent {
         let call = &pending.call;
         let http = self.runtime.tool_http(self.definition.allow_private_network);
         if let Some((server, _)) = self.definition.mcp_tool(&call.name) {
-            return self.run_mcp_tool(server, &http, pending, approval, must_finish, usage, events).await;
+            return self.run_mcp_tool(run_id, server, &http, pending, approval, must_finish, usage, events).await;
         }
         let edited_call;
         let call = match approval.and_then(|approval| approval.edited_arguments.as_ref()) {
@@ -446,11 +456,23 @@ impl LlmAgent {
             Ok(checked) => checked,
             Err(problem) => return Ok(ToolOutcome::error(problem)),
         };
+        let receipt = match approval {
+            Some(approval) => {
+                let call = receipts::Call {
+                    audience: &tool.definition.url,
+                    tool: &tool.definition.name,
+                    mcp_server: None,
+                    arguments: &arguments,
+                };
+                self.receipt(run_id, approval, &call).await?
+            }
+            None => None,
+        };
         must_finish.set();
         usage.get_or_insert_default().tool_calls += 1;
         let idempotency_key = format!("{run_id}/{}", call.id);
         let traced = ToolCallTrace::start(call);
-        let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env).await;
+        let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env, receipt.as_deref()).await;
         traced.end(call, arguments, &outcome, None, events);
         Ok(outcome)
     }
@@ -462,6 +484,7 @@ impl LlmAgent {
     #[allow(clippy::too_many_arguments)]
     async fn run_mcp_tool(
         &self,
+        run_id: &str,
         server: &McpServerDefinition,
         http: &ToolHttp,
         pending: &PendingCall,
@@ -471,7 +494,18 @@ impl LlmAgent {
         events: &mut Vec<EventData>,
     ) -> Result<ToolOutcome, NotMade> {
         let call = &pending.call;
-        let session = McpSession::open(server, http, &self.runtime.env).await.map_err(|why| NotMade::Failed(why.0))?;
+        // The receipt travels on every request of the session (the call's included).
+        let receipt = match approval.and_then(|approval| Some((approval, approval.arguments_to_use()?))) {
+            Some((approval, arguments)) => {
+                let tool = self.definition.mcp_tool(&call.name).map_or(call.name.as_str(), |(_, tool)| tool);
+                let sent = receipts::Call { audience: &server.url, tool, mcp_server: Some(&server.name), arguments };
+                self.receipt(run_id, approval, &sent).await?
+            }
+            None => None,
+        };
+        let session = McpSession::open(server, http, &self.runtime.env, receipt.as_deref())
+            .await
+            .map_err(|why| NotMade::Failed(why.0))?;
         let listed = match session.list().await {
             Ok(listed) => listed,
             Err(why) => {
@@ -510,6 +544,26 @@ impl LlmAgent {
         session.close().await;
         traced.end(call, arguments, &outcome, Some(&server.name), events);
         Ok(outcome)
+    }
+
+    /// The receipt of a call `approval` allowed, when this deployment
+    /// signs them; a call whose receipt cannot be signed is not made.
+    async fn receipt(
+        &self,
+        run_id: &str,
+        approval: &Approval,
+        call: &receipts::Call<'_>,
+    ) -> Result<Option<String>, NotMade> {
+        let Some(receipts) = &self.runtime.receipts else { return Ok(None) };
+        match receipts.issue(run_id, approval, call, crate::domain::Clock::now(&crate::domain::SystemClock)).await {
+            Ok(receipt) => Ok(Some(receipt)),
+            Err(error) => {
+                tracing::error!(error = %error, "an approval receipt could not be signed; the call was not made");
+                Err(NotMade::Failed(
+                    "The approval receipt of a tool call could not be signed, so the call was not made.".into(),
+                ))
+            }
+        }
     }
 
     /// A span for a model call made now (GenAI semantic conventions).

@@ -123,8 +123,8 @@ impl Tool {
     /// The JSON text a call sends: an approved call's is the text its
     /// digest covers (RFC 8785), so the tool gets exactly what a person
     /// approved; others keep every digit the model wrote.
-    fn body(&self, value: &Value) -> String {
-        if self.definition.requires_approval { canonical_json(value) } else { value.to_string() }
+    fn body(&self, value: &Value, approved: bool) -> String {
+        if self.definition.requires_approval || approved { canonical_json(value) } else { value.to_string() }
     }
 
     /// Calls the endpoint once. `idempotency_key` is the same for every
@@ -135,6 +135,7 @@ impl Tool {
         arguments: &Value,
         idempotency_key: &str,
         env: &EnvLookup,
+        receipt: Option<&str>,
     ) -> ToolOutcome {
         let tool = &self.definition;
         let method = reqwest::Method::from_bytes(tool.method.as_str().as_bytes()).unwrap_or(reqwest::Method::POST);
@@ -149,14 +150,19 @@ impl Tool {
             .request(method, &tool.url)
             .timeout(Duration::from_millis(tool.timeout_ms))
             .header("Idempotency-Key", idempotency_key);
+        if let Some(receipt) = receipt {
+            request = request.header(crate::receipts::RECEIPT_HEADER, receipt);
+        }
         if tool.method.has_body() {
-            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(self.body(arguments));
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(self.body(arguments, receipt.is_some()));
         } else if let Value::Object(fields) = arguments {
             let pairs: Vec<(&str, String)> = fields
                 .iter()
                 .map(|(key, value)| match value {
                     Value::String(text) => (key.as_str(), text.clone()),
-                    other => (key.as_str(), self.body(other)),
+                    other => (key.as_str(), self.body(other, receipt.is_some())),
                 })
                 .collect();
             request = request.query(&pairs);

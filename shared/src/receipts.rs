@@ -1,0 +1,309 @@
+//! Approval receipts: every tool call an approval allowed carries
+//! `Agent-Runs-Approval: <compact JWS>` (ES256), so the tool can check for
+//! itself that a person, a policy or a veto window's end allowed exactly
+//! these arguments, for exactly it, moments ago. The public keys are served
+//! as a JWKS (RFC 7517) at `/.well-known/jwks.json`.
+//!
+//! The embedded server's key is a file beside its database, created on
+//! first start (mode 0600) and never sent anywhere; a key moved aside to
+//! `<file>.previous` stays in the JWKS, so receipts signed before a
+//! rotation still verify.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use ring::rand::SystemRandom;
+use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::domain::{Approval, Resolver, Timestamp, canonical_json};
+
+/// Where the keys are served, to anyone.
+pub const JWKS_PATH: &str = "/.well-known/jwks.json";
+/// The header a tool call carries its receipt in.
+pub const RECEIPT_HEADER: &str = "Agent-Runs-Approval";
+/// A receipt is good for this long after it is issued.
+pub const RECEIPT_LIFETIME_SECS: i64 = 300;
+
+/// A receipt could not be signed: the call is not made.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SignError(pub String);
+
+/// A P-256 public key, named by its RFC 7638 thumbprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicKey {
+    pub kid: String,
+    x: Vec<u8>,
+    y: Vec<u8>,
+}
+
+impl PublicKey {
+    /// From an uncompressed point (`04 || x || y`).
+    pub fn from_point(point: &[u8]) -> Option<Self> {
+        if point.len() != 65 || point[0] != 4 {
+            return None;
+        }
+        let (x, y) = (point[1..33].to_vec(), point[33..].to_vec());
+        // RFC 7638: the required members, sorted, no whitespace.
+        let members = format!(
+            r#"{{"crv":"P-256","kty":"EC","x":"{}","y":"{}"}}"#,
+            URL_SAFE_NO_PAD.encode(&x),
+            URL_SAFE_NO_PAD.encode(&y)
+        );
+        let kid = URL_SAFE_NO_PAD.encode(Sha256::digest(members.as_bytes()));
+        Some(PublicKey { kid, x, y })
+    }
+
+    /// As a JWK (RFC 7517).
+    pub fn jwk(&self) -> serde_json::Value {
+        serde_json::json!({
+            "kty": "EC",
+            "crv": "P-256",
+            "x": URL_SAFE_NO_PAD.encode(&self.x),
+            "y": URL_SAFE_NO_PAD.encode(&self.y),
+            "kid": self.kid,
+            "use": "sig",
+            "alg": "ES256",
+        })
+    }
+}
+
+/// The JWKS document of these keys.
+pub fn jwks(keys: &[PublicKey]) -> serde_json::Value {
+    serde_json::json!({"keys": keys.iter().map(PublicKey::jwk).collect::<Vec<_>>()})
+}
+
+/// Where receipts are signed: the key never leaves it.
+#[async_trait]
+pub trait Signer: Send + Sync {
+    /// The key signing now.
+    async fn public_key(&self) -> Result<PublicKey, SignError>;
+    /// The ES256 signature of `message`: `r || s`, 64 bytes.
+    async fn sign(&self, message: &[u8]) -> Result<Vec<u8>, SignError>;
+}
+
+/// The keys a JWKS shows: the one signing now and those retired lately.
+#[async_trait]
+pub trait PublishedKeys: Send + Sync {
+    async fn keys(&self) -> Result<Vec<PublicKey>, SignError>;
+}
+
+/// A key held in this process: read from a file, or made for this
+/// process alone (tests).
+pub struct LocalKey {
+    pair: EcdsaKeyPair,
+    key: PublicKey,
+    /// The key of `<file>.previous`, still shown in the JWKS.
+    previous: Option<PublicKey>,
+}
+
+fn pair(pkcs8: &[u8]) -> Result<(EcdsaKeyPair, PublicKey), SignError> {
+    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8, &SystemRandom::new())
+        .map_err(|_| SignError("the signing key is not a P-256 key in PKCS#8".into()))?;
+    let key = PublicKey::from_point(pair.public_key().as_ref())
+        .ok_or_else(|| SignError("the signing key's public point is malformed".into()))?;
+    Ok((pair, key))
+}
+
+fn generate() -> Result<Vec<u8>, SignError> {
+    EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &SystemRandom::new())
+        .map(|document| document.as_ref().to_vec())
+        .map_err(|_| SignError("no signing key could be generated".into()))
+}
+
+impl LocalKey {
+    /// A key for this process alone.
+    pub fn ephemeral() -> Result<Self, SignError> {
+        let (pair, key) = pair(&generate()?)?;
+        Ok(LocalKey { pair, key, previous: None })
+    }
+
+    /// The key in `path` (PKCS#8, DER), made there with mode 0600 when the
+    /// file does not exist.
+    pub fn open_or_create(path: &Path) -> Result<Self, SignError> {
+        let failed = |what: &str, error: std::io::Error| SignError(format!("{what} {}: {error}", path.display()));
+        let pkcs8 = match std::fs::read(path) {
+            Ok(pkcs8) => pkcs8,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let pkcs8 = generate()?;
+                write_new(path, &pkcs8).or_else(|error| match error.kind() {
+                    // Another process made it first: use theirs.
+                    std::io::ErrorKind::AlreadyExists => Ok(()),
+                    _ => Err(failed("cannot create the signing key", error)),
+                })?;
+                std::fs::read(path).map_err(|error| failed("cannot read the signing key", error))?
+            }
+            Err(error) => return Err(failed("cannot read the signing key", error)),
+        };
+        let (pair, key) = pair(&pkcs8)?;
+        let previous = match std::fs::read(previous_path(path)) {
+            Ok(old) => Some(self::pair(&old)?.1),
+            Err(_) => None,
+        };
+        Ok(LocalKey { pair, key, previous })
+    }
+}
+
+/// Where a rotated key is kept (`agent-runs.signing-key.previous`).
+pub fn previous_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".previous");
+    PathBuf::from(name)
+}
+
+/// Writes a new file readable by its owner alone.
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+#[async_trait]
+impl Signer for LocalKey {
+    async fn public_key(&self) -> Result<PublicKey, SignError> {
+        Ok(self.key.clone())
+    }
+
+    async fn sign(&self, message: &[u8]) -> Result<Vec<u8>, SignError> {
+        self.pair
+            .sign(&SystemRandom::new(), message)
+            .map(|signature| signature.as_ref().to_vec())
+            .map_err(|_| SignError("the receipt could not be signed".into()))
+    }
+}
+
+#[async_trait]
+impl PublishedKeys for LocalKey {
+    async fn keys(&self) -> Result<Vec<PublicKey>, SignError> {
+        Ok(std::iter::once(self.key.clone()).chain(self.previous.clone()).collect())
+    }
+}
+
+/// What issues receipts: the key, and the issuer they name.
+#[derive(Clone)]
+pub struct Receipts {
+    pub signer: Arc<dyn Signer>,
+    /// `iss`: `AGENT_RUNS_ISSUER`, else the deployment's base URL.
+    pub issuer: String,
+}
+
+/// The claims of one receipt.
+#[derive(Debug, Serialize)]
+pub struct Claims<'a> {
+    pub iss: &'a str,
+    pub aud: &'a str,
+    pub sub: String,
+    pub run_id: String,
+    pub tool: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_server: Option<&'a str>,
+    pub arguments_sha256: String,
+    pub decision: &'static str,
+    pub decided_by: String,
+    pub iat: i64,
+    pub exp: i64,
+    pub jti: String,
+}
+
+/// What one tool call is: where it goes, what it is called there, and the
+/// arguments it sends.
+pub struct Call<'a> {
+    /// The tool's URL (an MCP server's) exactly as the definition has it.
+    pub audience: &'a str,
+    pub tool: &'a str,
+    pub mcp_server: Option<&'a str>,
+    pub arguments: &'a serde_json::Value,
+}
+
+impl Receipts {
+    /// The receipt of `call`, which `approval` (decided) allowed.
+    pub async fn issue(
+        &self,
+        run_id: &str,
+        approval: &Approval,
+        call: &Call<'_>,
+        now: Timestamp,
+    ) -> Result<String, SignError> {
+        let decision = match (&approval.resolved_by, &approval.edited_arguments) {
+            (Some(Resolver::Timeout), _) => "timeout",
+            (_, Some(_)) => "edit",
+            _ => "approve",
+        };
+        let iat = now.millis().div_euclid(1_000);
+        let claims = Claims {
+            iss: &self.issuer,
+            aud: call.audience,
+            sub: approval.id.to_string(),
+            run_id: run_id.to_owned(),
+            tool: call.tool,
+            mcp_server: call.mcp_server,
+            arguments_sha256: hex::encode(Sha256::digest(canonical_json(call.arguments).as_bytes())),
+            decision,
+            decided_by: approval.resolved_by.as_ref().map(ToString::to_string).unwrap_or_default(),
+            iat,
+            exp: iat + RECEIPT_LIFETIME_SECS,
+            jti: approval.id.to_string(),
+        };
+        let key = self.signer.public_key().await?;
+        let header = serde_json::json!({"alg": "ES256", "kid": key.kid, "typ": "JWT"});
+        let payload = serde_json::to_vec(&claims).map_err(|_| SignError("the claims could not be encoded".into()))?;
+        let input = format!("{}.{}", URL_SAFE_NO_PAD.encode(header.to_string()), URL_SAFE_NO_PAD.encode(payload));
+        let signature = self.signer.sign(input.as_bytes()).await?;
+        if signature.len() != 64 {
+            return Err(SignError("the signature is not an ES256 one".into()));
+        }
+        Ok(format!("{input}.{}", URL_SAFE_NO_PAD.encode(signature)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ring::signature::{ECDSA_P256_SHA256_FIXED, UnparsedPublicKey};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_key_file_is_made_private_reused_and_its_predecessor_stays_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.signing-key");
+        let first = LocalKey::open_or_create(&path).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+        let again = LocalKey::open_or_create(&path).unwrap();
+        assert_eq!(first.key, again.key, "reused across restarts");
+        assert_eq!(again.keys().await.unwrap().len(), 1);
+        std::fs::rename(&path, previous_path(&path)).unwrap();
+        let rotated = LocalKey::open_or_create(&path).unwrap();
+        let keys = rotated.keys().await.unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_ne!(keys[0].kid, first.key.kid);
+        assert_eq!(keys[1], first.key);
+        std::fs::write(&path, b"not a key").unwrap();
+        assert!(LocalKey::open_or_create(&path).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_signature_verifies_with_the_published_point() {
+        let key = LocalKey::ephemeral().unwrap();
+        let signature = key.sign(b"header.payload").await.unwrap();
+        assert_eq!(signature.len(), 64);
+        let jwk = key.key.jwk();
+        let coordinate = |name: &str| URL_SAFE_NO_PAD.decode(jwk[name].as_str().unwrap()).unwrap();
+        let point = [vec![4], coordinate("x"), coordinate("y")].concat();
+        UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &point).verify(b"header.payload", &signature).unwrap();
+        assert_eq!(jwk["kid"].as_str().unwrap().len(), 43, "a SHA-256 thumbprint, base64url");
+    }
+}
