@@ -33,6 +33,7 @@ def record(tool, arguments, ctx):
         "tool": tool,
         "arguments": arguments,
         "authorization": (ctx.headers or {}).get("authorization"),
+        "receipt": (ctx.headers or {}).get("agent-runs-approval"),
         "protocol_version": ctx.protocol_version,
         "capabilities": capabilities.model_dump(exclude_none=True) if capabilities else None,
     }

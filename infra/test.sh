@@ -34,6 +34,20 @@ if [ ! -x .venv-console/bin/python ] || ! .venv-console/bin/pip freeze 2>/dev/nu
 fi
 export AGENT_RUNS_TEST_BROWSER_PYTHON="$PWD/.venv-console/bin/python"
 
+# The receipt test verifies approval receipts with npm's `jose` (pinned) too:
+# Debian's Node.js when missing, the package in .node-receipts.
+if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
+  echo "== installing nodejs and npm (Debian packages)"
+  as_root=""
+  [ "$(id -u)" = 0 ] || as_root="sudo -n"
+  $as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq nodejs npm > /dev/null
+fi
+if [ "$(node -p 'require("./.node-receipts/node_modules/jose/package.json").version' 2>/dev/null)" != "6.2.18" ]; then
+  npm install --silent --no-audit --no-fund --prefix .node-receipts jose@6.2.18 > /dev/null
+fi
+export AGENT_RUNS_TEST_NODE_DIR="$PWD/.node-receipts"
+
 install_moto
 port=$(free_port)
 trap 'kill "$MOTO_PID" 2>/dev/null || true' EXIT

@@ -16,6 +16,7 @@ use agent_runs_shared::domain::{
     IdGenerator, ManualClock, Owner, Run, RunId, RunStatus, Timestamp, Usage, canonical_json,
 };
 use agent_runs_shared::queue::RunMessage;
+use agent_runs_shared::receipts::{LocalKey, Receipts, Signer};
 use agent_runs_shared::store::{AgentStore, EventLog, RunStore};
 use agent_runs_shared::worker::{Outcome, Worker};
 use agent_runs_store_sqlite::{Durability, SqliteStore};
@@ -28,11 +29,13 @@ mod mcp;
 mod network;
 mod policies;
 mod questions;
+mod receipts;
 mod saves;
 mod tool_calls;
 mod veto;
 
 const API_KEY: &str = "sk-test-secret-4f9a";
+const ISSUER: &str = "https://runs.test";
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -96,6 +99,15 @@ impl Fixture {
 
     /// `change` edits the definition's JSON before it is stored.
     async fn with(change: impl FnOnce(&mut Value), max_checkpoint_bytes: usize) -> Fixture {
+        Self::signing_with(change, max_checkpoint_bytes, Arc::new(LocalKey::ephemeral().unwrap())).await
+    }
+
+    /// As [`Fixture::with`], with receipts signed by `signer`.
+    async fn signing_with(
+        change: impl FnOnce(&mut Value),
+        max_checkpoint_bytes: usize,
+        signer: Arc<dyn Signer>,
+    ) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap();
         let stand_in = StandIn::start().await;
@@ -108,8 +120,10 @@ impl Fixture {
             ("DELETE_TOKEN", "Bearer tool-token"),
             ("ISSUES_TOKEN", "Bearer issues-token"),
         ]);
+        let receipts = Receipts { signer, issuer: ISSUER.into() };
         let mut runtime =
-            LlmRuntime::new(Arc::new(move |name| env.get(name).map(|value| value.to_string())), max_checkpoint_bytes);
+            LlmRuntime::new(Arc::new(move |name| env.get(name).map(|value| value.to_string())), max_checkpoint_bytes)
+                .with_receipts(receipts);
         runtime.retry =
             RetryPolicy { attempts: 4, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
         let agents =

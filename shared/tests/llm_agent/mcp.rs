@@ -83,6 +83,7 @@ async fn read_only_tool_runs_without_a_person(flags: &[&str]) {
     assert_eq!(server.calls(), [("list_issues".to_owned(), json!({"repo": "acme/app"}))]);
     let received = &server.received()[0];
     assert_eq!(received["authorization"], "Bearer issues-token", "headers_from_env: {received}");
+    assert_eq!(received["receipt"], Value::Null, "no approval, no receipt");
     assert!(received["protocol_version"].as_str().is_some_and(|version| version >= "2025-03-26"), "{received}");
     // The client declares no sampling, elicitation or roots: the server may ask nothing of it.
     if flags.is_empty() {
@@ -148,6 +149,24 @@ async fn a_destructive_tool_asks_and_is_called_once_as_approved_or_edited() {
     );
     let told = messages(&fixture, 2).last().unwrap()["content"].as_str().unwrap().to_owned();
     assert!(told.contains("changed the arguments") && told.contains("closed #4"), "{told}");
+    // Each call carried its receipt: for the server's URL and its own name of the tool.
+    let run = fixture.run(&message).await;
+    for (received, (approval, decision)) in server.received().iter().zip(run.approvals.iter().zip(["approve", "edit"]))
+    {
+        let payload = received["receipt"].as_str().unwrap().split('.').nth(1).unwrap().to_owned();
+        let claims: Value = serde_json::from_slice(
+            &base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, payload).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (claims["aud"].as_str(), claims["tool"].as_str()),
+            (Some(server.url().as_str()), Some("close_issue"))
+        );
+        assert_eq!((claims["mcp_server"].as_str(), claims["decision"].as_str()), (Some("issues"), Some(decision)));
+        assert_eq!(claims["sub"], approval.id.to_string());
+        let sent = agent_runs_shared::domain::canonical_json(&received["arguments"]);
+        assert_eq!(claims["arguments_sha256"], agent_runs_shared::domain::sha256_hex(sent.as_bytes()));
+    }
     assert_eq!(fixture.run(&message).await.usage.map(|usage| usage.tool_calls), Some(2));
 }
 

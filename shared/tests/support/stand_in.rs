@@ -34,6 +34,8 @@ pub struct RecordedCall {
     pub body: String,
     pub idempotency_key: Option<String>,
     pub authorization: Option<String>,
+    /// The approval receipt (`Agent-Runs-Approval`), if the call had one.
+    pub receipt: Option<String>,
 }
 
 #[derive(Default)]
@@ -136,9 +138,11 @@ async fn handle(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<
     let target = request.uri().path_and_query().map(|target| target.to_string()).unwrap_or_default();
     let idempotency_key = header(&request, "idempotency-key");
     let authorization = header(&request, "authorization");
+    let receipt = header(&request, "agent-runs-approval");
     let body = request.into_body().collect().await.map(|body| body.to_bytes()).unwrap_or_default();
     let body = String::from_utf8_lossy(&body).into_owned();
-    let (response, delay) = answer(&mut state.lock().unwrap(), method, target, body, idempotency_key, authorization);
+    let call = RecordedCall { method, target, body, idempotency_key, authorization, receipt };
+    let (response, delay) = answer(&mut state.lock().unwrap(), call);
     tokio::time::sleep(delay).await;
     Ok(response.unwrap())
 }
@@ -146,12 +150,10 @@ async fn handle(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<
 /// The response, and how long to wait before sending it.
 fn answer(
     state: &mut State,
-    method: String,
-    target: String,
-    body: String,
-    idempotency_key: Option<String>,
-    authorization: Option<String>,
+    call: RecordedCall,
 ) -> (Result<Response<Full<Bytes>>, hyper::http::Error>, std::time::Duration) {
+    let RecordedCall { target, body, authorization, .. } = &call;
+    let (target, body, authorization) = (target.clone(), body.clone(), authorization.clone());
     let respond = |status: u16, body: String| {
         Response::builder().status(status).header("content-type", "application/json").body(Full::new(Bytes::from(body)))
     };
@@ -173,7 +175,6 @@ fn answer(
     } else if target.starts_with("/tools/big") {
         respond(200, "x".repeat(10_000))
     } else if target.starts_with("/tools/") {
-        let call = RecordedCall { method, target: target.clone(), body, idempotency_key, authorization };
         state.tool_calls.push(call);
         if let Some(location) = &state.tool_redirect {
             let response = Response::builder().status(302).header("location", location).body(Full::new(Bytes::new()));
