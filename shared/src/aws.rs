@@ -7,6 +7,8 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::metrics::{EmfSink, Measured, MetricsSink};
 use crate::queue::{NoQueue, RunQueue, SqsQueue, WebhookQueue};
+use crate::receipts::Receipts;
+use crate::receipts::kms::KmsKey;
 use crate::sdk::{sdk_config, store_call_timeouts};
 use crate::services::{Adapters, CacheDefaults, Services};
 use crate::store::DynamoStore;
@@ -34,9 +36,22 @@ impl AwsServices {
     pub async fn from_env() -> Result<Self, SetupError> {
         let config = Config::from_env()?;
         let sdk = sdk_config().await;
-        let mut aws = Self::new(config, (&sdk).into(), (&sdk).into())?;
+        let mut aws = Self::new(config, (&sdk).into(), (&sdk).into())?.signing_with((&sdk).into());
         aws.services = aws.services.with_sdk_config(sdk);
         Ok(aws)
+    }
+
+    /// Where `AGENT_RUNS_RECEIPT_KEY_ID` names a KMS key (the worker's),
+    /// approval receipts are signed by it, through this configuration.
+    pub fn signing_with(mut self, kms: aws_sdk_kms::Config) -> Self {
+        if let Some(key_id) = self.services.config().receipt_key_id.clone() {
+            let kms = kms.to_builder().timeout_config(store_call_timeouts()).build();
+            let signer = KmsKey::new(aws_sdk_kms::Client::from_conf(kms), key_id, Arc::new(self.store.clone()));
+            // The deployment's URL, which template.yaml passes.
+            let issuer = self.services.config().issuer.clone().unwrap_or_else(|| "agent-runs".into());
+            self.services = self.services.with_receipts(Receipts { signer: Arc::new(signer), issuer });
+        }
+        self
     }
 
     /// Builds the clients from their configurations (tests add
@@ -71,7 +86,8 @@ impl AwsServices {
             queue: sends,
             policies: Arc::new(store.clone()),
         };
-        let services = Services::new(config, adapters, CacheDefaults::REMOTE);
+        let services =
+            Services::new(config, adapters, CacheDefaults::REMOTE).with_signing_keys(Arc::new(store.clone()));
         Ok(AwsServices { store, queue, webhook_queue, services })
     }
 

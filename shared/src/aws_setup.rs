@@ -169,6 +169,22 @@ pub async fn create_queues(client: &aws_sdk_sqs::Client, template: &Value, prefi
     Ok(Queues { runs, runs_dead_letters, webhook_deliveries, webhook_dead_letters })
 }
 
+/// The receipt signing key as template.yaml's `ReceiptSigningKey` has
+/// it (key spec and usage): its id.
+pub async fn create_signing_key(client: &aws_sdk_kms::Client, template: &Value) -> Result<String, Error> {
+    let properties = properties(template, "ReceiptSigningKey")?;
+    let spec = text(&properties["KeySpec"], "ReceiptSigningKey.KeySpec")?;
+    let usage = text(&properties["KeyUsage"], "ReceiptSigningKey.KeyUsage")?;
+    let created = client
+        .create_key()
+        .key_spec(aws_sdk_kms::types::KeySpec::from(spec.as_str()))
+        .key_usage(aws_sdk_kms::types::KeyUsageType::from(usage.as_str()))
+        .description(text(&properties["Description"], "ReceiptSigningKey.Description")?)
+        .send()
+        .await?;
+    Ok(created.key_metadata.ok_or("no key metadata")?.key_id)
+}
+
 pub fn read_template(path: &Path) -> Result<Value, Error> {
     let text = std::fs::read_to_string(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
     Ok(serde_yaml::from_str(&text)?)

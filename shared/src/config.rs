@@ -55,6 +55,9 @@ pub struct Config {
     /// `AGENT_RUNS_ISSUER`: the `iss` of approval receipts; each way of
     /// running has its default (the embedded server's base URL).
     pub issuer: Option<String>,
+    /// `AGENT_RUNS_RECEIPT_KEY_ID`: the KMS key (ECC_NIST_P256) that signs
+    /// approval receipts on AWS (the worker's; template.yaml sets it).
+    pub receipt_key_id: Option<String>,
     /// Traces, from the standard OpenTelemetry variables (docs/operations.md).
     pub traces: TracesConfig,
     /// `AGENT_RUNS_EVENT_FORMAT`: `2` (the stored record, rendered on read)
@@ -216,6 +219,7 @@ impl Config {
             webhook_allow_private: read(&env, "AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", false)?,
             webhook_queue_url: env("AGENT_RUNS_WEBHOOK_QUEUE_URL").filter(|url| !url.trim().is_empty()),
             issuer: env("AGENT_RUNS_ISSUER").map(|issuer| issuer.trim().to_owned()).filter(|issuer| !issuer.is_empty()),
+            receipt_key_id: env("AGENT_RUNS_RECEIPT_KEY_ID").filter(|id| !id.trim().is_empty()),
             traces: traces(&env)?,
             event_format: match read(&env, "AGENT_RUNS_EVENT_FORMAT", EVENT_FORMAT)? {
                 EVENT_FORMAT => EventFormat::Record,

@@ -61,8 +61,10 @@ pub struct Services {
     /// The agents the workers execute, made once and shared, so their
     /// definition cache and model clients are too.
     worker_agents: OnceLock<AgentRegistry>,
-    /// Signs approval receipts, and the keys the JWKS shows.
-    receipts: Option<(Receipts, Arc<dyn PublishedKeys>)>,
+    /// Signs approval receipts (the worker's).
+    receipts: Option<Receipts>,
+    /// The keys the API's JWKS shows.
+    signing_keys: Option<Arc<dyn PublishedKeys>>,
 }
 
 impl Services {
@@ -75,13 +77,23 @@ impl Services {
             sdk: None,
             worker_agents: OnceLock::new(),
             receipts: None,
+            signing_keys: None,
         }
     }
 
-    /// Tool calls an approval allowed carry receipts `receipts` signs; the
-    /// API serves `keys` as its JWKS.
-    pub fn with_receipts(mut self, receipts: Receipts, keys: Arc<dyn PublishedKeys>) -> Self {
-        self.receipts = Some((receipts, keys));
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Tool calls an approval allowed carry receipts `receipts` signs.
+    pub fn with_receipts(mut self, receipts: Receipts) -> Self {
+        self.receipts = Some(receipts);
+        self
+    }
+
+    /// The API serves `keys` as its JWKS.
+    pub fn with_signing_keys(mut self, keys: Arc<dyn PublishedKeys>) -> Self {
+        self.signing_keys = Some(keys);
         self
     }
 
@@ -117,8 +129,8 @@ impl Services {
             shown: self.config.shown(),
             policies: self.adapters.policies.clone(),
         });
-        match &self.receipts {
-            Some((_, keys)) => api.with_signing_keys(keys.clone()),
+        match &self.signing_keys {
+            Some(keys) => api.with_signing_keys(keys.clone()),
             None => api,
         }
     }
@@ -129,7 +141,7 @@ impl Services {
             if let Some(sdk) = &self.sdk {
                 runtime = runtime.with_sdk_config(sdk.clone());
             }
-            if let Some((receipts, _)) = &self.receipts {
+            if let Some(receipts) = &self.receipts {
                 runtime = runtime.with_receipts(receipts.clone());
             }
             self.agents(Some(Arc::new(runtime)))

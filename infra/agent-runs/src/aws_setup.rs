@@ -1,10 +1,10 @@
-//! `agent-runs aws-setup`: creates the DynamoDB table and the SQS queues
-//! exactly as template.yaml defines them, on whatever endpoint the AWS
+//! `agent-runs aws-setup`: creates the DynamoDB table, the SQS queues and
+//! the receipt signing key (KMS) exactly as template.yaml defines them, on whatever endpoint the AWS
 //! environment names (the local emulator in tests and development).
 
 use std::path::PathBuf;
 
-use agent_runs_shared::aws_setup::{create_queues, create_table, read_template};
+use agent_runs_shared::aws_setup::{create_queues, create_signing_key, create_table, read_template};
 use agent_runs_shared::sdk::sdk_config;
 use agent_runs_shared::store::DynamoStore;
 use clap::Args;
@@ -35,6 +35,8 @@ pub async fn run(args: AwsSetupArgs) -> Result<(), Error> {
     println!("export AGENT_RUNS_DLQ_URL={}", queues.runs_dead_letters);
     println!("export AGENT_RUNS_WEBHOOK_QUEUE_URL={}", queues.webhook_deliveries);
     println!("export AGENT_RUNS_WEBHOOK_DLQ_URL={}", queues.webhook_dead_letters);
+    let key = create_signing_key(&aws_sdk_kms::Client::new(&sdk), &template).await.map_err(|error| error as Error)?;
+    println!("export AGENT_RUNS_RECEIPT_KEY_ID={key}");
     Ok(())
 }
 

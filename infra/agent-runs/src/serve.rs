@@ -138,7 +138,7 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let key = Arc::new(LocalKey::open_or_create(&db.with_extension("signing-key")).map_err(|error| error.0)?);
     let issuer = config.issuer.clone().unwrap_or_else(|| format!("http://{addr}"));
     let receipts = Receipts { signer: key.clone(), issuer };
-    let services = Services::new(config, adapters, CacheDefaults::LOCAL).with_receipts(receipts, key);
+    let services = Services::new(config, adapters, CacheDefaults::LOCAL).with_receipts(receipts).with_signing_keys(key);
     let api = Arc::new(services.api());
     let settings = PoolSettings {
         workers: args.workers.max(1),

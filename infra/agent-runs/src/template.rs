@@ -42,6 +42,8 @@ pub enum Grant {
     Queue(&'static str, &'static [&'static str]),
     /// Model calls on Amazon Bedrock (defined agents).
     Bedrock,
+    /// These KMS actions on the receipt signing key.
+    SigningKey(&'static [&'static str]),
 }
 
 /// What invokes a function.
@@ -176,8 +178,13 @@ pub const FUNCTIONS: [Function; 17] = [
         timeout: Some(300),
         memory: Some(512),
         extra: "",
-        environment: &[RUN_QUEUE_URL],
-        grants: &[CHANGE_RUNS, SEND_RUNS, Grant::Bedrock],
+        // Approval receipts: signed by the KMS key, naming the API as issuer.
+        environment: &[
+            RUN_QUEUE_URL,
+            ("AGENT_RUNS_RECEIPT_KEY_ID", "!Ref ReceiptSigningKey"),
+            ("AGENT_RUNS_ISSUER", "!Sub \"https://${Api}.execute-api.${AWS::Region}.${AWS::URLSuffix}\""),
+        ],
+        grants: &[CHANGE_RUNS, SEND_RUNS, Grant::Bedrock, Grant::SigningKey(&["Sign", "GetPublicKey"])],
         trigger: Trigger::Events(
             "RunMessages:
   Type: SQS
@@ -429,6 +436,7 @@ fn write_grant(yaml: &mut String, grant: &Grant) {
             indexes.iter().map(|index| format!("!Sub \"${{RunsTable.Arn}}/index/{index}\"")).collect(),
         ),
         Grant::Queue(queue, actions) => (prefixed("sqs", actions), vec![format!("!GetAtt {queue}.Arn")]),
+        Grant::SigningKey(actions) => (prefixed("kms", actions), vec!["!GetAtt ReceiptSigningKey.Arn".into()]),
         Grant::Bedrock => (
             vec!["bedrock:InvokeModel".into()],
             vec![

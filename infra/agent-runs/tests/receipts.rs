@@ -22,27 +22,29 @@ fn checked(program: &str, args: &[&str]) -> Value {
 }
 
 #[test]
-fn an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify() {
+fn embedded_an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify() {
+    an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(Target::Embedded);
+}
+
+/// Signed by a KMS key (the emulator's), published by the worker, served
+/// by the `$default` route.
+#[test]
+fn lambda_an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify() {
+    if support::without_emulator("lambda_an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify") {
+        return;
+    }
+    an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(Target::Lambda);
+}
+
+fn an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(target: Target) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let model = runtime.block_on(stand_in::StandIn::start());
     model.script(vec![
         stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
         stand_in::text("Deleted older."),
     ]);
-    let server =
-        Server::start_on(Target::Embedded, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0"), ("AGENT_RUNS_ISSUER", ISSUER)]);
+    let server = Server::start_on(target, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0"), ("AGENT_RUNS_ISSUER", ISSUER)]);
     let key = server.dev_key.clone().unwrap();
-
-    // The keys, to anyone: no Authorization.
-    let jwks = server.send(server.request("GET", "/.well-known/jwks.json"));
-    assert_eq!(jwks.status, 200);
-    assert_eq!(jwks.body["keys"].as_array().map(Vec::len), Some(1), "{}", jwks.body);
-    let jwk = &jwks.body["keys"][0];
-    assert_eq!(
-        (jwk["kty"].as_str(), jwk["crv"].as_str(), jwk["use"].as_str()),
-        (Some("EC"), Some("P-256"), Some("sig"))
-    );
-    assert!(jwk.get("d").is_none(), "never the private part");
 
     let file = server.dir.path().join("janitor.toml");
     std::fs::write(&file, support::janitor_definition(&model.url, "")).unwrap();
@@ -57,6 +59,18 @@ fn an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify() {
 
     let calls = model.tool_calls();
     assert_eq!(calls.len(), 1);
+    // The keys, to anyone (no Authorization); on AWS, published by the
+    // worker as it first signed.
+    let jwks = server.send(server.request("GET", "/.well-known/jwks.json"));
+    assert_eq!(jwks.status, 200);
+    assert_eq!(jwks.body["keys"].as_array().map(Vec::len), Some(1), "{}", jwks.body);
+    let jwk = &jwks.body["keys"][0];
+    assert_eq!(
+        (jwk["kty"].as_str(), jwk["crv"].as_str(), jwk["use"].as_str()),
+        (Some("EC"), Some("P-256"), Some("sig"))
+    );
+    assert!(jwk.get("d").is_none(), "never the private part");
+
     let receipt = calls[0].receipt.clone().expect("the call carries its receipt");
     let jwks_url = format!("{}/.well-known/jwks.json", server.base);
     let audience = format!("{}/tools/delete", model.url);

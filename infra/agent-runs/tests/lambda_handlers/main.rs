@@ -50,7 +50,9 @@ fn granted(function: &str, operation: &str) -> bool {
         return false;
     };
     function.grants.iter().any(|grant| match grant {
-        template::Grant::Table(actions) | template::Grant::Queue(_, actions) => actions.contains(&operation),
+        template::Grant::Table(actions) | template::Grant::Queue(_, actions) | template::Grant::SigningKey(actions) => {
+            actions.contains(&operation)
+        }
         template::Grant::Indexes(_) => operation == "Query",
         template::Grant::Bedrock => false,
     })

@@ -73,6 +73,7 @@ mod migrate;
 mod policies;
 mod reads;
 mod runs;
+mod signing_keys;
 mod upkeep;
 mod webhooks;
 

@@ -9,6 +9,8 @@
 //! `<file>.previous` stays in the JWKS, so receipts signed before a
 //! rotation still verify.
 
+pub mod kms;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
