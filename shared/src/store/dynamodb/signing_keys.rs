@@ -62,7 +62,7 @@ impl PublishedKeys for DynamoStore {
             .filter(|(published, _)| *published >= since)
             .collect();
         // The newest first.
-        keys.sort_by(|a, b| b.0.cmp(&a.0));
+        keys.sort_by_key(|(published, _)| std::cmp::Reverse(*published));
         Ok(keys.into_iter().map(|(_, key)| key).collect())
     }
 }
