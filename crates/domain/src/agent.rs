@@ -346,6 +346,10 @@ fn check_headers(label: &str, headers: &BTreeMap<String, String>) -> Result<(), 
         if http_header_name_invalid(header) {
             return Err(DefinitionError(format!("{label}: {header:?} is not a valid header name.")));
         }
+        // The service's own: a receipt, and the key a repeat is known by.
+        if ["agent-runs-approval", "idempotency-key"].contains(&header.to_ascii_lowercase().as_str()) {
+            return Err(DefinitionError(format!("{label}: {header:?} is set by the service itself.")));
+        }
         if !valid_env_name(env) {
             return Err(DefinitionError(format!("{label}: {env:?} is not an allowed environment variable name.")));
         }
@@ -457,7 +461,7 @@ mod tests {
         let agent = parse(document).unwrap();
         assert_eq!(agent.mcp_servers[0].require_approval, crate::McpApproval::UnlessReadOnly);
         assert_eq!(agent.mcp_servers[0].timeout_ms, 30_000);
-        let cases: [(serde_json::Value, &str); 11] = [
+        let cases: [(serde_json::Value, &str); 12] = [
             (serde_json::json!([{"name": "Git Hub", "url": "https://x.example/mcp"}]), "mcp_servers[0].name"),
             (serde_json::json!([server, server]), "two MCP servers are named `github`"),
             (serde_json::json!([{"name": "lookup", "url": "https://x.example/mcp"}]), "ok"),
@@ -469,6 +473,10 @@ mod tests {
                 "not an allowed",
             ),
             (serde_json::json!([{"name": "gh", "url": "https://x", "pinned": {"a": "b"}}]), "unknown field"),
+            (
+                serde_json::json!([{"name": "gh", "url": "https://x", "headers_from_env": {"Agent-Runs-Approval": "X"}}]),
+                "set by the service",
+            ),
             (serde_json::json!([{"name": "a", "url": "https://x"}, {"name": "a_", "url": "https://y"}]), "both claim"),
             (
                 serde_json::json!([{"name": "a__b", "url": "https://x"}, {"name": "a", "url": "https://y"}]),

@@ -24,6 +24,8 @@ pub struct KmsKey {
     public: tokio::sync::OnceCell<PublicKey>,
 }
 
+const MAX_RAW_MESSAGE_BYTES: usize = 4_096;
+
 /// The DER prefix of a P-256 SubjectPublicKeyInfo (RFC 5480) before its
 /// 65-byte uncompressed point.
 const P256_SPKI_PREFIX: [u8; 26] = [
@@ -102,6 +104,12 @@ impl Signer for KmsKey {
     }
 
     async fn sign(&self, message: &[u8]) -> Result<Vec<u8>, SignError> {
+        // KMS signs at most 4 KiB of message (a receipt is far less unless
+        // a tool's URL nears its 2 KiB limit). The digest could be sent
+        // instead; the emulator the tests use hashes it again, though.
+        if message.len() > MAX_RAW_MESSAGE_BYTES {
+            return Err(SignError("the receipt is too long for KMS to sign (the tool's URL is too long)".into()));
+        }
         let output = self
             .client
             .sign()

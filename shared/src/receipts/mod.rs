@@ -142,7 +142,10 @@ impl LocalKey {
             }
             Err(error) => return Err(failed("cannot read the signing key", error)),
         };
-        let (pair, key) = pair(&pkcs8)?;
+        warn_if_readable_by_others(path);
+        let (pair, key) = pair(&pkcs8).map_err(|SignError(why)| {
+            SignError(format!("{why} ({}: move it aside to make a new key)", path.display()))
+        })?;
         let previous = match std::fs::read(previous_path(path)) {
             Ok(old) => Some(self::pair(&old)?.1),
             Err(_) => None,
@@ -158,16 +161,38 @@ pub fn previous_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Writes a new file readable by its owner alone.
+/// Writes a new file readable by its owner alone, whole or not at all: it
+/// is written aside, then linked into place (which fails when another
+/// process put its own there first).
 fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".{}.tmp", std::process::id()));
+    let aside = PathBuf::from(aside);
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
+    options.write(true).create(true).truncate(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
+    let written = options.open(&aside).and_then(|mut file| {
+        file.write_all(bytes)?;
+        file.sync_all()
+    });
+    let linked = written.and_then(|()| std::fs::hard_link(&aside, path));
+    let _ = std::fs::remove_file(&aside);
+    linked
+}
+
+/// Warns when others may read the key file (a backup restored loosely).
+fn warn_if_readable_by_others(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(metadata) = std::fs::metadata(path)
+            && metadata.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(path = %path.display(), "the receipt signing key may be read by others; make it mode 0600");
+        }
+    }
 }
 
 #[async_trait]

@@ -102,7 +102,9 @@ impl McpSession {
             };
             headers.insert(name, value);
         }
-        if let Some(receipt) = receipt.and_then(|receipt| http::HeaderValue::try_from(receipt).ok()) {
+        if let Some(receipt) = receipt {
+            let receipt = http::HeaderValue::try_from(receipt)
+                .map_err(|_| unreachable(server, "the call's approval receipt could not be sent."))?;
             headers.insert(http::HeaderName::from_static("agent-runs-approval"), receipt);
         }
         let config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str())

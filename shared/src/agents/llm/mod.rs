@@ -21,6 +21,7 @@ use crate::domain::{
     ASK_HUMAN_TOOL, AgentDefinition, Approval, ApprovalRequest, ApprovalStatus, Budget, EventData, EventText,
     GatedCall, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, McpServerDefinition, Policy, ProposedCall,
     ProviderKind, Resolver, RuleDecision, ToolCompleted, Usage, Verdict, approval_arguments_bytes, canonical_json,
+    exact_canonical,
 };
 
 use crate::receipts::{self, Receipts};
@@ -721,6 +722,12 @@ impl LlmAgent {
                     let size = canonical_json(&arguments).len();
                     match self.verdict(tool, &arguments, policy) {
                         Verdict::Run => None,
+                        // A rule put to a person (or decided) a call of a
+                        // tool that needs no approval: its numbers must
+                        // read the same everywhere too.
+                        _ if let Err(problem) = exact_canonical(&arguments) => {
+                            Some(format!("The arguments cannot be put to a person: {problem}"))
+                        }
                         // Too large to keep on an approval: denied all the same.
                         Verdict::Denied { policy, reason } if size > MAX_APPROVAL_ARGUMENTS_BYTES.min(room) => {
                             Some(denied_by(&policy.rule, reason.as_deref()))
