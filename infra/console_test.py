@@ -135,6 +135,10 @@ try:
     assert "Deploy" not in text_of("#events"), "another run's events: " + text_of("#events")
     arguments = text_of("#detail .approval .arguments")
     assert '"branch": "old"' in arguments, arguments
+    # Its veto window: when it approves by itself, and the rejection that vetoes it.
+    veto = text_of("#detail .approval .veto")
+    assert veto.startswith("auto-approves in ") and "unless someone objects" in veto, veto
+    assert driver.find_element(By.CSS_SELECTOR, "#detail .approval .reject").text == "Veto (reject)"
     editor = driver.find_element(By.CSS_SELECTOR, "#detail .approval .editor")
     editor.clear()
     editor.send_keys('{"branch": ')

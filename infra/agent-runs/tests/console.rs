@@ -107,7 +107,10 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     let key = server.dev_key.clone().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("janitor.toml");
-    std::fs::write(&file, support::janitor_definition(&model.url, "ask_human = true")).unwrap();
+    // Its calls have a veto window of an hour: shown, and vetoed by Reject.
+    let definition = support::janitor_definition(&model.url, "ask_human = true")
+        .replace("requires_approval = true", "requires_approval = true\nauto_approve_after_secs = 3600");
+    std::fs::write(&file, definition).unwrap();
     server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
 
     let script_run =

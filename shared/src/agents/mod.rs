@@ -127,6 +127,13 @@ impl AgentRegistry {
         Ok(Self { builtin: agents, default: default.to_owned(), defined: None })
     }
 
+    /// With another agent by this name (tests: an agent whose steps they
+    /// choose).
+    pub fn with_agent(mut self, name: &str, agent: Arc<dyn Agent>) -> Self {
+        self.builtin.insert(name.to_owned(), agent);
+        self
+    }
+
     /// The built-in agents and those defined in `store`; `default` may name
     /// either. A definition changed in the store is used within `cache_for`.
     /// Defined agents can be executed only with a `runtime`.

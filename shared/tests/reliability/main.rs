@@ -182,7 +182,7 @@ impl World {
             queue: SimQueue::new(clock.clone()),
             clock,
             policy: ExecutionPolicy::default(),
-            agents: AgentRegistry::builtin("echo").unwrap(),
+            agents: AgentRegistry::builtin("echo").unwrap().with_agent("veto", Arc::new(schedules::VetoAgent)),
             key: issued.secret,
         }
     }

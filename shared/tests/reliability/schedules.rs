@@ -3,12 +3,40 @@
 use super::*;
 
 /// The kinds of run a schedule mixes, with the output each must end with.
-pub(super) const KINDS: [(&str, &str, &str); 4] = [
+pub(super) const KINDS: [(&str, &str, &str); 5] = [
     ("echo", "hello", "hello"),
     ("script", "say a\nsay b\nsay c", "a\nb\nc"),
     ("script", "say before\napprove Ship it\nsay after", "before\napproved: Ship it\nafter"),
     ("script", "say x\nfail it broke", ""),
+    // Nobody decides: the sweeper approves it when its veto window ends.
+    ("veto", "restart", "approved by timeout"),
 ];
+
+/// Asks one approval with a veto window of a minute, then says who approved.
+pub(super) struct VetoAgent;
+
+#[async_trait]
+impl agent_runs_shared::agents::Agent for VetoAgent {
+    fn validate_input(&self, _input: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn step(&self, step: agent_runs_shared::agents::StepInput<'_>) -> agent_runs_shared::agents::Step {
+        use agent_runs_shared::agents::Step;
+        use agent_runs_shared::domain::{ApprovalRequest, ApprovalStatus, Resolver};
+        let Some(approval) = step.approvals.first() else {
+            let request = ApprovalRequest {
+                auto_approve_after: Some(Duration::from_secs(60)),
+                ..ApprovalRequest::action("Restart")
+            };
+            return Step::AwaitApproval { requests: vec![request], checkpoint: json!({}) };
+        };
+        match (approval.status, &approval.resolved_by) {
+            (ApprovalStatus::Approved, Some(Resolver::Timeout)) => Step::Succeeded("approved by timeout".into()),
+            (status, by) => Step::Failed(format!("decided otherwise: {status:?} by {by:?}")),
+        }
+    }
+}
 
 /// The one crash of a schedule: the first time its victim runs.
 pub(super) struct Crash {
@@ -151,9 +179,10 @@ pub(super) async fn run_schedule(seed: u64, tally: &mut Tally) {
         let mut batch = Vec::new();
         for (i, (id, _)) in accepted.iter().enumerate() {
             let run = world.run(*id).await;
-            for approval in
-                run.approvals.iter().filter(|a| a.status == agent_runs_shared::domain::ApprovalStatus::Pending)
-            {
+            // An approval with a veto window is left to the sweeper.
+            for approval in run.approvals.iter().filter(|a| {
+                a.status == agent_runs_shared::domain::ApprovalStatus::Pending && a.auto_approves_at.is_none()
+            }) {
                 if seed % 2 == 1 {
                     batch.push((i, json!({"run_id": id, "approval_id": approval.id, "decision": "approve"})));
                     continue;

@@ -38,6 +38,16 @@ pub(super) fn a_veto_window_is_shown_moved_by_extend_and_vetoed(target: Target) 
     let inbox = server.get(&key, "/v1/approvals").expect_status(200).clone();
     assert_eq!(inbox["data"][0]["auto_approves_at"], approval["auto_approves_at"]);
 
+    // The command line says when it approves by itself.
+    let listed = std::process::Command::new(support::BIN)
+        .args(["approvals", "list"])
+        .env("AGENT_RUNS_URL", &server.base)
+        .env("AGENT_RUNS_KEY", &key)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains(", auto in 10m"), "{listed}");
     let path = format!("{}/approvals/{}", run_path(&waiting), approval["id"].as_str().unwrap());
     let extended = server.post(&key, &format!("{path}/extend"), json!({"seconds": 3600})).expect_status(200).clone();
     let moved = &extended["pending_approvals"][0];

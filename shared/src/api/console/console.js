@@ -377,8 +377,9 @@ function approvalView(run, approval) {
     box.append(el("div", { class: "meta" }, "waiting " + ago(approval.requested_at) + " · this key may not decide (it lacks approvals:decide)"));
     return box;
   }
+  // One with a veto window never expires: its window ends first.
   box.append(el("div", { class: "meta" }, "asked ", when(approval.requested_at),
-    approval.expires_at ? el("span", {}, " · expires ", when(approval.expires_at)) : null));
+    approval.expires_at && !approval.auto_approves_at ? el("span", {}, " · expires ", when(approval.expires_at)) : null));
   if (approval.auto_approves_at) {
     // A veto window: it runs then unless someone rejects (Veto) first.
     box.append(el("div", { class: "warning veto" }, "auto-approves ", when(approval.auto_approves_at),
