@@ -43,30 +43,33 @@ impl LlmAgent {
             return Step::Failed(spent);
         }
         let outcome = match (allowed, approval) {
-            (Some(allowed), _) => match self.run_tool(run_id, &pending, allowed, must_finish, usage, events).await {
-                Err(NotMade::Failed(why)) => return Step::Failed(why),
-                Err(NotMade::ToolChanged { pin, arguments }) => {
-                    // Asked again, about the tool as its server has it now.
-                    let request = ApprovalRequest { tool_changed: true, ..asking(&call.name, arguments) };
-                    let again = PendingCall { call: call.clone(), approval: Some(approvals.len()), mcp_pin: Some(pin) };
-                    transcript.pending.insert(0, again);
-                    return match self.save(&transcript) {
-                        Ok(checkpoint) => Step::AwaitApproval { requests: vec![request], checkpoint },
-                        Err(failed) => failed,
-                    };
-                }
-                Ok(outcome) => match allowed.and_then(|approval| approval.edited_arguments.as_ref()) {
-                    None => outcome,
-                    Some(edited) => ToolOutcome {
-                        content: format!(
-                            "A human reviewer changed the arguments to {} before the call was made. {}",
-                            canonical_json(edited),
-                            outcome.content
-                        ),
-                        ..outcome
+            (Some(allowed), _) => {
+                match self.run_tool(&pending, allowed, &mut Making { run_id, must_finish, usage, events }).await {
+                    Err(NotMade::Failed(why)) => return Step::Failed(why),
+                    Err(NotMade::ToolChanged { pin, arguments }) => {
+                        // Asked again, about the tool as its server has it now.
+                        let request = ApprovalRequest { tool_changed: true, ..asking(&call.name, arguments) };
+                        let again =
+                            PendingCall { call: call.clone(), approval: Some(approvals.len()), mcp_pin: Some(pin) };
+                        transcript.pending.insert(0, again);
+                        return match self.save(&transcript) {
+                            Ok(checkpoint) => Step::AwaitApproval { requests: vec![request], checkpoint },
+                            Err(failed) => failed,
+                        };
+                    }
+                    Ok(outcome) => match allowed.and_then(|approval| approval.edited_arguments.as_ref()) {
+                        None => outcome,
+                        Some(edited) => ToolOutcome {
+                            content: format!(
+                                "A human reviewer changed the arguments to {} before the call was made. {}",
+                                canonical_json(edited),
+                                outcome.content
+                            ),
+                            ..outcome
+                        },
                     },
-                },
-            },
+                }
+            }
             (None, Some(Some(approval))) if approval.status == ApprovalStatus::Rejected => {
                 match &approval.resolved_by {
                     Some(Resolver::Policy(rule)) => ToolOutcome::error(denied_by(rule, approval.comment.as_deref())),
@@ -97,17 +100,14 @@ impl LlmAgent {
     /// [`Self::run_mcp_tool`].
     async fn run_tool(
         &self,
-        run_id: &str,
         pending: &PendingCall,
         approval: Option<&Approval>,
-        must_finish: &crate::agents::MustFinish,
-        usage: &mut Option<crate::domain::Usage>,
-        events: &mut Vec<EventData>,
+        making: &mut Making<'_>,
     ) -> Result<ToolOutcome, NotMade> {
         let call = &pending.call;
         let http = self.runtime.tool_http(self.definition.allow_private_network);
         if let Some((server, _)) = self.definition.mcp_tool(&call.name) {
-            return self.run_mcp_tool(run_id, server, &http, pending, approval, must_finish, usage, events).await;
+            return self.run_mcp_tool(server, &http, pending, approval, making).await;
         }
         let edited_call;
         let call = match approval.and_then(|approval| approval.edited_arguments.as_ref()) {
@@ -130,16 +130,14 @@ impl LlmAgent {
                     mcp_server: None,
                     arguments: &arguments,
                 };
-                self.receipt(run_id, approval, &call).await?
+                self.receipt(making.run_id, approval, &call).await?
             }
             None => None,
         };
-        must_finish.set();
-        usage.get_or_insert_default().tool_calls += 1;
-        let idempotency_key = format!("{run_id}/{}", call.id);
-        let traced = ToolCallTrace::start(call);
+        let idempotency_key = format!("{}/{}", making.run_id, call.id);
+        let traced = ToolCallTrace::start(call, making);
         let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env, receipt.as_deref()).await;
-        traced.end(call, arguments, &outcome, None, events);
+        traced.end(call, arguments, &outcome, None, making.events);
         Ok(outcome)
     }
 
@@ -147,17 +145,13 @@ impl LlmAgent {
     /// the server must still offer the tool as it did when the call was
     /// judged (else a person is asked again), and the arguments (the
     /// approval's, exactly, or the model's) must fit its input schema now.
-    #[allow(clippy::too_many_arguments)]
     async fn run_mcp_tool(
         &self,
-        run_id: &str,
         server: &McpServerDefinition,
         http: &ToolHttp,
         pending: &PendingCall,
         approval: Option<&Approval>,
-        must_finish: &crate::agents::MustFinish,
-        usage: &mut Option<crate::domain::Usage>,
-        events: &mut Vec<EventData>,
+        making: &mut Making<'_>,
     ) -> Result<ToolOutcome, NotMade> {
         let call = &pending.call;
         // The receipt travels on every request of the session (the call's included).
@@ -165,7 +159,7 @@ impl LlmAgent {
             Some((approval, arguments)) => {
                 let tool = self.definition.mcp_tool(&call.name).map_or(call.name.as_str(), |(_, tool)| tool);
                 let sent = receipts::Call { audience: &server.url, tool, mcp_server: Some(&server.name), arguments };
-                self.receipt(run_id, approval, &sent).await?
+                self.receipt(making.run_id, approval, &sent).await?
             }
             None => None,
         };
@@ -203,12 +197,10 @@ impl LlmAgent {
                 return Ok(ToolOutcome::error(problem));
             }
         };
-        must_finish.set();
-        usage.get_or_insert_default().tool_calls += 1;
-        let traced = ToolCallTrace::start(call);
+        let traced = ToolCallTrace::start(call, making);
         let outcome = session.call(&binding.tool, &arguments).await;
         session.close().await;
-        traced.end(call, arguments, &outcome, Some(&server.name), events);
+        traced.end(call, arguments, &outcome, Some(&server.name), making.events);
         Ok(outcome)
     }
 
@@ -233,6 +225,14 @@ impl LlmAgent {
     }
 }
 
+/// What making a call touches of its step.
+struct Making<'a> {
+    run_id: &'a str,
+    must_finish: &'a crate::agents::MustFinish,
+    usage: &'a mut Option<crate::domain::Usage>,
+    events: &'a mut Vec<EventData>,
+}
+
 /// A tool call being made: its span, and its event once it ends.
 struct ToolCallTrace {
     started: std::time::Instant,
@@ -240,7 +240,11 @@ struct ToolCallTrace {
 }
 
 impl ToolCallTrace {
-    fn start(call: &ToolCall) -> Self {
+    /// The call is about to be made: from here the step must finish (its
+    /// outcome recorded), and it counts as one of the run's tool calls.
+    fn start(call: &ToolCall, making: &mut Making<'_>) -> Self {
+        making.must_finish.set();
+        making.usage.get_or_insert_default().tool_calls += 1;
         let span = telemetry::current()
             .and_then(|parent| Span::child_of(parent, format!("execute_tool {}", call.name), SpanKind::Internal));
         ToolCallTrace { started: std::time::Instant::now(), span }
