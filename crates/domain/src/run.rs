@@ -448,13 +448,20 @@ impl Run {
         for approval in approved {
             self.record(now, EventData::ApprovalDecided(approval));
         }
+        Some(self.resume_when_decided(now, policy))
+    }
+
+    /// After a decision: the run goes on once no approval is pending;
+    /// until then the next warning, expiry or window end is due.
+    fn resume_when_decided(&mut self, now: Timestamp, policy: &ExecutionPolicy) -> DecideOutcome {
         if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {
+            // The decided one may have been the next to warn about or expire.
             self.due_at = self.next_approval_due(policy);
-            return Some(DecideOutcome::Recorded);
+            return DecideOutcome::Recorded;
         }
         self.requeue(now, policy);
         self.record(now, EventData::RunResumed);
-        Some(DecideOutcome::Requeued)
+        DecideOutcome::Requeued
     }
 
     /// Approves the approval as `timeout` when it is still pending past
@@ -624,14 +631,7 @@ impl Run {
         approval.answer = answer;
         let decided = approval.clone();
         self.record(now, EventData::ApprovalDecided(decided));
-        if self.approvals.iter().any(|approval| approval.status == ApprovalStatus::Pending) {
-            // The decided one may have been the next to warn about or expire.
-            self.due_at = self.next_approval_due(policy);
-            return Ok(DecideOutcome::Recorded);
-        }
-        self.requeue(now, policy);
-        self.record(now, EventData::RunResumed);
-        Ok(DecideOutcome::Requeued)
+        Ok(self.resume_when_decided(now, policy))
     }
 
     fn approval_mut(&mut self, approval_id: ApprovalId) -> Result<&mut Approval, TransitionError> {
