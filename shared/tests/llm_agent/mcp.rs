@@ -153,11 +153,7 @@ async fn a_destructive_tool_asks_and_is_called_once_as_approved_or_edited() {
     let run = fixture.run(&message).await;
     for (received, (approval, decision)) in server.received().iter().zip(run.approvals.iter().zip(["approve", "edit"]))
     {
-        let payload = received["receipt"].as_str().unwrap().split('.').nth(1).unwrap().to_owned();
-        let claims: Value = serde_json::from_slice(
-            &base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, payload).unwrap(),
-        )
-        .unwrap();
+        let claims = super::receipts::claims(received["receipt"].as_str().unwrap());
         assert_eq!(
             (claims["aud"].as_str(), claims["tool"].as_str()),
             (Some(server.url().as_str()), Some("close_issue"))

@@ -13,7 +13,7 @@ use super::*;
 
 /// The claims of a receipt (its signature is PyJWT's and jose's to check:
 /// `infra/agent-runs/tests/receipts.rs`).
-fn claims(receipt: &str) -> Value {
+pub(super) fn claims(receipt: &str) -> Value {
     let payload = receipt.split('.').nth(1).unwrap();
     serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap()
 }

@@ -48,11 +48,7 @@ async fn nobody_objects_and_the_sweeper_approves_the_call_when_the_window_ends()
     assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
     let calls = fixture.stand_in.tool_calls();
     assert_eq!(calls.len(), 1, "the call, once");
-    let payload = calls[0].receipt.as_deref().unwrap().split('.').nth(1).unwrap().to_owned();
-    let claims: Value = serde_json::from_slice(
-        &base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, payload).unwrap(),
-    )
-    .unwrap();
+    let claims = super::receipts::claims(calls[0].receipt.as_deref().unwrap());
     assert_eq!((claims["decision"].as_str(), claims["decided_by"].as_str()), (Some("timeout"), Some("timeout")));
     assert_eq!(sweeper.sweep().await.unwrap().enqueued, 0);
 }
