@@ -223,7 +223,7 @@ pub fn valid_agent_name(name: &str) -> bool {
         && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-')
 }
 
-fn valid_url(url: &str) -> bool {
+pub(crate) fn valid_url(url: &str) -> bool {
     (url.starts_with("http://") || url.starts_with("https://"))
         && url.len() <= 2_048
         && !url.contains(char::is_whitespace)

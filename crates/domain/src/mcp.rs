@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{DefinitionError, MAX_TOOL_TIMEOUT_MS, canonical_json};
+use crate::agent::valid_url;
 use crate::approval::sha256_hex;
 
 pub const MAX_MCP_SERVER_NAME_CHARS: usize = 32;
@@ -166,12 +167,10 @@ pub(super) fn check_servers(
                 server.name
             ));
         }
-        let https = server.url.starts_with("https://");
-        let http = server.url.starts_with("http://");
-        if !(https || http) || server.url.len() > 2_048 || server.url.contains(char::is_whitespace) {
+        if !valid_url(&server.url) {
             return fail(format!("`{}` must be an https:// URL.", field("url")));
         }
-        if http && !allow_private_network {
+        if server.url.starts_with("http://") && !allow_private_network {
             return fail(format!(
                 "`{}` must be an https:// URL (http:// only with `allow_private_network = true`).",
                 field("url")
