@@ -58,6 +58,8 @@ pub struct NewRun {
     pub metadata: BTreeMap<String, String>,
     /// What the client limits the run to spend.
     pub budget: Budget,
+    /// The ended run it continues, with the state that run ended with.
+    pub continues: Option<Run>,
     pub idempotency: Option<IdempotencyRequest>,
     /// The trace the run's spans belong to.
     pub trace: RunTrace,
@@ -171,7 +173,7 @@ impl Lifecycle {
     }
 
     pub async fn start(&self, new_run: NewRun) -> Result<Started, StartError> {
-        let NewRun { owner, created_by, agent, input, metadata, budget, idempotency, trace } = new_run;
+        let NewRun { owner, created_by, agent, input, metadata, budget, continues, idempotency, trace } = new_run;
         for _ in 0..CREATE_ATTEMPTS {
             let now = self.clock.now();
             let run_id = RunId::from_ulid(self.ids.ulid_at(now));
@@ -185,6 +187,9 @@ impl Lifecycle {
                 .created_by(created_by)
                 .with_budget(budget)
                 .with_trace(trace);
+            if let Some(previous) = &continues {
+                run = run.continuing(previous);
+            }
             let inserted = match self.runs.insert(&mut run, claim.as_ref(), self.max_active_runs).await {
                 Ok(inserted) => inserted,
                 Err(error) => {

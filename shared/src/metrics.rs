@@ -362,7 +362,7 @@ mod tests {
         run.claim("w", at(63_000), &policy).unwrap();
         write(&mut run);
         run.usage = Some(Usage { input_tokens: 10, output_tokens: 5, total_tokens: 15, tool_calls: 2 });
-        run.succeed("w", "done".into(), at(63_500)).unwrap();
+        run.succeed("w", "done".into(), None, at(63_500)).unwrap();
         write(&mut run);
         writes
     }

@@ -29,6 +29,10 @@ pub struct RunView<'a> {
     error: Option<&'a str>,
     pending_approvals: Vec<ApprovalView<'a>>,
     metadata: &'a BTreeMap<String, String>,
+    /// The conversation's first run (the run's own id when it continues
+    /// none), and the run it continues.
+    thread_id: String,
+    previous_run_id: Option<String>,
     /// The key that created the run (`null` for runs from before).
     created_by: Option<String>,
     created_at: String,
@@ -168,6 +172,8 @@ impl<'a> RunView<'a> {
             error: run.error.as_deref(),
             pending_approvals: run.approvals.iter().map(ApprovalView::from).collect(),
             metadata: &run.metadata,
+            thread_id: run.thread_id().to_string(),
+            previous_run_id: run.previous_run_id().map(|id| id.to_string()),
             created_by: run.created_by.map(|key| key.to_string()),
             created_at: run.created_at.to_rfc3339(),
             started_at: rfc3339(run.started_at),
@@ -328,6 +334,9 @@ pub fn event_data_json(data: &EventData, shown: Shown) -> String {
             }
             serde_json::to_string(&data)
         }
+        EventData::ContextTruncated { dropped_turns, dropped_bytes } => serde_json::to_string(
+            &serde_json::json!({ "dropped_turns": dropped_turns, "dropped_bytes": dropped_bytes }),
+        ),
     };
     // Strings, numbers and maps of them: encoding cannot fail.
     encoded.unwrap_or_else(|_| "{}".to_owned())
@@ -354,6 +363,8 @@ fn run_in_event(run: &RunSnapshot, shown: Shown) -> serde_json::Result<String> {
         error: run.error.as_ref().map(|text| text.text.as_str()),
         pending_approvals: run.approvals.iter().map(ApprovalView::from).collect(),
         metadata: &run.metadata,
+        thread_id: run.thread.map_or(run.id, |thread| thread.thread_id).to_string(),
+        previous_run_id: run.thread.map(|thread| thread.previous_run_id.to_string()),
         created_by: run.created_by.map(|key| key.to_string()),
         created_at: run.created_at.to_rfc3339(),
         started_at: rfc3339(run.started_at),

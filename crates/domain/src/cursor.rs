@@ -9,13 +9,18 @@ use ulid::Ulid;
 use super::{ApprovalId, ApprovalKind, ApprovalStatus, Owner, RunId, RunStatus, Timestamp};
 
 const VERSION: u8 = 1;
+/// A cursor of a thread's list: the thread's id after the status.
+const THREAD_VERSION: u8 = 4;
 const CHECK_BYTES: usize = 8;
 const PAYLOAD_BYTES: usize = 1 + 1 + 16;
+const THREAD_PAYLOAD_BYTES: usize = PAYLOAD_BYTES + 16;
 
 /// Where the next page starts: after `last` (exclusive), newest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor {
     pub status: Option<RunStatus>,
+    /// The thread filter, if any.
+    pub thread: Option<RunId>,
     pub last: RunId,
 }
 
@@ -170,23 +175,36 @@ fn checksum(owner: &Owner, payload: &[u8]) -> [u8; CHECK_BYTES] {
 
 impl Cursor {
     pub fn encode(&self, owner: &Owner) -> String {
-        let mut bytes = Vec::with_capacity(PAYLOAD_BYTES + CHECK_BYTES);
-        bytes.push(VERSION);
+        let mut bytes = Vec::with_capacity(THREAD_PAYLOAD_BYTES + CHECK_BYTES);
+        bytes.push(if self.thread.is_some() { THREAD_VERSION } else { VERSION });
         bytes.push(status_code(self.status));
+        if let Some(thread) = self.thread {
+            bytes.extend_from_slice(&thread.ulid().to_bytes());
+        }
         bytes.extend_from_slice(&self.last.ulid().to_bytes());
         let check = checksum(owner, &bytes);
         bytes.extend_from_slice(&check);
         URL_SAFE_NO_PAD.encode(bytes)
     }
 
-    /// Decodes a cursor for `owner` and checks it against the `status` filter
-    /// of the request it came with.
-    pub fn decode(text: &str, owner: &Owner, status: Option<RunStatus>) -> Result<Cursor, CursorError> {
+    /// Decodes a cursor for `owner` and checks it against the `status` and
+    /// `thread` filters of the request it came with.
+    pub fn decode(
+        text: &str,
+        owner: &Owner,
+        status: Option<RunStatus>,
+        thread: Option<RunId>,
+    ) -> Result<Cursor, CursorError> {
         let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| CursorError::Malformed)?;
-        if bytes.len() != PAYLOAD_BYTES + CHECK_BYTES || bytes[0] != VERSION {
+        let payload_bytes = match bytes.first() {
+            Some(&VERSION) => PAYLOAD_BYTES,
+            Some(&THREAD_VERSION) => THREAD_PAYLOAD_BYTES,
+            _ => return Err(CursorError::Malformed),
+        };
+        if bytes.len() != payload_bytes + CHECK_BYTES {
             return Err(CursorError::Malformed);
         }
-        let (payload, check) = bytes.split_at(PAYLOAD_BYTES);
+        let (payload, check) = bytes.split_at(payload_bytes);
         if checksum(owner, payload) != check {
             return Err(CursorError::Malformed);
         }
@@ -194,11 +212,15 @@ impl Cursor {
             0 => None,
             code => Some(*RunStatus::ALL.get(code as usize - 1).ok_or(CursorError::Malformed)?),
         };
-        if issued_status != status {
+        let id_at = |start: usize| -> Result<RunId, CursorError> {
+            let bytes: [u8; 16] = payload[start..start + 16].try_into().map_err(|_| CursorError::Malformed)?;
+            Ok(RunId::from_ulid(Ulid::from_bytes(bytes)))
+        };
+        let issued_thread = (payload_bytes == THREAD_PAYLOAD_BYTES).then(|| id_at(2)).transpose()?;
+        if issued_status != status || issued_thread != thread {
             return Err(CursorError::FilterMismatch);
         }
-        let ulid_bytes: [u8; 16] = payload[2..].try_into().map_err(|_| CursorError::Malformed)?;
-        Ok(Cursor { status, last: RunId::from_ulid(Ulid::from_bytes(ulid_bytes)) })
+        Ok(Cursor { status, thread, last: id_at(payload_bytes - 16)? })
     }
 }
 
@@ -217,7 +239,8 @@ mod tests {
         assert_eq!(IdCursor::decode(&text, &owner("acme"), "webhooks"), Ok(cursor));
         assert_eq!(IdCursor::decode(&text, &owner("acme"), "wh_x"), Err(CursorError::FilterMismatch));
         assert_eq!(IdCursor::decode(&text, &owner("other"), "webhooks"), Err(CursorError::Malformed));
-        let runs_cursor = Cursor { status: None, last: RunId::from_ulid(cursor.last) }.encode(&owner("acme"));
+        let runs_cursor =
+            Cursor { status: None, thread: None, last: RunId::from_ulid(cursor.last) }.encode(&owner("acme"));
         assert_eq!(IdCursor::decode(&runs_cursor, &owner("acme"), "webhooks"), Err(CursorError::Malformed));
     }
 
@@ -225,8 +248,8 @@ mod tests {
     fn round_trips_for_every_filter() {
         let last = RunId::from_ulid(Ulid::from_parts(1_795_303_478_123, 7));
         for status in std::iter::once(None).chain(RunStatus::ALL.map(Some)) {
-            let text = Cursor { status, last }.encode(&owner("acme"));
-            assert_eq!(Cursor::decode(&text, &owner("acme"), status), Ok(Cursor { status, last }));
+            let text = Cursor { status, thread: None, last }.encode(&owner("acme"));
+            assert_eq!(Cursor::decode(&text, &owner("acme"), status, None), Ok(Cursor { status, thread: None, last }));
         }
     }
 
@@ -257,7 +280,7 @@ mod tests {
         let text = answered.encode(&owner("acme"));
         let decoded = InboxCursor::decode(&text, &owner("acme"), ApprovalStatus::Answered, Some("ops"), answered.kind);
         assert_eq!(decoded, Ok(answered));
-        let runs_cursor = Cursor { status: None, last: last.run_id }.encode(&owner("acme"));
+        let runs_cursor = Cursor { status: None, thread: None, last: last.run_id }.encode(&owner("acme"));
         assert_eq!(
             InboxCursor::decode(&runs_cursor, &owner("acme"), ApprovalStatus::Pending, None, None),
             Err(CursorError::Malformed)
@@ -265,20 +288,42 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_cursor_is_bound_to_its_thread_and_status() {
+        let id = |n| RunId::from_ulid(Ulid::from_parts(1_795_303_478_123, n));
+        let (thread, last) = (id(1), id(9));
+        let acme = owner("acme");
+        for status in [None, Some(RunStatus::Succeeded)] {
+            let text = Cursor { status, thread: Some(thread), last }.encode(&acme);
+            assert_eq!(
+                Cursor::decode(&text, &acme, status, Some(thread)),
+                Ok(Cursor { status, thread: Some(thread), last })
+            );
+            assert_eq!(Cursor::decode(&text, &acme, status, Some(id(2))), Err(CursorError::FilterMismatch));
+            assert_eq!(Cursor::decode(&text, &acme, status, None), Err(CursorError::FilterMismatch));
+            assert_eq!(Cursor::decode(&text, &owner("other"), status, Some(thread)), Err(CursorError::Malformed));
+        }
+        let unthreaded = Cursor { status: None, thread: None, last }.encode(&acme);
+        assert_eq!(Cursor::decode(&unthreaded, &acme, None, Some(thread)), Err(CursorError::FilterMismatch));
+    }
+
+    #[test]
     fn refuses_other_filters_owners_and_any_altered_character() {
         let last = RunId::from_ulid(Ulid::from_parts(1_795_303_478_123, 7));
-        let text = Cursor { status: Some(RunStatus::Queued), last }.encode(&owner("acme"));
-        assert_eq!(Cursor::decode(&text, &owner("acme"), None), Err(CursorError::FilterMismatch));
-        assert_eq!(Cursor::decode(&text, &owner("acme"), Some(RunStatus::Failed)), Err(CursorError::FilterMismatch));
-        assert_eq!(Cursor::decode(&text, &owner("other"), Some(RunStatus::Queued)), Err(CursorError::Malformed));
+        let text = Cursor { status: Some(RunStatus::Queued), thread: None, last }.encode(&owner("acme"));
+        assert_eq!(Cursor::decode(&text, &owner("acme"), None, None), Err(CursorError::FilterMismatch));
+        assert_eq!(
+            Cursor::decode(&text, &owner("acme"), Some(RunStatus::Failed), None),
+            Err(CursorError::FilterMismatch)
+        );
+        assert_eq!(Cursor::decode(&text, &owner("other"), Some(RunStatus::Queued), None), Err(CursorError::Malformed));
         for i in 0..text.len() {
             let mut altered = text.clone().into_bytes();
             altered[i] = if altered[i] == b'A' { b'B' } else { b'A' };
             let altered = String::from_utf8(altered).unwrap();
-            assert!(Cursor::decode(&altered, &owner("acme"), Some(RunStatus::Queued)).is_err());
+            assert!(Cursor::decode(&altered, &owner("acme"), Some(RunStatus::Queued), None).is_err());
         }
         for junk in ["", "abc", "!!!!", &text[..text.len() - 1]] {
-            assert!(Cursor::decode(junk, &owner("acme"), Some(RunStatus::Queued)).is_err());
+            assert!(Cursor::decode(junk, &owner("acme"), Some(RunStatus::Queued), None).is_err());
         }
     }
 }

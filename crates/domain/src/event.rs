@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use super::{
     Approval, ApprovalId, ApprovalKind, ApprovalStatus, Budget, EventId, KeyId, PolicyMatch, Resolver, Run, RunId,
-    RunStatus, Timestamp, Usage,
+    RunStatus, ThreadLink, Timestamp, Usage,
 };
 
 /// Texts in events (a `say` line, a model's reply, a tool's result) are cut
@@ -32,7 +32,7 @@ impl EventText {
 }
 
 /// Every event type a run's log can hold.
-pub const EVENT_TYPES: [&str; 17] = [
+pub const EVENT_TYPES: [&str; 18] = [
     "run.created",
     "run.started",
     "run.awaiting_approval",
@@ -50,6 +50,7 @@ pub const EVENT_TYPES: [&str; 17] = [
     "output.appended",
     "model.responded",
     "tool.completed",
+    "context.truncated",
 ];
 
 /// What an event says, by type (`EventData::kind` names it on the wire).
@@ -84,6 +85,12 @@ pub enum EventData {
         usage: Option<Usage>,
     },
     ToolCompleted(Box<ToolCompleted>),
+    /// The conversation the run continues did not fit whole: its oldest
+    /// turns were left out of what the model sees.
+    ContextTruncated {
+        dropped_turns: u64,
+        dropped_bytes: u64,
+    },
 }
 
 /// A run as its events show it: the keys clients see of a run, its texts
@@ -106,6 +113,8 @@ pub struct RunSnapshot {
     pub completed_at: Option<Timestamp>,
     pub usage: Option<Usage>,
     pub budget: Budget,
+    /// The conversation the run continues (none: its own thread).
+    pub thread: Option<ThreadLink>,
     /// The run's trace id, shown where the deployment shows traces.
     pub trace_id: u128,
 }
@@ -146,6 +155,7 @@ impl RunSnapshot {
             completed_at: run.completed_at,
             usage: run.usage,
             budget: run.budget,
+            thread: run.thread,
             trace_id: run.trace().trace_id,
         }
     }
@@ -213,6 +223,7 @@ impl EventData {
             EventData::OutputAppended { .. } => "output.appended",
             EventData::ModelResponded { .. } => "model.responded",
             EventData::ToolCompleted(_) => "tool.completed",
+            EventData::ContextTruncated { .. } => "context.truncated",
         }
     }
 
@@ -306,6 +317,7 @@ mod tests {
                 result: text,
                 mcp_server: None,
             })),
+            EventData::ContextTruncated { dropped_turns: 1, dropped_bytes: 2 },
         ];
         let kinds: Vec<&str> = all.iter().map(EventData::kind).collect();
         assert_eq!(kinds, EVENT_TYPES);

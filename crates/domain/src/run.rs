@@ -130,8 +130,15 @@ pub struct Run {
     /// Claims so far in the current stretch of execution.
     pub attempts: u32,
     pub lease: Option<Lease>,
-    /// The agent's opaque state, saved at heartbeats and when parked.
+    /// The agent's opaque state, saved at heartbeats and when parked, and
+    /// kept when the run ends: what a run continuing it carries on from.
     pub checkpoint: Option<serde_json::Value>,
+    /// Whether `checkpoint` is still the one the run this one continues
+    /// ended with: this run's agent has not saved a state of its own yet.
+    pub checkpoint_carried: bool,
+    /// The conversation the run continues; `None` for a run started afresh
+    /// (the first of its own thread).
+    pub thread: Option<ThreadLink>,
     /// Execution time used before the current claim, in milliseconds.
     pub execution_ms: u64,
     /// When the current claim started executing.
@@ -158,6 +165,15 @@ pub struct Run {
     /// Events of the changes made since the run was read, oldest first: the
     /// store writes them with the run and numbers them from `event_seq`.
     pub pending_events: Vec<NewEvent>,
+}
+
+/// Where a run that continues another stands in their conversation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadLink {
+    /// The thread's first run.
+    pub thread_id: RunId,
+    /// The run this one continues.
+    pub previous_run_id: RunId,
 }
 
 /// A store's note on a run it handed out (see [`Run::store_note`]).
@@ -320,6 +336,8 @@ impl Run {
             attempts: 0,
             lease: None,
             checkpoint: None,
+            checkpoint_carried: false,
+            thread: None,
             execution_ms: 0,
             running_since: None,
             usage: None,
@@ -354,6 +372,47 @@ impl Run {
     /// The run in the trace `trace` (its `run.created` shows it too).
     pub fn with_trace(self, trace: RunTrace) -> Run {
         self.set_at_creation(|run| run.trace = Some(trace))
+    }
+
+    /// The run continuing `previous`'s conversation: in its thread, and
+    /// carrying on from the state it ended with (its `run.created` shows
+    /// the thread too).
+    pub fn continuing(self, previous: &Run) -> Run {
+        let thread = ThreadLink { thread_id: previous.thread_id(), previous_run_id: previous.id };
+        let checkpoint = previous.checkpoint.clone();
+        self.set_at_creation(|run| {
+            run.thread = Some(thread);
+            run.checkpoint_carried = checkpoint.is_some();
+            run.checkpoint.clone_from(&checkpoint);
+        })
+    }
+
+    /// The first run of the run's conversation (its own id when it
+    /// continues none).
+    pub fn thread_id(&self) -> RunId {
+        self.thread.map_or(self.id, |thread| thread.thread_id)
+    }
+
+    pub fn previous_run_id(&self) -> Option<RunId> {
+        self.thread.map(|thread| thread.previous_run_id)
+    }
+
+    /// The state the run's agent saved, if any (not the one carried over
+    /// from the run it continues).
+    pub fn own_checkpoint(&self) -> Option<&serde_json::Value> {
+        self.checkpoint.as_ref().filter(|_| !self.checkpoint_carried)
+    }
+
+    /// What the run it continues ended with, until the agent saves a state
+    /// of its own.
+    pub fn carried_checkpoint(&self) -> Option<&serde_json::Value> {
+        self.checkpoint.as_ref().filter(|_| self.checkpoint_carried)
+    }
+
+    /// Saves the agent's state (no longer the carried one).
+    pub(super) fn save_checkpoint(&mut self, checkpoint: serde_json::Value) {
+        self.checkpoint = Some(checkpoint);
+        self.checkpoint_carried = false;
     }
 
     /// The run's trace, derived from its id for a run stored without one.
@@ -433,7 +492,6 @@ impl Run {
         self.completed_at = Some(now.max(self.created_at));
         self.due_at = None;
         self.lease = None;
-        self.checkpoint = None;
         self.stop_clock(now);
         let snapshot = self.snapshot();
         let data = match status {

@@ -54,7 +54,7 @@ fn awaiting(actions: usize) -> Run {
 
 fn succeeded() -> Run {
     let mut run = running();
-    run.succeed("w1", "out".into(), at(30)).unwrap();
+    run.succeed("w1", "out".into(), None, at(30)).unwrap();
     run
 }
 
@@ -148,7 +148,7 @@ fn only_the_lease_holder_may_finish_and_only_while_running() {
     for mut run in every_state() {
         let before = run.clone();
         let holder_may = run.status == RunStatus::Running;
-        assert_eq!(run.clone().succeed("w1", "x".into(), at(40)).is_ok(), holder_may);
+        assert_eq!(run.clone().succeed("w1", "x".into(), None, at(40)).is_ok(), holder_may);
         assert_eq!(run.clone().fail("w1", "x".into(), at(40)).is_ok(), holder_may);
         assert_eq!(run.clone().heartbeat("w1", None, at(40), &policy()).is_ok(), holder_may);
         assert_eq!(run.clone().release("w1", None, at(40), &policy()).is_ok(), holder_may);
@@ -158,7 +158,7 @@ fn only_the_lease_holder_may_finish_and_only_while_running() {
                 .is_ok(),
             holder_may
         );
-        assert_eq!(run.succeed("w2", "x".into(), at(40)), Err(TransitionError::LeaseLost));
+        assert_eq!(run.succeed("w2", "x".into(), None, at(40)), Err(TransitionError::LeaseLost));
         assert_eq!(run, before, "a refused transition changes nothing");
     }
 }
@@ -176,7 +176,7 @@ fn succeed_and_fail_are_terminal_with_completed_at() {
 #[test]
 fn completed_at_is_never_earlier_than_created_at() {
     let mut run = running();
-    run.succeed("w1", String::new(), at(-5_000)).unwrap();
+    run.succeed("w1", String::new(), None, at(-5_000)).unwrap();
     assert_eq!(run.completed_at, Some(run.created_at));
     let mut run = queued();
     run.cancel(at(-5_000)).unwrap();
@@ -263,7 +263,7 @@ fn repeating_a_decision_is_unchanged_whatever_the_run_state() {
     run.decide(approval_id(1), ask(Decision::Approve, Some("first".into())), at(30), &policy()).unwrap();
     let mut done = run.clone();
     assert!(done.claim("w2", at(40), &policy()).is_ok());
-    done.succeed("w2", "x".into(), at(50)).unwrap();
+    done.succeed("w2", "x".into(), None, at(50)).unwrap();
     for mut state in [run, done] {
         let before = state.clone();
         assert_eq!(
@@ -501,7 +501,7 @@ fn every_change_records_its_events_and_a_repeat_records_none() {
     assert_eq!(kinds(&run), ["run.started", "run.requeued"]);
     run.take_events();
     run.claim("w3", at(50), &policy()).unwrap();
-    run.succeed("w3", "done".into(), at(60)).unwrap();
+    run.succeed("w3", "done".into(), None, at(60)).unwrap();
     assert_eq!(kinds(&run), ["run.started", "run.succeeded"]);
     assert!(
         matches!(&run.pending_events[1].data, EventData::RunSucceeded(shown) if shown.output.as_ref().map(|text| text.text.as_str()) == Some("done"))

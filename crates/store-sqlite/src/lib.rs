@@ -189,6 +189,25 @@ fn encode_run(run: &Run) -> Result<String, StoreError> {
         .map_err(|error| StoreError::Defect(format!("cannot encode run: {error}")))
 }
 
+/// A run's row: its body and, for an ended run, the checkpoint it ended
+/// with, kept out of the body that gets and lists read.
+struct RunRow {
+    body: String,
+    ended_checkpoint: Option<String>,
+}
+
+impl RunRow {
+    fn of(run: &Run) -> Result<RunRow, StoreError> {
+        if !run.status.is_terminal() || run.checkpoint.is_none() {
+            return Ok(RunRow { body: encode_run(run)?, ended_checkpoint: None });
+        }
+        let ended_checkpoint = serde_json::to_string(&run.checkpoint)
+            .map_err(|error| StoreError::Defect(format!("cannot encode checkpoint: {error}")))?;
+        let body = encode_run(&Run { checkpoint: None, ..run.clone() })?;
+        Ok(RunRow { body, ended_checkpoint: Some(ended_checkpoint) })
+    }
+}
+
 fn decode_run(body: &str) -> Result<Run, StoreError> {
     serde_json::from_str::<StoredRun>(body)
         .map_err(|error| StoreError::Defect(format!("cannot decode stored run: {error}")))?
@@ -333,6 +352,26 @@ fn list_rows<T>(
     // Every run id sorts below this, so "no cursor" needs no second query shape.
     let before = request.before.map_or_else(|| "run_~".to_owned(), |id| id.to_string());
     let fetch = i64::from(request.limit) + 1;
+    if let Some(thread) = request.thread {
+        // The continuations by the thread index, and the first run by its id.
+        return connection
+            .prepare_cached(
+                "SELECT id, version, body FROM (
+                     SELECT * FROM (
+                         SELECT id, version, body FROM runs
+                         WHERE owner = ?1 AND thread_id = ?2 AND id < ?3 AND (?5 IS NULL OR status = ?5)
+                         ORDER BY id DESC LIMIT ?4)
+                     UNION ALL
+                     SELECT id, version, body FROM runs
+                     WHERE owner = ?1 AND id = ?2 AND thread_id IS NULL AND id < ?3 AND (?5 IS NULL OR status = ?5))
+                 ORDER BY id DESC LIMIT ?4",
+            )
+            .and_then(|mut statement| {
+                let status = request.status.map(|status| status.as_str());
+                statement.query_map(params![owner, thread.to_string(), before, fetch, status], map)?.collect()
+            })
+            .map_err(unavailable);
+    }
     match request.status {
         None => connection
             .prepare_cached("SELECT id, version, body FROM runs WHERE owner = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3")
@@ -351,9 +390,12 @@ fn list_rows<T>(
 
 /// Returns the length of the stored body.
 fn insert_run_row(connection: &Connection, run: &Run) -> Result<usize, StoreError> {
-    let body = encode_run(run)?;
+    let row = RunRow::of(run)?;
     connection
-        .prepare_cached("INSERT INTO runs (owner, id, status, version, due_at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+        .prepare_cached(
+            "INSERT INTO runs (owner, id, status, version, due_at, body, thread_id, ended_checkpoint)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )
         .and_then(|mut statement| {
             statement.execute(params![
                 run.owner.as_str(),
@@ -361,11 +403,13 @@ fn insert_run_row(connection: &Connection, run: &Run) -> Result<usize, StoreErro
                 run.status.as_str(),
                 run.version as i64,
                 run.due_at.map(Timestamp::millis),
-                &body
+                &row.body,
+                run.thread.map(|thread| thread.thread_id.to_string()),
+                row.ended_checkpoint,
             ])
         })
         .map_err(unavailable)?;
-    Ok(body.len())
+    Ok(row.body.len())
 }
 
 /// Writes the run's events, and for each an outbox row per enabled
@@ -469,7 +513,7 @@ struct PendingUpdate {
     expected: u64,
     next: Run,
     events: Vec<Event>,
-    body: String,
+    row: RunRow,
 }
 
 impl PendingUpdate {
@@ -478,7 +522,7 @@ impl PendingUpdate {
         let next = &self.next;
         let changed = transaction
             .prepare_cached(
-                "UPDATE runs SET status = ?1, version = ?2, due_at = ?3, body = ?4
+                "UPDATE runs SET status = ?1, version = ?2, due_at = ?3, body = ?4, ended_checkpoint = ?8
                  WHERE owner = ?5 AND id = ?6 AND version = ?7 AND status IN ('queued', 'running', 'awaiting_approval')",
             )
             .and_then(|mut statement| {
@@ -486,10 +530,11 @@ impl PendingUpdate {
                     next.status.as_str(),
                     next.version as i64,
                     next.due_at.map(Timestamp::millis),
-                    &self.body,
+                    &self.row.body,
                     next.owner.as_str(),
                     next.id.to_string(),
-                    self.expected as i64
+                    self.expected as i64,
+                    self.row.ended_checkpoint,
                 ])
             })
             .map_err(unavailable)?;

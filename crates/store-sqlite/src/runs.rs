@@ -136,6 +136,28 @@ impl RunStore for SqliteStore {
         .await
     }
 
+    async fn get_to_continue(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        let owner = owner.to_string();
+        self.read(move |connection| {
+            let row: Option<(String, Option<String>)> = connection
+                .prepare_cached("SELECT body, ended_checkpoint FROM runs WHERE owner = ?1 AND id = ?2")
+                .and_then(|mut statement| {
+                    statement
+                        .query_row(params![owner, run_id.to_string()], |row| Ok((row.get(0)?, row.get(1)?)))
+                        .optional()
+                })
+                .map_err(unavailable)?;
+            let Some((body, ended_checkpoint)) = row else { return Ok(None) };
+            let mut run = decode_run(&body)?;
+            if let Some(checkpoint) = ended_checkpoint {
+                run.checkpoint = serde_json::from_str(&checkpoint)
+                    .map_err(|_| StoreError::Defect("malformed stored checkpoint".into()))?;
+            }
+            Ok(Some(run))
+        })
+        .await
+    }
+
     async fn update(&self, run: &mut Run) -> Result<(), StoreError> {
         let result = self.update_batch(std::slice::from_mut(run)).await;
         result.map_err(|failed| failed.error)
@@ -148,8 +170,8 @@ impl RunStore for SqliteStore {
             let mut next = run.clone();
             next.version += 1;
             let events = next.take_events();
-            let body = encode_run(&next).map_err(failed)?;
-            writes.push(PendingUpdate { expected: run.version, next, events, body });
+            let row = RunRow::of(&next).map_err(failed)?;
+            writes.push(PendingUpdate { expected: run.version, next, events, row });
         }
         let store = self.clone();
         let written = self
@@ -162,7 +184,13 @@ impl RunStore for SqliteStore {
                 committed.then(move || {
                     let written = writes.into_iter().map(|write| {
                         let with_events = !write.events.is_empty();
-                        (write.next, write.body.len(), with_events)
+                        // Remembered as a get reads it: an ended run without
+                        // the checkpoint it ended with.
+                        let mut next = write.next;
+                        if write.row.ended_checkpoint.is_some() {
+                            next.checkpoint = None;
+                        }
+                        (next, write.row.body.len(), with_events)
                     });
                     store.runs_committed(written, queued)
                 });

@@ -208,9 +208,20 @@ UPDATE approvals SET kind = 'tool_call' WHERE EXISTS (
       AND json_extract(approval.value, '$.tool') IS NOT NULL);
 ";
 
+/// Conversations: a continuation's thread (its first run has none: it is
+/// found by its id), and the checkpoint an ended run ended with, apart from
+/// the body lists read.
+pub(super) const SCHEMA_12: &str = "
+ALTER TABLE runs ADD COLUMN thread_id TEXT;
+ALTER TABLE runs ADD COLUMN ended_checkpoint TEXT;
+CREATE INDEX runs_by_thread ON runs (owner, thread_id, id) WHERE thread_id IS NOT NULL;
+";
+
 /// Schema version N is reached by running the first N steps, in order.
-pub(super) const MIGRATIONS: [&str; 11] =
-    [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9, SCHEMA_10, SCHEMA_11];
+pub(super) const MIGRATIONS: [&str; 12] = [
+    SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9, SCHEMA_10, SCHEMA_11,
+    SCHEMA_12,
+];
 
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 

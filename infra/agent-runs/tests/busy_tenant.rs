@@ -141,7 +141,8 @@ async fn a_busy_tenant_sees_no_throttle_or_conflict() {
     let mut statuses = BTreeMap::<&str, usize>::new();
     let mut before = None;
     loop {
-        let page = services.store.list(&owner, ListRequest { status: None, before, limit: 100 }).await.unwrap();
+        let page =
+            services.store.list(&owner, ListRequest { status: None, thread: None, before, limit: 100 }).await.unwrap();
         for run in &page.runs {
             *statuses.entry(run.status.as_str()).or_default() += 1;
         }

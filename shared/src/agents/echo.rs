@@ -12,6 +12,6 @@ impl Agent for EchoAgent {
     }
 
     async fn step(&self, input: StepInput<'_>) -> Step {
-        Step::Succeeded(input.input.to_owned())
+        Step::succeeded(input.input)
     }
 }

@@ -25,6 +25,9 @@ pub struct StepInput<'a> {
     pub input: &'a str,
     /// What the previous step returned; `None` on the first step.
     pub checkpoint: Option<&'a serde_json::Value>,
+    /// On the first step of a run that continues another: the state that
+    /// run's agent ended with (a defined agent's transcript).
+    pub carried: Option<&'a serde_json::Value>,
     /// Every approval of the run so far, oldest first, with their decisions.
     pub approvals: &'a [Approval],
     /// The run's token usage and tool calls so far; an agent adds what its
@@ -71,8 +74,20 @@ pub enum Step {
         requests: Vec<ApprovalRequest>,
         checkpoint: serde_json::Value,
     },
-    Succeeded(String),
+    /// Done; `transcript`, when the agent has one, is the state a run
+    /// continuing this one carries on from.
+    Succeeded {
+        output: String,
+        transcript: Option<serde_json::Value>,
+    },
     Failed(String),
+}
+
+impl Step {
+    /// Done with `output`, and nothing for a continuation to carry on from.
+    pub fn succeeded(output: impl Into<String>) -> Step {
+        Step::Succeeded { output: output.into(), transcript: None }
+    }
 }
 
 #[async_trait]

@@ -146,7 +146,7 @@ impl Agent for ScriptAgent {
         }
 
         let Some((command, end)) = current else {
-            return Step::Succeeded(progress.lines.join("\n"));
+            return Step::succeeded(progress.lines.join("\n"));
         };
         progress.offset = Some(from);
         match command {

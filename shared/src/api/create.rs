@@ -8,12 +8,12 @@ use sha2::{Digest, Sha256};
 use super::body::{json_object, optional_string, reject_unknown_fields, whole_number};
 use super::{Api, ApiError, ApiResponse, RequestTrace, run_response};
 use crate::auth::Principal;
-use crate::domain::{Budget, IdempotencyKey, Metadata, Run, RunInput, RunTrace};
+use crate::domain::{Budget, IdempotencyKey, Metadata, Owner, Run, RunId, RunInput, RunTrace};
 use crate::lifecycle::{self, IdempotencyRequest, StartError, Started};
 use crate::telemetry;
 use crate::views::Shown;
 
-const FIELDS: &[&str] = &["input", "agent", "metadata", "budget"];
+const FIELDS: &[&str] = &["input", "agent", "metadata", "budget", "previous_run_id"];
 const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
 
 /// A create request, parsed.
@@ -22,6 +22,8 @@ struct NewRun {
     agent: String,
     metadata: Metadata,
     budget: Budget,
+    /// The ended run this one continues, with the state it ended with.
+    previous: Option<Run>,
 }
 
 /// The largest budget limit: exact in every JSON reader (2^53 - 1).
@@ -67,16 +69,35 @@ fn parse_metadata(value: Option<Value>) -> Result<Metadata, ApiError> {
     Metadata::parse(entries).map_err(|error| ApiError::invalid("metadata", error.0))
 }
 
-async fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun, ApiError> {
+async fn parse_body(api: &Api, owner: &Owner, mut object: Map<String, Value>) -> Result<NewRun, ApiError> {
     reject_unknown_fields(&object, FIELDS)?;
     let input = match object.remove("input") {
         None | Some(Value::Null) => return Err(ApiError::invalid("input", "`input` is required.")),
         Some(Value::String(text)) => RunInput::parse(text).map_err(|error| ApiError::invalid("input", error.0))?,
         Some(_) => return Err(ApiError::invalid("input", "`input` must be a string.")),
     };
-    let agent = optional_string(&mut object, "agent")?.unwrap_or_else(|| api.agents.default_name().to_owned());
+    let agent = optional_string(&mut object, "agent")?;
     let metadata = parse_metadata(object.remove("metadata"))?;
     let budget = parse_budget(object.remove("budget"))?;
+    let previous_run_id = optional_string(&mut object, "previous_run_id")?
+        .map(|text| {
+            text.parse::<RunId>().map_err(|_| {
+                ApiError::invalid(
+                    "previous_run_id",
+                    "`previous_run_id` must be a run id (run_ followed by 26 characters).",
+                )
+            })
+        })
+        .transpose()?;
+    let previous = match previous_run_id {
+        Some(run_id) => Some(previous_run(api, owner, run_id, agent.as_deref()).await?),
+        None => None,
+    };
+    let agent = match (agent, &previous) {
+        (Some(agent), _) => agent,
+        (None, Some(previous)) => previous.agent.clone(),
+        (None, None) => api.agents.default_name().to_owned(),
+    };
     // Last, as it may read the store: the agent and what it thinks of the input.
     let verdict = api.agents.check(&agent, input.as_str()).await?.ok_or_else(|| {
         let shown: String = agent.chars().take(64).collect();
@@ -105,7 +126,36 @@ async fn parse_body(api: &Api, mut object: Map<String, Value>) -> Result<NewRun,
             ));
         }
     }
-    Ok(NewRun { input, agent, metadata, budget })
+    Ok(NewRun { input, agent, metadata, budget, previous })
+}
+
+/// The run a create continues, checked in the contract's order: the
+/// owner's (`404`), of the agent named if one is (`400`), ended (`409`).
+async fn previous_run(api: &Api, owner: &Owner, run_id: RunId, agent: Option<&str>) -> Result<Run, ApiError> {
+    let previous = api
+        .runs
+        .get_to_continue(owner, run_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("`previous_run_id` names no run that exists for this API key.".into()))?;
+    if let Some(agent) = agent
+        && agent != previous.agent
+    {
+        let shown: String = agent.chars().take(64).collect();
+        return Err(ApiError::invalid(
+            "agent",
+            format!(
+                "The run {run_id} was run by the `{}` agent, not `{shown}`: a continuation uses the same agent (leave `agent` out).",
+                previous.agent
+            ),
+        ));
+    }
+    if !previous.status.is_terminal() {
+        return Err(ApiError::Conflict(format!(
+            "The run {run_id} is {}: only a run that ended (succeeded, failed or canceled) can be continued.",
+            previous.status.as_str()
+        )));
+    }
+    Ok(previous)
 }
 
 fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, ApiError> {
@@ -134,6 +184,9 @@ fn request_hash(new_run: &NewRun) -> String {
     if new_run.budget != Budget::default() {
         canonical["budget"] = serde_json::json!([new_run.budget.max_total_tokens, new_run.budget.max_tool_calls]);
     }
+    if let Some(previous) = &new_run.previous {
+        canonical["previous_run_id"] = previous.id.to_string().into();
+    }
     sha256_hex(canonical.to_string().as_bytes())
 }
 
@@ -150,13 +203,13 @@ fn created(run: &Run, replayed: bool, shown: Shown) -> ApiResponse {
 
 pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
-    let new_run = parse_body(api, object).await?;
+    let new_run = parse_body(api, &by.owner, object).await?;
     let key = idempotency_key(request)?;
     let idempotency = key.map(|key| IdempotencyRequest {
         key_hash: sha256_hex(key.as_str().as_bytes()),
         request_hash: request_hash(&new_run),
     });
-    let NewRun { input, agent, metadata, budget } = new_run;
+    let NewRun { input, agent, metadata, budget, previous } = new_run;
     let started = api
         .lifecycle
         .start(lifecycle::NewRun {
@@ -166,6 +219,7 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
             input: input.into_string(),
             metadata: metadata.into_map(),
             budget,
+            continues: previous,
             idempotency,
             trace: RunTrace::under(
                 request

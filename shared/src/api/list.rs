@@ -5,21 +5,22 @@ use http::StatusCode;
 use super::query::{page_size, parameters};
 use super::response::json_bytes_response;
 use super::{ApiError, ApiResponse};
-use crate::domain::{Cursor, Owner, RunStatus};
+use crate::domain::{Cursor, Owner, RunId, RunStatus};
 use crate::store::{ListRequest, RunLists};
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 100;
-const PARAMETERS: [&str; 3] = ["status", "limit", "cursor"];
+const PARAMETERS: [&str; 4] = ["status", "limit", "cursor", "thread_id"];
 
 struct ListQuery {
     status: Option<RunStatus>,
+    thread: Option<RunId>,
     limit: u32,
     cursor: Option<String>,
 }
 
 fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
-    let [status, limit, cursor] = parameters(query, PARAMETERS)?;
+    let [status, limit, cursor, thread] = parameters(query, PARAMETERS)?;
     let status = status
         .map(|text| {
             RunStatus::parse(&text).ok_or_else(|| {
@@ -30,21 +31,32 @@ fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
             })
         })
         .transpose()?;
+    let thread = thread
+        .map(|text| {
+            text.parse::<RunId>().map_err(|_| {
+                ApiError::invalid("thread_id", "`thread_id` must be a run id (run_ followed by 26 characters).")
+            })
+        })
+        .transpose()?;
     let limit = page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?;
-    Ok(ListQuery { status, limit, cursor })
+    Ok(ListQuery { status, thread, limit, cursor })
 }
 
 pub(super) async fn handle(runs: &dyn RunLists, owner: &Owner, query: Option<&str>) -> Result<ApiResponse, ApiError> {
     let query = parse_query(query)?;
     let before = query
         .cursor
-        .map(|text| Cursor::decode(&text, owner, query.status))
+        .map(|text| Cursor::decode(&text, owner, query.status, query.thread))
         .transpose()
         .map_err(|error| ApiError::invalid("cursor", error.to_string()))?
         .map(|cursor| cursor.last);
-    let page = runs.list_views(owner, ListRequest { status: query.status, before, limit: query.limit }).await?;
-    let next_cursor =
-        page.has_more.then_some(page.last).flatten().map(|last| Cursor { status: query.status, last }.encode(owner));
+    let request = ListRequest { status: query.status, thread: query.thread, before, limit: query.limit };
+    let page = runs.list_views(owner, request).await?;
+    let next_cursor = page
+        .has_more
+        .then_some(page.last)
+        .flatten()
+        .map(|last| Cursor { status: query.status, thread: query.thread, last }.encode(owner));
     // `{"data": [<each run's JSON>], "next_cursor": ...}`, the runs spliced
     // in as the store gave them.
     let mut body = String::with_capacity(page.views.iter().map(|view| view.len() + 1).sum::<usize>() + 64);

@@ -18,10 +18,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use super::record::{StoredApproval, StoredBudget, StoredPolicyMatch, StoredUsage, at, millis};
+use super::record::{StoredApproval, StoredBudget, StoredPolicyMatch, StoredThread, StoredUsage, at, millis};
 use crate::domain::{
-    Approval, ApprovalKind, ApprovalStatus, ApprovalSummary, EventData, EventText, RunSnapshot, RunStatus, Timestamp,
-    ToolCompleted,
+    Approval, ApprovalKind, ApprovalStatus, ApprovalSummary, EventData, EventText, RunSnapshot, RunStatus, ThreadLink,
+    Timestamp, ToolCompleted,
 };
 use crate::views::{Shown, event_data_json};
 
@@ -117,6 +117,9 @@ fn encode_event(data: &EventData) -> String {
             tool_calls: tool_calls.clone(),
             usage: usage.map(StoredUsage::from),
         }),
+        EventData::ContextTruncated { dropped_turns, dropped_bytes } => {
+            serde_json::to_string(&StoredTruncation { dropped_turns: *dropped_turns, dropped_bytes: *dropped_bytes })
+        }
         EventData::ToolCompleted(call) => serde_json::to_string(&StoredToolCall {
             tool: call.tool.clone(),
             arguments: call.arguments.clone(),
@@ -172,6 +175,10 @@ fn decode_event(kind: &str, text: &str) -> Result<EventData, StoreError> {
                 result: call.result.into(),
                 mcp_server: call.mcp_server,
             }))
+        }
+        "context.truncated" => {
+            let StoredTruncation { dropped_turns, dropped_bytes } = read(text)?;
+            EventData::ContextTruncated { dropped_turns, dropped_bytes }
         }
         _ => return Err(StoreError::Defect(format!("stored event: unknown type {kind:?}"))),
     };
@@ -229,6 +236,12 @@ struct StoredReply {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
+struct StoredTruncation {
+    dropped_turns: u64,
+    dropped_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
 struct StoredToolCall {
     tool: String,
     arguments: serde_json::Value,
@@ -261,6 +274,9 @@ struct StoredSnapshot {
     budget: Option<StoredBudget>,
     /// 32 lower-case hex digits.
     trace_id: String,
+    /// Only on a run that continues another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    thread: Option<StoredThread>,
 }
 
 /// An [`ApprovalSummary`].
@@ -306,6 +322,7 @@ impl From<&RunSnapshot> for StoredSnapshot {
             usage: run.usage.map(StoredUsage::from),
             budget: StoredBudget::of(run.budget),
             trace_id: format!("{:032x}", run.trace_id),
+            thread: run.thread.map(StoredThread::from),
         }
     }
 }
@@ -330,6 +347,7 @@ impl TryFrom<StoredSnapshot> for RunSnapshot {
             usage: stored.usage.map(Into::into),
             budget: StoredBudget::read(stored.budget),
             trace_id: u128::from_str_radix(&stored.trace_id, 16).map_err(|_| malformed("trace id"))?,
+            thread: stored.thread.map(ThreadLink::try_from).transpose()?,
         })
     }
 }
@@ -487,6 +505,7 @@ mod tests {
                 result: text,
                 mcp_server: Some("github".into()),
             })),
+            EventData::ContextTruncated { dropped_turns: 3, dropped_bytes: 12_345 },
         ]
     }
 

@@ -19,6 +19,7 @@ pub enum Call<'a> {
     Insert(&'a Run),
     UndoCreate(&'a Run),
     Get(RunId),
+    GetToContinue(RunId),
     Update(&'a Run),
     UpdateBatch(&'a [Run]),
     List,
@@ -37,6 +38,7 @@ impl Call<'_> {
             Call::Insert(_) => "insert",
             Call::UndoCreate(_) => "undo_create",
             Call::Get(_) => "get",
+            Call::GetToContinue(_) => "get_to_continue",
             Call::Update(_) => "update",
             Call::UpdateBatch(_) => "update_batch",
             Call::List => "list",
@@ -143,6 +145,10 @@ impl<S: RunStore + ?Sized, H: Hooks> RunStore for Layered<S, H> {
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
         self.read(Call::Get(run_id), self.inner.get(owner, run_id)).await
+    }
+
+    async fn get_to_continue(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        self.read(Call::GetToContinue(run_id), self.inner.get_to_continue(owner, run_id)).await
     }
 
     async fn update(&self, run: &mut Run) -> Result<(), StoreError> {

@@ -107,6 +107,8 @@ pub struct ViewPage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListRequest {
     pub status: Option<RunStatus>,
+    /// Only the runs of this conversation (see [`Run::thread_id`]).
+    pub thread: Option<RunId>,
     /// Only runs with an id lower than this (older); the keyset cursor.
     pub before: Option<RunId>,
     pub limit: u32,
@@ -208,8 +210,13 @@ pub trait RunStore: Send + Sync + 'static {
     /// `Idempotency-Key` answered `201` with it; it must then be kept.
     async fn undo_create(&self, run: &Run, idempotency_key_hash: Option<&str>) -> Result<bool, StoreError>;
 
-    /// A strongly consistent read.
+    /// A strongly consistent read. An ended run comes without the
+    /// checkpoint it ended with (only a run continuing it needs that).
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError>;
+
+    /// [`RunStore::get`] with the checkpoint an ended run ended with, for a
+    /// run that continues it to carry on from: one read where the store can.
+    async fn get_to_continue(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError>;
 
     /// Replaces the run if its stored version is still `run.version` and the
     /// stored run is not terminal, then increments `run.version`.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::StoreError;
 use crate::domain::{
     Approval, ApprovalStatus, Budget, Effect, Lease, Owner, PolicyMatch, ProposedCall, RuleMode, Run, RunStatus,
-    RunTrace, StoreNote, Timestamp, Usage, canonical_json,
+    RunTrace, StoreNote, ThreadLink, Timestamp, Usage, canonical_json,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -55,6 +55,35 @@ pub struct StoredRun {
     /// Absent from runs stored before runs had traces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     trace: Option<StoredTrace>,
+    /// Only on a run that continues another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    thread: Option<StoredThread>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    checkpoint_carried: bool,
+}
+
+/// A [`ThreadLink`]: the thread's first run and the run continued.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct StoredThread {
+    thread_id: String,
+    previous_run_id: String,
+}
+
+impl From<ThreadLink> for StoredThread {
+    fn from(thread: ThreadLink) -> Self {
+        StoredThread { thread_id: thread.thread_id.to_string(), previous_run_id: thread.previous_run_id.to_string() }
+    }
+}
+
+impl TryFrom<StoredThread> for ThreadLink {
+    type Error = StoreError;
+
+    fn try_from(stored: StoredThread) -> Result<ThreadLink, StoreError> {
+        Ok(ThreadLink {
+            thread_id: stored.thread_id.parse().map_err(|_| malformed("thread_id"))?,
+            previous_run_id: stored.previous_run_id.parse().map_err(|_| malformed("previous_run_id"))?,
+        })
+    }
 }
 
 fn is_zero(number: &u64) -> bool {
@@ -326,6 +355,8 @@ impl From<&Run> for StoredRun {
             event_seq: run.event_seq,
             budget: StoredBudget::of(run.budget),
             trace: run.trace.map(StoredTrace::from),
+            thread: run.thread.map(StoredThread::from),
+            checkpoint_carried: run.checkpoint_carried,
         }
     }
 }
@@ -364,6 +395,8 @@ impl TryFrom<StoredRun> for Run {
                 .lease
                 .map(|lease| Lease { worker: lease.worker, expires_at: Timestamp::from_millis(lease.expires_at) }),
             checkpoint: stored.checkpoint,
+            checkpoint_carried: stored.checkpoint_carried,
+            thread: stored.thread.map(ThreadLink::try_from).transpose()?,
             execution_ms: stored.execution_ms,
             running_since: at(stored.running_since),
             usage: stored.usage.map(Usage::from),

@@ -186,7 +186,8 @@ impl Worker {
             span.set("gen_ai.agent.name", run.agent.clone());
         }
         let claimed = run.checkpoint.clone();
-        let mut attempt = Attempt { lease, checkpoint: run.checkpoint.clone(), run, renewed_at, events: Vec::new() };
+        let checkpoint = run.own_checkpoint().cloned();
+        let mut attempt = Attempt { lease, checkpoint, run, renewed_at, events: Vec::new() };
         let executed = telemetry::within(span.as_ref().map(Span::as_parent), self.execute(&mut attempt, stop)).await;
         if let Some(mut span) = span {
             match &executed {

@@ -53,11 +53,14 @@ impl Worker {
                 _ => no_policy.clone(),
             };
             let (input, approvals) = (attempt.run.input.clone(), attempt.run.approvals.clone());
+            // Until the agent has a state of its own.
+            let carried = attempt.checkpoint.is_none().then(|| attempt.run.carried_checkpoint().cloned()).flatten();
             let must_finish = MustFinish::default();
             let stepping = agent.step(StepInput {
                 run_id: attempt.run.id,
                 input: &input,
                 checkpoint: attempt.checkpoint.as_ref(),
+                carried: carried.as_ref(),
                 approvals: &approvals,
                 usage: &mut usage,
                 budget: attempt.run.budget,
@@ -96,9 +99,11 @@ impl Worker {
                     attempt.checkpoint = Some(next);
                     true
                 }
-                Step::Succeeded(output) => {
+                Step::Succeeded { output, transcript } => {
                     return self
-                        .finish(attempt, reported, |run, now, lease| run.succeed(lease, output.clone(), now))
+                        .finish(attempt, reported, |run, now, lease| {
+                            run.succeed(lease, output.clone(), transcript.clone(), now)
+                        })
                         .await;
                 }
                 Step::Failed(error) => {

@@ -251,7 +251,7 @@ impl World {
         let owner = Owner::parse("sim").unwrap();
         let mut runs: Vec<Run> = Vec::new();
         loop {
-            let request = ListRequest { status: None, before: runs.last().map(|run| run.id), limit: 100 };
+            let request = ListRequest { status: None, thread: None, before: runs.last().map(|run| run.id), limit: 100 };
             let page = self.store.list(&owner, request).await.unwrap();
             runs.extend(page.runs);
             if !page.has_more {

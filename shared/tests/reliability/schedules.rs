@@ -32,7 +32,7 @@ impl agent_runs_shared::agents::Agent for VetoAgent {
             return Step::AwaitApproval { requests: vec![request], checkpoint: json!({}) };
         };
         match (approval.status, &approval.resolved_by) {
-            (ApprovalStatus::Approved, Some(Resolver::Timeout)) => Step::Succeeded("approved by timeout".into()),
+            (ApprovalStatus::Approved, Some(Resolver::Timeout)) => Step::succeeded("approved by timeout"),
             (status, by) => Step::Failed(format!("decided otherwise: {status:?} by {by:?}")),
         }
     }

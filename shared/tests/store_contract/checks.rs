@@ -126,7 +126,7 @@ pub(super) async fn undo_create_keeps_a_run_that_moved_on(store: &dyn TestStore)
         other => panic!("expected the key to be taken: {other:?}"),
     }
     // Finished: still kept, and the count does not go below zero.
-    claimed.succeed("w", "done".into(), Timestamp::from_millis(T0 as i64 + 2)).unwrap();
+    claimed.succeed("w", "done".into(), None, Timestamp::from_millis(T0 as i64 + 2)).unwrap();
     store.update(&mut claimed).await.unwrap();
     assert_eq!(store.active_runs(&who).await.unwrap(), 0);
     assert!(!store.undo_create(&as_inserted, Some("u1")).await.unwrap());
@@ -153,14 +153,17 @@ pub(super) async fn list_is_newest_first_with_keyset_pages_and_a_status_filter(s
     }
     let newest_first: Vec<RunId> = runs.iter().rev().map(|run| run.id).collect();
 
-    let page = store.list(&who, ListRequest { status: None, before: None, limit: 3 }).await.unwrap();
+    let page = store.list(&who, ListRequest { status: None, thread: None, before: None, limit: 3 }).await.unwrap();
     assert_eq!(page.runs.iter().map(|r| r.id).collect::<Vec<_>>(), newest_first[..3]);
     assert!(page.has_more);
-    let page = store.list(&who, ListRequest { status: None, before: Some(newest_first[2]), limit: 4 }).await.unwrap();
+    let page = store
+        .list(&who, ListRequest { status: None, thread: None, before: Some(newest_first[2]), limit: 4 })
+        .await
+        .unwrap();
     assert_eq!(page.runs.iter().map(|r| r.id).collect::<Vec<_>>(), newest_first[3..]);
     assert!(!page.has_more, "exactly the last items: no further page");
 
-    let canceled = ListRequest { status: Some(RunStatus::Canceled), before: None, limit: 10 };
+    let canceled = ListRequest { status: Some(RunStatus::Canceled), thread: None, before: None, limit: 10 };
     let page = store.list(&who, canceled).await.unwrap();
     let expected: Vec<RunId> = newest_first
         .iter()
@@ -205,12 +208,12 @@ pub(super) async fn lists_of_large_runs_are_whole(store: &dyn TestStore) {
         insert(store, &mut run).await;
         run.claim("w", Timestamp::from_millis(T0 as i64 + 200), &policy).unwrap();
         store.update(&mut run).await.unwrap();
-        run.succeed("w", run.input.clone(), Timestamp::from_millis(T0 as i64 + 201)).unwrap();
+        run.succeed("w", run.input.clone(), None, Timestamp::from_millis(T0 as i64 + 201)).unwrap();
         store.update(&mut run).await.unwrap();
         newest_first.insert(0, run.id);
     }
     for status in [None, Some(RunStatus::Succeeded)] {
-        let whole = ListRequest { status, before: None, limit: 20 };
+        let whole = ListRequest { status, thread: None, before: None, limit: 20 };
         assert_eq!(every_page(store, &who, whole).await, vec![newest_first.clone()], "{status:?}");
         let pages = every_page(store, &who, ListRequest { limit: 3, ..whole }).await;
         let expected: Vec<Vec<RunId>> = newest_first.chunks(3).map(<[RunId]>::to_vec).collect();
@@ -383,10 +386,11 @@ pub(super) async fn large_checkpoints_round_trip(store: &dyn TestStore) {
     assert!(matches!(store.update(&mut stale).await, Err(StoreError::Conflict)));
     assert_eq!(store.get(&owner("big"), run.id).await.unwrap().unwrap().checkpoint, Some(big("b")));
     // Listing shows the run (without reading its checkpoint).
-    let page = store.list(&owner("big"), ListRequest { status: None, before: None, limit: 5 }).await.unwrap();
+    let page =
+        store.list(&owner("big"), ListRequest { status: None, thread: None, before: None, limit: 5 }).await.unwrap();
     assert_eq!(page.runs.len(), 1);
     assert_eq!(page.runs[0].id, run.id);
-    run.succeed("w", "done".into(), at(10)).unwrap();
+    run.succeed("w", "done".into(), None, at(10)).unwrap();
     store.update(&mut run).await.unwrap();
     let done = store.get(&owner("big"), run.id).await.unwrap().unwrap();
     assert_eq!((done.status, done.checkpoint), (RunStatus::Succeeded, None));

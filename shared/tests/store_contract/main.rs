@@ -95,8 +95,10 @@ async fn sqlite_store_for_serving_keeps_the_contract_and_owns_its_file() {
     // What the cache serves is what a plain reader of the file sees.
     let plain = SqliteStore::open(&path, Durability::Process).unwrap();
     for owner_name in ["acme", "big", "race"] {
-        let page =
-            plain.list(&owner(owner_name), ListRequest { status: None, before: None, limit: 100 }).await.unwrap();
+        let page = plain
+            .list(&owner(owner_name), ListRequest { status: None, thread: None, before: None, limit: 100 })
+            .await
+            .unwrap();
         for run in page.runs {
             assert_eq!(store.get(&run.owner, run.id).await.unwrap().map(|cached| cached.version), Some(run.version));
         }
@@ -372,9 +374,10 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
         assert_eq!(found.checkpoint, run.checkpoint);
         assert!(found.store_note.0.is_some(), "a moved run records its item of the count");
     }
-    let listed = every_page(&store, &owner("before"), ListRequest { status: None, before: None, limit: 2 }).await;
+    let listed =
+        every_page(&store, &owner("before"), ListRequest { status: None, thread: None, before: None, limit: 2 }).await;
     assert_eq!(listed, [vec![ended.id, big.id], vec![queued.id]]);
-    let running = ListRequest { status: Some(RunStatus::Running), before: None, limit: 10 };
+    let running = ListRequest { status: Some(RunStatus::Running), thread: None, before: None, limit: 10 };
     assert_eq!(every_page(&store, &owner("before"), running).await, [vec![big.id]]);
     assert_eq!(store.active_runs(&owner("before")).await.unwrap(), 2, "counted anew from the runs not ended");
     let mut again = new_run("before", 3, 4);

@@ -91,20 +91,26 @@ pub(super) async fn sqlite_list_views_are_the_runs_as_written() {
         let got = (got.views.iter().map(|view| view.to_string()).collect::<Vec<_>>(), got.last, got.has_more);
         assert_eq!(got, expected(store, request).await, "{request:?}");
     };
-    let all = ListRequest { status: None, before: None, limit: 100 };
+    let all = ListRequest { status: None, thread: None, before: None, limit: 100 };
     check(store.clone(), all).await;
     let mut changed = runs[3].clone();
     changed.status = RunStatus::Running;
     changed.started_at = Some(changed.created_at);
     store.update(&mut changed).await.unwrap();
     check(store.clone(), all).await;
-    check(store.clone(), ListRequest { status: Some(RunStatus::Running), before: None, limit: 5 }).await;
-    check(store.clone(), ListRequest { status: Some(RunStatus::Queued), before: Some(runs[5].id), limit: 2 }).await;
+    check(store.clone(), ListRequest { status: Some(RunStatus::Running), thread: None, before: None, limit: 5 }).await;
+    check(
+        store.clone(),
+        ListRequest { status: Some(RunStatus::Queued), thread: None, before: Some(runs[5].id), limit: 2 },
+    )
+    .await;
     drop(store);
     let reopened = SqliteStore::open_for_serving(&path, Durability::Process).unwrap();
     check(reopened.clone(), all).await;
-    let page =
-        reopened.list_views(&owner("views"), ListRequest { status: None, before: None, limit: 3 }).await.unwrap();
+    let page = reopened
+        .list_views(&owner("views"), ListRequest { status: None, thread: None, before: None, limit: 3 })
+        .await
+        .unwrap();
     assert_eq!((page.views.len(), page.last, page.has_more), (3, Some(runs[4].id), true));
 }
 

@@ -80,8 +80,8 @@ impl Run {
     ) -> Result<(), TransitionError> {
         self.ensure_held_by(worker)?;
         self.renew_lease(worker, now, policy);
-        if checkpoint.is_some() {
-            self.checkpoint = checkpoint;
+        if let Some(checkpoint) = checkpoint {
+            self.save_checkpoint(checkpoint);
         }
         Ok(())
     }
@@ -112,7 +112,7 @@ impl Run {
         self.due_at = self.next_approval_due(policy);
         // The stretch of work up to here finished normally.
         self.attempts = 0;
-        self.checkpoint = Some(checkpoint);
+        self.save_checkpoint(checkpoint);
         Ok(())
     }
 
@@ -133,7 +133,7 @@ impl Run {
         }
         self.add_approvals(requests, now, policy);
         self.renew_lease(worker, now, policy);
-        self.checkpoint = Some(checkpoint);
+        self.save_checkpoint(checkpoint);
         Ok(())
     }
 
@@ -208,17 +208,28 @@ impl Run {
     ) -> Result<(), TransitionError> {
         self.ensure_held_by(worker)?;
         self.attempts = self.attempts.saturating_sub(1);
-        if checkpoint.is_some() {
-            self.checkpoint = checkpoint;
+        if let Some(checkpoint) = checkpoint {
+            self.save_checkpoint(checkpoint);
         }
         self.requeue(now, policy);
         self.record(now, EventData::RunRequeued);
         Ok(())
     }
 
-    pub fn succeed(&mut self, worker: &str, output: String, now: Timestamp) -> Result<(), TransitionError> {
+    /// The run ends with `output`; `transcript`, when the agent gives one,
+    /// is the state it ended with (kept for a run continuing this one).
+    pub fn succeed(
+        &mut self,
+        worker: &str,
+        output: String,
+        transcript: Option<serde_json::Value>,
+        now: Timestamp,
+    ) -> Result<(), TransitionError> {
         self.ensure_held_by(worker)?;
         self.output = Some(output);
+        if let Some(transcript) = transcript {
+            self.save_checkpoint(transcript);
+        }
         self.complete(RunStatus::Succeeded, now);
         Ok(())
     }

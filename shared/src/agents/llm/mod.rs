@@ -10,11 +10,11 @@ mod model;
 mod openai;
 mod questions;
 mod tools;
+mod transcript;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
@@ -27,6 +27,7 @@ use crate::domain::{
 
 use crate::receipts::{self, Receipts};
 use crate::telemetry::{self, Span, SpanKind};
+use transcript::{PendingCall, Transcript};
 
 pub use bedrock::{BedrockModel, to_document, to_value};
 pub use mcp::{ListedTool, McpSession, Unreachable, pin};
@@ -185,33 +186,6 @@ pub struct LlmAgent {
     tools: Vec<Tool>,
     specs: Vec<ToolSpec>,
     runtime: Arc<LlmRuntime>,
-}
-
-/// A tool call the model asked for and that has not been answered yet.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct PendingCall {
-    call: ToolCall,
-    /// The index in the run's approvals of the one that decides this call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    approval: Option<usize>,
-    /// An MCP tool's pin when the call was judged: the call is made only
-    /// if the server still lists the tool so.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    mcp_pin: Option<String>,
-}
-
-/// The checkpoint: the conversation so far and the calls still to make.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-struct Transcript {
-    messages: Vec<Message>,
-    model_calls: u32,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pending: Vec<PendingCall>,
-    /// Whether the pending calls were judged (put to the policy and to
-    /// people) in the step that asked for them; a checkpoint of an earlier
-    /// release has them judged in the next step.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    judged: bool,
 }
 
 /// The tools of one step: the definition's HTTP tools, and what its MCP
@@ -469,7 +443,9 @@ impl LlmAgent {
             events.push(EventData::output(text));
         }
         if reply.tool_calls.is_empty() {
-            return Step::Succeeded(reply.text.unwrap_or_default());
+            let output = reply.text.clone().unwrap_or_default();
+            let kept = transcript.ended_with(reply.text, self.runtime.max_checkpoint_bytes);
+            return Step::Succeeded { output, transcript: serde_json::to_value(kept).ok() };
         }
         transcript.messages.push(Message::Assistant { text: reply.text, tool_calls: reply.tool_calls.clone() });
         // What the run may still put to people, in arguments kept with it;
@@ -560,12 +536,25 @@ impl Agent for LlmAgent {
     }
 
     async fn step(&self, step: StepInput<'_>) -> Step {
-        let mut transcript = match step.checkpoint.map(|value| serde_json::from_value::<Transcript>(value.clone())) {
-            None => {
-                Transcript { messages: vec![Message::User { text: step.input.to_owned() }], ..Transcript::default() }
+        let mut transcript = match (step.checkpoint, step.carried) {
+            (Some(checkpoint), _) => match serde_json::from_value::<Transcript>(checkpoint.clone()) {
+                Ok(transcript) => transcript,
+                Err(_) => return Step::Failed("The agent could not resume from its checkpoint.".into()),
+            },
+            (None, Some(carried)) => {
+                let Ok(ended) = serde_json::from_value::<Transcript>(carried.clone()) else {
+                    return Step::Failed("The conversation this run continues could not be read.".into());
+                };
+                let (transcript, dropped) = Transcript::continued(ended, step.input, self.runtime.max_checkpoint_bytes);
+                if let Some(dropped) = dropped {
+                    step.events.push(EventData::ContextTruncated {
+                        dropped_turns: dropped.turns,
+                        dropped_bytes: dropped.bytes,
+                    });
+                }
+                transcript
             }
-            Some(Ok(transcript)) => transcript,
-            Some(Err(_)) => return Step::Failed("The agent could not resume from its checkpoint.".into()),
+            (None, None) => Transcript::new(step.input),
         };
         if transcript.pending.is_empty() {
             return self.ask_model(step, transcript).await;

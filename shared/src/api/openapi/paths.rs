@@ -49,7 +49,8 @@ pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
                     "links": links
                 },
-                "409": error_response("The Idempotency-Key was used with a different request.", &[])
+                "404": error_response("`previous_run_id` names no run of this API key's owner.", &[]),
+                "409": error_response("The Idempotency-Key was used with a different request, or the run `previous_run_id` names has not ended.", &[])
             }),
         ),
         Operation::List => operation(
@@ -58,7 +59,8 @@ pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
             json!([
                 {"name": "status", "in": "query", "required": false, "description": "Only runs in this state. Empty is the same as absent.", "schema": {"type": "string", "enum": statuses.iter().copied().chain([""]).collect::<Vec<_>>()}},
                 {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, {"const": ""}], "default": DEFAULT_LIMIT}},
-                {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status filter.", "schema": {"type": "string"}}
+                {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status and thread filters.", "schema": {"type": "string"}},
+                {"name": "thread_id", "in": "query", "required": false, "description": "Only the runs of this conversation (a run's `thread_id`): its first run and every run continuing it, newest first. Another owner's thread is an empty page.", "schema": {"type": "string", "pattern": format!("^run_{ULID}$")}}
             ]),
             None,
             json!({

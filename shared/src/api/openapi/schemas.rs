@@ -32,7 +32,7 @@ pub(super) fn document(paths: serde_json::Map<String, Value>, parts: &Parts<'_>)
                 "Run": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "created_by", "created_at", "started_at", "completed_at"],
+                    "required": ["id", "status", "agent", "input", "output", "error", "pending_approvals", "metadata", "thread_id", "previous_run_id", "created_by", "created_at", "started_at", "completed_at"],
                     "properties": {
                         "id": {"type": "string", "pattern": format!("^run_{ULID}$")},
                         "status": {"type": "string", "enum": statuses},
@@ -42,6 +42,8 @@ pub(super) fn document(paths: serde_json::Map<String, Value>, parts: &Parts<'_>)
                         "error": {"type": ["string", "null"], "description": "Set once the run has failed."},
                         "pending_approvals": {"type": "array", "items": {"$ref": "#/components/schemas/Approval"}, "description": "Every approval the run asked for, oldest first, whatever its status."},
                         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "thread_id": {"type": "string", "pattern": format!("^run_{ULID}$"), "description": "The id of the conversation's first run: the run's own id unless it continues another."},
+                        "previous_run_id": {"type": ["string", "null"], "pattern": format!("^run_{ULID}$"), "description": "The run this one continues; null when it continues none."},
                         "created_by": {"type": ["string", "null"], "pattern": format!("^key_{ULID}$"), "description": "The id of the API key that created the run; null for runs from before keys were recorded."},
                         "created_at": timestamp(false),
                         "started_at": timestamp(true),
@@ -107,7 +109,8 @@ pub(super) fn document(paths: serde_json::Map<String, Value>, parts: &Parts<'_>)
                             "propertyNames": {"minLength": 1, "maxLength": MAX_METADATA_KEY_CHARS},
                             "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS}
                         },
-                        "budget": budget("Limits for this run, each no higher than the agent's own (400 otherwise). Checked before every model and tool call; when spent the run fails with an error starting `budget exceeded:`.")
+                        "budget": budget("Limits for this run, each no higher than the agent's own (400 otherwise). Checked before every model and tool call; when spent the run fails with an error starting `budget exceeded:`."),
+                        "previous_run_id": {"type": ["string", "null"], "pattern": format!("^run_{ULID}$"), "description": "Continue this ended run's conversation (a defined agent's model sees its messages, then this input). Not the owner's: 404; `agent` named and not that run's: 400 (left out, that run's agent is used); not ended: 409."}
                     }
                 },
                 "CancelRun": {"type": "object", "additionalProperties": false, "maxProperties": 0},

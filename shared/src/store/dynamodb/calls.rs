@@ -175,11 +175,12 @@ impl DynamoStore {
             .build()
             .map_err(defect)?;
         let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
+        let ends_without_checkpoint = next.status.is_terminal() && checkpoint_item.is_none();
         if let Some(checkpoint) = checkpoint_item {
             let put = Put::builder().table_name(&self.table).set_item(Some(checkpoint)).build().map_err(defect)?;
             items.push(TransactWriteItem::builder().put(put).build());
         }
-        if next.status.is_terminal() {
+        if ends_without_checkpoint {
             // The run's checkpoint item, if it ever had one, is no longer needed.
             let delete = Delete::builder()
                 .table_name(&self.table)
@@ -283,12 +284,15 @@ impl DynamoStore {
         idempotency: Option<&IdempotencyClaim>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         let events = written.take_events();
+        let (run_item, checkpoint_item) = run_items(written)?;
         let put_run = Put::builder()
             .table_name(&self.table)
-            .set_item(Some(run_item(written)?))
+            .set_item(Some(run_item))
             .condition_expression("attribute_not_exists(pk)")
             .build()
             .map_err(defect)?;
+        // The run first and its idempotency record second: `insert` reads
+        // which conditions failed by position.
         let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
         if let Some(claim) = idempotency {
             let record = Put::builder()
@@ -313,6 +317,20 @@ impl DynamoStore {
             .build()
             .map_err(defect)?;
         items.push(TransactWriteItem::builder().put(put_entry).build());
+        // A continuation's: what the run it continues ended with, when large.
+        if let Some(checkpoint) = checkpoint_item {
+            let put = Put::builder().table_name(&self.table).set_item(Some(checkpoint)).build().map_err(defect)?;
+            items.push(TransactWriteItem::builder().put(put).build());
+        }
+        if let Some(thread) = written.thread {
+            let put_thread_entry = Put::builder()
+                .table_name(&self.table)
+                .item("pk", s(thread_pk(&written.owner, thread.thread_id)))
+                .item("sk", s(run_sk(written.id)))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().put(put_thread_entry).build());
+        }
         for event in &events {
             items.push(event_put(&self.table, written, event, self.event_body(event))?);
         }

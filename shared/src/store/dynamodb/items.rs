@@ -21,6 +21,12 @@ pub(super) fn entry(owner: &Owner, run_id: RunId) -> Item {
     Item::from([("pk".into(), s(format!("OWNER#{owner}#{}", shard(run_id)))), ("sk".into(), s(run_sk(run_id)))])
 }
 
+/// The partition of the owner's entries of a thread's continuations (its
+/// first run has none: it is read by its id).
+pub(super) fn thread_pk(owner: &Owner, thread_id: RunId) -> String {
+    format!("THREAD#{owner}#{thread_id}")
+}
+
 pub(super) fn run_sk(run_id: RunId) -> String {
     format!("RUN#{run_id}")
 }
@@ -211,8 +217,9 @@ pub(super) fn following_on(after: u64, events: &[StoredEvent]) -> usize {
     events.iter().zip(after + 1..).take_while(|(event, seq)| event.seq == *seq).count()
 }
 
-/// The run's item and, when its checkpoint is too large to keep inline, the
-/// checkpoint's own item.
+/// The run's item and, when its checkpoint is too large to keep inline or
+/// the run ended (gets and lists of ended runs never pay for what it ended
+/// with), the checkpoint's own item.
 pub(super) fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
     let apart = match &run.checkpoint {
         Some(checkpoint) => {
@@ -220,7 +227,7 @@ pub(super) fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
             if json.len() > MAX_CHECKPOINT_BYTES {
                 return Err(defect(format!("a checkpoint of {} bytes is over the limit", json.len())));
             }
-            (json.len() > INLINE_CHECKPOINT_BYTES).then_some(json)
+            (json.len() > INLINE_CHECKPOINT_BYTES || run.status.is_terminal()).then_some(json)
         }
         None => None,
     };

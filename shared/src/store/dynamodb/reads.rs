@@ -5,6 +5,9 @@ use super::*;
 #[async_trait]
 impl RunLists for DynamoStore {
     async fn list(&self, owner: &Owner, request: ListRequest) -> Result<ListPage, StoreError> {
+        if let Some(thread) = request.thread {
+            return self.thread_list(owner, thread, request).await;
+        }
         let fetch = request.limit as usize + 1;
         let (index, partition, sort) = match request.status {
             // The entries, read consistently, then their runs.
@@ -216,5 +219,68 @@ impl EventLog for DynamoStore {
     fn event_signal(&self, _run_id: RunId) -> Option<tokio::sync::watch::Receiver<u64>> {
         // Another process may write the run: a reader polls.
         None
+    }
+}
+
+impl DynamoStore {
+    /// A thread's runs, newest first: the entries of its continuations
+    /// (read consistently, a page at a time), their runs, and last the
+    /// thread's first run, older than all of them; a status filter is
+    /// applied to the runs read (a thread is one conversation, not a
+    /// tenant's history).
+    async fn thread_list(&self, owner: &Owner, thread: RunId, request: ListRequest) -> Result<ListPage, StoreError> {
+        let fetch = request.limit as usize + 1;
+        let page_size = if request.status.is_some() { 100 } else { fetch as i32 };
+        let wanted = |run: &Run| request.status.is_none_or(|status| run.status == status);
+        let upper = request.before.map_or_else(|| "RUN#~".to_owned(), run_sk);
+        let mut runs = Vec::with_capacity(fetch);
+        let mut start = None;
+        loop {
+            let output = self
+                .client
+                .query()
+                .table_name(&self.table)
+                // The partition holds entries only.
+                .key_condition_expression("pk = :p AND sk < :upper")
+                .expression_attribute_values(":p", s(thread_pk(owner, thread)))
+                .expression_attribute_values(":upper", s(&upper))
+                .scan_index_forward(false)
+                .consistent_read(true)
+                .limit(page_size)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            let mut ids = output
+                .items()
+                .iter()
+                .map(|entry| {
+                    text(entry, "sk")?
+                        .strip_prefix("RUN#")
+                        .and_then(|id| id.parse().ok())
+                        .ok_or_else(|| defect("malformed thread entry"))
+                })
+                .collect::<Result<Vec<RunId>, _>>()?;
+            start = output.last_evaluated_key;
+            // The first run, with the last page of entries.
+            if start.is_none() && request.before.is_none_or(|before| thread < before) {
+                ids.push(thread);
+            }
+            let mut found = self.get_runs(owner, ids.iter().copied()).await?;
+            for id in ids {
+                // An entry without its run is a create being undone; the
+                // first run is one only if it started the thread.
+                match found.remove(&id) {
+                    Some(run) if wanted(&run) && (id != thread || run.thread.is_none()) => runs.push(run),
+                    _ => {}
+                }
+            }
+            if runs.len() >= fetch || start.is_none() {
+                break;
+            }
+        }
+        let has_more = runs.len() > request.limit as usize;
+        runs.truncate(request.limit as usize);
+        Ok(ListPage { runs, has_more })
     }
 }

@@ -84,6 +84,26 @@ impl RunStore for DynamoStore {
             TransactWriteItem::builder().delete(delete_run).build(),
             TransactWriteItem::builder().delete(delete_entry).build(),
         ];
+        // A continuation's: the checkpoint it carried (if kept apart) and
+        // its thread entry.
+        if run.checkpoint.is_some() {
+            let delete = Delete::builder()
+                .table_name(&self.table)
+                .key("pk", s(run_pk(run.id)))
+                .key("sk", s(CHECKPOINT_SK))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().delete(delete).build());
+        }
+        if let Some(thread) = run.thread {
+            let delete = Delete::builder()
+                .table_name(&self.table)
+                .key("pk", s(thread_pk(&run.owner, thread.thread_id)))
+                .key("sk", s(run_sk(run.id)))
+                .build()
+                .map_err(defect)?;
+            items.push(TransactWriteItem::builder().delete(delete).build());
+        }
         if let Some(key_hash) = idempotency_key_hash {
             let delete_record = Delete::builder()
                 .table_name(&self.table)
@@ -117,8 +137,9 @@ impl RunStore for DynamoStore {
     }
 
     async fn get(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
-        // A checkpoint kept apart is read second; should a write land between
-        // the two reads, the versions differ and both are read again.
+        // A checkpoint kept apart is read second (an ended run's not at
+        // all); should a write land between the two reads, the versions
+        // differ and both are read again.
         for _ in 0..8 {
             let Some(item) = self.get_item(run_pk(run_id), RUN_SK.into()).await? else {
                 return Ok(None);
@@ -128,12 +149,39 @@ impl RunStore for DynamoStore {
             if run.owner != *owner {
                 return Ok(None);
             }
-            let Some(version) = apart else {
+            let Some(version) = apart.filter(|_| !run.status.is_terminal()) else {
                 return Ok(Some(run));
             };
             let checkpoint = self.get_item(run_pk(run_id), CHECKPOINT_SK.into()).await?;
             let Some(checkpoint) =
                 checkpoint.filter(|item| item.get("version").and_then(|v| v.as_n().ok()) == Some(&version))
+            else {
+                continue;
+            };
+            let json = text(&checkpoint, "checkpoint")?;
+            run.checkpoint = Some(serde_json::from_str(json).map_err(|_| defect("malformed stored checkpoint"))?);
+            return Ok(Some(run));
+        }
+        Err(unavailable(std::io::Error::other("the run kept changing while its checkpoint was read")))
+    }
+
+    async fn get_to_continue(&self, owner: &Owner, run_id: RunId) -> Result<Option<Run>, StoreError> {
+        // The run and its checkpoint item in one consistent read.
+        let key = |sk: &str| Item::from([("pk".into(), s(run_pk(run_id))), ("sk".into(), s(sk))]);
+        for _ in 0..8 {
+            let items = self.batch_get(vec![key(RUN_SK), key(CHECKPOINT_SK)], None).await?;
+            let (mut runs, checkpoints): (Vec<Item>, Vec<Item>) = items
+                .into_iter()
+                .partition(|item| item.get("sk").and_then(|sk| sk.as_s().ok()).is_some_and(|sk| sk == RUN_SK));
+            let Some(item) = runs.pop() else { return Ok(None) };
+            let apart = item.get(CHECKPOINT_APART).and_then(|value| value.as_n().ok()).cloned();
+            let mut run = decode_run(item)?;
+            if run.owner != *owner {
+                return Ok(None);
+            }
+            let Some(version) = apart else { return Ok(Some(run)) };
+            let Some(checkpoint) =
+                checkpoints.into_iter().find(|item| item.get("version").and_then(|v| v.as_n().ok()) == Some(&version))
             else {
                 continue;
             };
