@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use support::stand_in::{self, StandIn, Turn, text, tool_call};
 use tokio::sync::watch;
 
+mod conversations;
 mod mcp;
 mod network;
 mod policies;

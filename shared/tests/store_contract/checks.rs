@@ -362,7 +362,8 @@ pub(super) async fn agents_are_put_replaced_listed_and_deleted(agents: &dyn Agen
 }
 
 /// A transcript-sized checkpoint (kept apart from the run item on DynamoDB)
-/// round-trips through every kind of write, and goes when the run ends.
+/// round-trips through every kind of write, and is kept when the run ends
+/// for a run continuing it alone (gets of the ended run leave it out).
 pub(super) async fn large_checkpoints_round_trip(store: &dyn TestStore) {
     let policy = ExecutionPolicy::default();
     let mut run = new_run("big", 0, 500);
@@ -394,6 +395,75 @@ pub(super) async fn large_checkpoints_round_trip(store: &dyn TestStore) {
     store.update(&mut run).await.unwrap();
     let done = store.get(&owner("big"), run.id).await.unwrap().unwrap();
     assert_eq!((done.status, done.checkpoint), (RunStatus::Succeeded, None));
+    let ended = store.get_to_continue(&owner("big"), run.id).await.unwrap().unwrap();
+    assert_eq!((ended.status, ended.checkpoint), (RunStatus::Succeeded, Some(big("b"))));
+    assert_eq!(store.get_to_continue(&owner("other"), run.id).await.unwrap(), None);
+}
+
+/// A continuation carries the state the run it continues ended with (a
+/// large one too), its thread is listed newest first with the first run
+/// last, in pages, with a status filter, to its owner alone; an undone
+/// continuation leaves nothing in its thread.
+pub(super) async fn threads_carry_the_ended_state_and_list_newest_first(store: &dyn TestStore) {
+    let policy = ExecutionPolicy::default();
+    let at = |millis: i64| Timestamp::from_millis(T0 as i64 + millis);
+    let who = owner("talk");
+    let transcript = serde_json::json!({"messages": "m".repeat(40_000)});
+    let mut root = new_run("talk", 0, 70_001);
+    insert(store, &mut root).await;
+    root.claim("w", at(1), &policy).unwrap();
+    root.heartbeat("w", Some(serde_json::json!({"messages": "so far"})), at(2), &policy).unwrap();
+    root.succeed("w", "done".into(), Some(transcript.clone()), at(3)).unwrap();
+    store.update(&mut root).await.unwrap();
+    let ended = store.get_to_continue(&who, root.id).await.unwrap().unwrap();
+    assert_eq!(ended.checkpoint.as_ref(), Some(&transcript));
+
+    let mut unrelated = new_run("talk", 5, 70_009);
+    insert(store, &mut unrelated).await;
+    let mut first = new_run("talk", 10, 70_002).continuing(&ended);
+    insert(store, &mut first).await;
+    let stored = store.get(&who, first.id).await.unwrap().unwrap();
+    assert_eq!(stored, first);
+    assert_eq!((stored.carried_checkpoint(), stored.own_checkpoint()), (Some(&transcript), None));
+    assert_eq!((stored.thread_id(), stored.previous_run_id()), (root.id, Some(root.id)));
+    let mut fork = new_run("talk", 20, 70_003).continuing(&ended);
+    insert(store, &mut fork).await;
+    fork.claim("w", at(21), &policy).unwrap();
+    fork.fail("w", "no".into(), at(22)).unwrap();
+    store.update(&mut fork).await.unwrap();
+    first.cancel(at(23)).unwrap();
+    store.update(&mut first).await.unwrap();
+    let first_ended = store.get_to_continue(&who, first.id).await.unwrap().unwrap();
+    assert_eq!(first_ended.checkpoint.as_ref(), Some(&transcript), "canceled before a step: what it carried");
+    let mut third = new_run("talk", 30, 70_004).continuing(&first_ended);
+    insert(store, &mut third).await;
+    assert_eq!((third.thread_id(), third.previous_run_id()), (root.id, Some(first.id)));
+
+    let thread = |status, limit| ListRequest { status, thread: Some(root.id), before: None, limit };
+    let whole = [third.id, fork.id, first.id, root.id];
+    for limit in [1, 2, 3, 4, 10] {
+        let pages = every_page(store, &who, thread(None, limit)).await;
+        assert_eq!(pages.concat(), whole, "pages of {limit}");
+    }
+    let canceled = every_page(store, &who, thread(Some(RunStatus::Canceled), 1)).await;
+    assert_eq!(canceled.concat(), [first.id]);
+    let ended_ok = every_page(store, &who, thread(Some(RunStatus::Succeeded), 2)).await;
+    assert_eq!(ended_ok.concat(), [root.id], "the first run, found by its id, filtered too");
+    assert!(store.list(&owner("other"), thread(None, 10)).await.unwrap().runs.is_empty(), "another owner's");
+    // A run in the middle of a thread names no thread of its own.
+    let middle = ListRequest { thread: Some(first.id), ..thread(None, 10) };
+    assert!(store.list(&who, middle).await.unwrap().runs.is_empty());
+    let views = store.list_views(&who, thread(None, 10)).await.unwrap();
+    assert_eq!(views.views.len(), 4);
+    assert!(views.views[0].contains(&format!(r#""thread_id":"{}","previous_run_id":"{}""#, root.id, first.id)));
+    assert!(views.views[3].contains(&format!(r#""thread_id":"{}","previous_run_id":null"#, root.id)));
+
+    // A continuation whose create is undone leaves its thread as it was.
+    let mut undone = new_run("talk", 40, 70_005).continuing(&ended);
+    insert(store, &mut undone).await;
+    assert!(store.undo_create(&undone, None).await.unwrap());
+    assert_eq!(store.get(&who, undone.id).await.unwrap(), None);
+    assert_eq!(every_page(store, &who, thread(None, 10)).await.concat(), whole);
 }
 
 /// Each write stores the events of its change with it, numbered on from

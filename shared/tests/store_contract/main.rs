@@ -62,6 +62,7 @@ async fn run_contract(
     undo_create_keeps_a_run_that_moved_on(runs.as_ref()).await;
     agents_are_put_replaced_listed_and_deleted(agents).await;
     large_checkpoints_round_trip(runs.as_ref()).await;
+    threads_carry_the_ended_state_and_list_newest_first(runs.as_ref()).await;
     events_are_written_with_their_change_and_read_in_order(runs.as_ref()).await;
     get_returns_what_insert_wrote_and_only_to_its_owner(runs.as_ref()).await;
     update_is_conditional_on_the_version_read(runs.as_ref()).await;
@@ -123,8 +124,10 @@ async fn sqlite_store_survives_reopening_and_refuses_a_newer_schema() {
     // A database from before the inbox (schema 6) has it filled from its runs.
     let connection = rusqlite::Connection::open(&path).unwrap();
     // (Webhooks came after: schema 8.)
-    // (Events' format column came later, schema 9, then policies, 10.)
-    let without_webhooks = "DROP TABLE policies; DROP TABLE decisions; ALTER TABLE run_events DROP COLUMN format;
+    // (Events' format column came later, schema 9, then policies, 10, and
+    // conversations, 12.)
+    let without_webhooks = "DROP INDEX runs_by_thread; ALTER TABLE runs DROP COLUMN thread_id;
+        ALTER TABLE runs DROP COLUMN ended_checkpoint; DROP TABLE policies; DROP TABLE decisions; ALTER TABLE run_events DROP COLUMN format;
         DROP TABLE webhooks; DROP TABLE webhook_outbox; DROP TABLE webhook_attempts;";
     connection.execute_batch(&format!("{without_webhooks} DROP TABLE approvals; PRAGMA user_version = 6;")).unwrap();
     drop(connection);
