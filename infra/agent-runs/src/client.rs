@@ -48,10 +48,32 @@ pub enum RunsCommand {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// Continue an ended run's conversation with a new input (same agent).
+    Continue {
+        /// The run to continue: succeeded, failed or canceled.
+        run_id: String,
+        /// What the agent gets next (a defined agent's model sees the
+        /// conversation so far, then this).
+        #[arg(long)]
+        input: String,
+        /// Metadata as KEY=VALUE (repeatable).
+        #[arg(long = "metadata", value_name = "KEY=VALUE")]
+        metadata: Vec<String>,
+        /// Create at most once: a repeat with the same key returns the first run.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
     /// List runs, newest first.
     List {
+        /// Only runs in this state (queued, running, awaiting_approval,
+        /// succeeded, failed, canceled).
         #[arg(long)]
         status: Option<String>,
+        /// Only the runs of this conversation: its first run's id (a run's
+        /// thread_id).
+        #[arg(long, value_name = "RUN_ID")]
+        thread: Option<String>,
+        /// At most this many (1 to 100, default 20).
         #[arg(long)]
         limit: Option<u32>,
         /// A next_cursor from an earlier page.
@@ -244,20 +266,23 @@ fn path_segment(id: &str) -> String {
     form_urlencoded::byte_serialize(id.as_bytes()).collect()
 }
 
+/// `--metadata KEY=VALUE` pairs as the JSON object the API takes.
+fn metadata_object(pairs: &[String]) -> Result<serde_json::Map<String, Value>, String> {
+    pairs
+        .iter()
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').ok_or_else(|| format!("--metadata {pair:?}: write KEY=VALUE"))?;
+            Ok((key.to_owned(), Value::String(value.to_owned())))
+        })
+        .collect()
+}
+
 pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done, Error> {
     let api = Api::new(connection)?;
     let out = Output { json: connection.json, colour: std::io::stdout().is_terminal() };
     match command {
         RunsCommand::Create { input, agent, metadata, idempotency_key } => {
-            let metadata = metadata
-                .iter()
-                .map(|pair| {
-                    let (key, value) =
-                        pair.split_once('=').ok_or_else(|| format!("--metadata {pair:?}: write KEY=VALUE"))?;
-                    Ok((key.to_owned(), Value::String(value.to_owned())))
-                })
-                .collect::<Result<serde_json::Map<_, _>, String>>()?;
-            let mut body = json!({"input": input, "metadata": metadata});
+            let mut body = json!({"input": input, "metadata": metadata_object(&metadata)?});
             if let Some(agent) = agent {
                 body["agent"] = agent.into();
             }
@@ -265,10 +290,17 @@ pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done,
             let header = idempotency_key.as_deref().map(|key| ("Idempotency-Key", key));
             out.run(&api.call(post, "/v1/agent/runs", Some(body), header).await?);
         }
-        RunsCommand::List { status, limit, cursor } => {
+        RunsCommand::Continue { run_id, input, metadata, idempotency_key } => {
+            let body = json!({"input": input, "metadata": metadata_object(&metadata)?, "previous_run_id": run_id});
+            let post = reqwest::Method::POST;
+            let header = idempotency_key.as_deref().map(|key| ("Idempotency-Key", key));
+            out.run(&api.call(post, "/v1/agent/runs", Some(body), header).await?);
+        }
+        RunsCommand::List { status, thread, limit, cursor } => {
+            let limit = limit.map(|limit| limit.to_string());
             let path = format!(
                 "/v1/agent/runs{}",
-                query(&[("status", status), ("limit", limit.map(|l| l.to_string())), ("cursor", cursor)])
+                query(&[("status", status), ("thread_id", thread), ("limit", limit), ("cursor", cursor)])
             );
             let page = api.get(&path).await?;
             out.runs(&page);
@@ -500,6 +532,9 @@ impl Output {
             vec!["created".into(), text(&run["created_at"])],
             vec!["input".into(), cell(&run["input"], 100)],
         ];
+        if let Some(previous) = run["previous_run_id"].as_str() {
+            rows.push(vec!["continues".into(), format!("{previous} (thread {})", text(&run["thread_id"]))]);
+        }
         for (name, key) in [("output", "output"), ("error", "error")] {
             if !run[key].is_null() {
                 rows.push(vec![name.into(), cell(&run[key], 100)]);

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use support::{Server, Target, is_timestamp};
 
 mod approvals;
+mod conversations;
 mod events;
 mod mcp;
 mod policies;
@@ -21,6 +22,7 @@ mod runs;
 mod veto;
 
 use approvals::*;
+use conversations::*;
 use events::*;
 use mcp::*;
 use policies::*;
@@ -87,4 +89,6 @@ on_every_target!(
     a_batch_decides_across_runs_all_or_nothing,
     policies_are_replaced_whole_conditionally_tried_on_history_and_enforced,
     a_script_asks_and_a_person_answers_or_declines,
+    a_run_continues_an_ended_one_checked_in_the_contracts_order,
+    a_defined_agent_is_asked_a_follow_up_and_the_oldest_turn_makes_room,
 );
