@@ -57,7 +57,8 @@ pub(super) fn a_run_continues_an_ended_one_checked_in_the_contracts_order(target
     );
     // A canceled run may be continued; so may one run twice (a fork).
     server.post(&key, &format!("{RUNS}/{busy_id}/cancel"), json!({})).expect_status(200);
-    let after_cancel = create(&key, json!({"input": "say go on", "previous_run_id": busy_id})).expect_status(201).clone();
+    let after_cancel =
+        create(&key, json!({"input": "say go on", "previous_run_id": busy_id})).expect_status(201).clone();
     assert_eq!(after_cancel["agent"], "script");
     let after_cancel = server.wait_for_status(&key, after_cancel["id"].as_str().unwrap(), "succeeded");
     assert_eq!(after_cancel["output"], "go on", "a script starts afresh, as before");

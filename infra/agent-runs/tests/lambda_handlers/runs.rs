@@ -376,3 +376,53 @@ pub(super) async fn the_events_function_answers_the_log_in_pages_and_waits_for_m
     let unknown = format!("/v1/agent/runs/run_{}/events", ulid::Ulid::new());
     assert_eq!(aws.invoke(Operation::Events, "GET", &unknown, None).await.0, 404);
 }
+
+/// A continuation costs one read more than a run started afresh: its create
+/// reads the run it continues with the state that run ended with (one
+/// `BatchGetItem`), and its first step finds that state in its own run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_continued_run_costs_one_read_more_than_a_fresh_one() {
+    if support::without_emulator("a_continued_run_costs_one_read_more_than_a_fresh_one") {
+        return;
+    }
+    let aws = Aws::new().await;
+    let model = stand_in::StandIn::start().await;
+    let definition: AgentDefinition = serde_json::from_value(json!({
+        "name": "talker", "provider": "openai", "model": "stand-in-1", "base_url": format!("{}/v1", model.url),
+        "system_prompt": "You talk.", "allow_private_network": true
+    }))
+    .unwrap();
+    aws.services.store.put_agent(&definition.parse().unwrap(), SystemClock.now()).await.unwrap();
+    model.script(vec![stand_in::text("one"), stand_in::text("two"), stand_in::text("three")]);
+    let create = |input: &str, previous: Option<&Value>| {
+        let mut body = json!({"agent": "talker", "input": input});
+        if let Some(previous) = previous {
+            body = json!({"input": input, "previous_run_id": id(previous)});
+        }
+        aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(body))
+    };
+    // Warm: the key and the agent's name known.
+    let (_, warm) = create("warm up", None).await;
+    aws.deliver().await;
+    aws.calls.take();
+
+    let (_, first) = create("Hello", None).await;
+    let fresh_create = aws.calls.take();
+    aws.deliver().await;
+    let fresh_work = aws.calls.take();
+    let (_, second) = create("And then?", Some(&first)).await;
+    assert_eq!(second["previous_run_id"], first["id"], "{second}");
+    let continued_create = aws.calls.take();
+    aws.deliver().await;
+    let continued_work = aws.calls.take();
+
+    assert_eq!(continued_create[0], "BatchGetItem", "the run continued and its transcript: {continued_create:?}");
+    assert_eq!(continued_create[1..], fresh_create[..], "then a create as any other");
+    assert_eq!(continued_work, fresh_work, "its first step reads nothing more");
+    let (_, done) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&second)), None).await;
+    assert_eq!(done["output"], "three");
+    let seen = &model.model_requests()[2]["messages"];
+    assert_eq!(seen.as_array().unwrap().len(), 4, "system, Hello, two, And then?: {seen}");
+    assert_eq!(seen[2]["content"], "two");
+    assert_ne!(id(&warm), id(&first));
+}
