@@ -116,7 +116,7 @@ try:
     assert action == "Deploy <script>alert(1)</script><img src=x onerror=alert(1)> v2", action
     assert not driver.find_elements(By.CSS_SELECTOR, "#detail img, #list img, #detail script, #list script"), \
         "markup became elements"
-    assert driver.execute_script("return document.scripts.length") == 2, "only the console's own scripts"
+    assert driver.execute_script("return document.scripts.length") == 3, "only the console's own scripts"
     assert "null" not in text_of("#detail"), text_of("#detail")
     exact = driver.find_element(By.CSS_SELECTOR, "#detail time[title]").get_attribute("title")
     assert exact.endswith("Z") and "T" in exact, "relative times keep the exact time on hover: " + exact
@@ -301,6 +301,24 @@ try:
     time.sleep(0.5)
     created = [line for line in driver.find_elements(By.CSS_SELECTOR, "#events li") if "run.created" in line.text]
     assert len(created) == 1, [line.text for line in driver.find_elements(By.CSS_SELECTOR, "#events li")]
+    # An ended run is continued from its page; the new run shows the
+    # conversation, both runs in order, itself marked.
+    driver.find_element(By.ID, "continue-input").send_keys("Any tags to tidy too?")
+    driver.find_element(By.CSS_SELECTOR, "#continue-form button[type=submit]").click()
+    wait_text("#notice", "Continued as run_")
+    continued = text_of("#notice").split("Continued as ")[1].strip().rstrip(".")
+    wait_text("#detail h2", continued)
+    wait_text("#detail .meta", "continues " + tool_run)
+    wait_status(continued, "succeeded")
+    wait_text("#detail", "No tags need tidying.")
+    wait_text("#thread", "Conversation")
+    thread = [button.get_attribute("data-run") for button in driver.find_elements(By.CSS_SELECTOR, "#thread .thread-run")]
+    assert thread == [tool_run, continued], thread
+    assert driver.find_element(By.CSS_SELECTOR, "#thread li.current .thread-run").get_attribute("data-run") == continued
+    driver.save_screenshot(f"{shots}/console-conversation.png")
+    driver.find_element(By.CSS_SELECTOR, f'#thread .thread-run[data-run="{tool_run}"]').click()
+    wait_text("#detail h2", tool_run)
+    wait_text("#thread", "Conversation")
     # A key that may only read: no inbox, no decisions offered, no 403.
     create = urllib.request.Request(f"{base}/v1/agent/runs", method="POST",
                                     data=json.dumps({"agent": "script", "input": "approve Watch only"}).encode(),
@@ -334,9 +352,11 @@ try:
     # nothing else may fail.
     errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"
               and "status of 401" not in entry["message"] and "status of 400" not in entry["message"]
-              and not ("/v1/approvals?limit=1" in entry["message"] and "status of 403" in entry["message"])]
+              and not ("/v1/approvals?limit=1" in entry["message"] and "status of 403" in entry["message"])
+              and not ("/v1/agent/runs - " in entry["message"] and "status of 403" in entry["message"])]
     assert not errors, errors
     print("console: key, inbox, markup as text, approve, edit with schema error, keyboard reject, "
-          "the picked one of two approvals, numbers as the digest has them, the policy, phone width: ok")
+          "the picked one of two approvals, numbers as the digest has them, the policy, a conversation continued, "
+          "phone width: ok")
 finally:
     driver.quit()

@@ -102,6 +102,7 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
         stand_in::text("Deleted."),
         stand_in::text("Both deleted."),
         stand_in::text("Noted."),
+        stand_in::text("No tags need tidying."),
     ]);
     let server = Server::start_on(Target::Embedded, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0")]);
     let key = server.dev_key.clone().unwrap();
@@ -170,8 +171,13 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     // The answer the form made is the one recorded, and the model read it.
     let answered = server.wait_for_status(&key, &id(&question_run), "succeeded");
     assert_eq!(answered["pending_approvals"][0]["answer"], json!({"env": "prod", "count": 2, "urgent": true}));
-    let told = model.model_requests().last().unwrap()["messages"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!(told["content"], r#"{"count":2,"env":"prod","urgent":true}"#);
+    let requests = model.model_requests();
+    let last_message = |request: &Value| request["messages"].as_array().unwrap().last().unwrap()["content"].clone();
+    assert_eq!(last_message(&requests[requests.len() - 2]), r#"{"count":2,"env":"prod","urgent":true}"#);
+    // The run continued in the console: its model saw the conversation, then the new input.
+    let continued = requests.last().unwrap();
+    assert_eq!(last_message(continued), "Any tags to tidy too?");
+    assert_eq!(continued["messages"][1]["content"], tool_run["input"], "{continued}");
     let rejected = server.wait_for_status(&key, &id(&reject_run), "succeeded");
     assert_eq!(rejected["pending_approvals"][0]["comment"], "not today");
     assert_eq!(rejected["output"], "rejected: Archive the logs");

@@ -20,6 +20,7 @@ const state = {
   follow: null, // aborts the events loop of the shown run
   events: [], // the shown run's events so far
   canDecide: true, // whether the key may decide (approvals:decide)
+  canCreate: true, // whether the key may create runs (runs:write), to continue one
   poll: null, // the timer that refreshes the list
   session: new AbortController(), // aborts every request of the key in use
   listSeq: 0, // the latest list request: an older answer is dropped
@@ -293,12 +294,16 @@ function renderRun(run) {
   state.renderedAt = Date.now();
   const detail = $("detail");
   detail.hidden = false;
-  const events = detail.dataset.run === run.id && $("events") ? $("events") : el("ol", { id: "events" }, ...state.events.map(eventLine));
+  const sameRun = detail.dataset.run === run.id;
+  const events = sameRun && $("events") ? $("events") : el("ol", { id: "events" }, ...state.events.map(eventLine));
+  const thread = sameRun && $("thread") ? $("thread") : el("div", { id: "thread" });
+  if (!sameRun) loadThread(run, thread);
   detail.dataset.run = run.id;
   const parts = [
     el("h2", {}, run.id, " ", status(run.status)),
     el("div", { class: "meta" }, "agent " + run.agent + " · created ", when(run.created_at),
-      run.created_by ? " by key " + run.created_by : ""),
+      run.created_by ? " by key " + run.created_by : "",
+      run.previous_run_id ? " · continues " + run.previous_run_id : ""),
     Object.keys(run.metadata || {}).length
       ? el("div", { class: "meta metadata" }, Object.entries(run.metadata).map(([name, value]) => name + "=" + value).join(" · "))
       : null,
@@ -307,6 +312,8 @@ function renderRun(run) {
     run.output !== null ? el("div", {}, el("h3", {}, "Output"), el("pre", { id: "run-output" }, run.output)) : null,
     run.error !== null ? el("div", {}, el("h3", {}, "Error"), el("pre", { id: "run-error" }, run.error)) : null,
     ...run.pending_approvals.map((approval) => approvalView(run, approval)),
+    thread,
+    ["succeeded", "failed", "canceled"].includes(run.status) && state.canCreate ? continueView(run) : null,
     el("h3", {}, "Events"),
     events,
   ];
@@ -632,8 +639,16 @@ async function start() {
       if (error.status === 403) return false;
       throw error;
     });
+    // Creating (continuing a run) needs runs:write: a body the API refuses
+    // (400) once the key's scope allowed it (403 otherwise) creates nothing.
+    const canCreate = await api("/v1/agent/runs", { method: "POST", text: "{}" }).then(() => true, (error) => {
+      if (error.status === 400) return true;
+      if (error.status === 403) return false;
+      throw error;
+    });
     if (session !== state.session) return; // another key, or Forget, since
     state.canDecide = canDecide;
+    state.canCreate = canCreate;
     notice(""); // signed in: what was said before (an error, "forgotten") is past
     $("tab-inbox").hidden = !state.canDecide;
     $("tabs").hidden = false;
