@@ -47,7 +47,7 @@ async fn a_continuation_sees_every_earlier_message_then_its_input_and_forks_shar
     let second = fixture.continue_run(&first, "Now close it").await;
     assert_eq!(fixture.process(&second).await, Outcome::Succeeded);
     let seen = roles_and_texts(&messages(&fixture, 2));
-    let expected_past = vec![
+    let expected_past = [
         ("system".to_owned(), "You run operations.".to_owned()),
         ("user".into(), "Look up ticket 7".into()),
         ("assistant".into(), "calls lookup".into()),

@@ -75,7 +75,7 @@ pub(super) fn a_run_continues_an_ended_one_checked_in_the_contracts_order(target
     assert_eq!(ids(&first_page).len(), 3);
     let cursor = first_page["next_cursor"].as_str().unwrap().to_owned();
     let rest = thread_page(&server, &key, &format!("thread_id={first_id}&limit=3&cursor={cursor}"));
-    assert_eq!(ids(&rest), [first_id.clone()]);
+    assert_eq!(ids(&rest), std::slice::from_ref(&first_id));
     // The cursor is bound to its thread.
     server.get(&key, &format!("{RUNS}?limit=3&cursor={cursor}")).expect_error(400, "invalid_request");
     let succeeded = thread_page(&server, &key, &format!("status=succeeded&thread_id={first_id}"));
