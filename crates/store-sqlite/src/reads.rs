@@ -11,7 +11,7 @@ impl RunLists for SqliteStore {
             let has_more = bodies.len() > request.limit as usize;
             let runs =
                 bodies.iter().take(request.limit as usize).map(|body| decode_run(body)).collect::<Result<_, _>>()?;
-            Ok(ListPage { runs, has_more })
+            Ok(ListPage { runs, has_more, resume_after: None })
         })
         .await
     }

@@ -93,6 +93,9 @@ pub enum InsertOutcome {
 pub struct ListPage {
     pub runs: Vec<Run>,
     pub has_more: bool,
+    /// Where the next page starts when it is not after the last run: a
+    /// filtered read that stopped at its bound before filling the page.
+    pub resume_after: Option<RunId>,
 }
 
 /// A page of a list as clients see it: each run's JSON, and the id of the
@@ -290,7 +293,8 @@ impl<T: RunStore + RunLists + EventLog + Upkeep> Store for T {}
 /// A list page as clients see it, from the runs of a [`RunLists::list`].
 pub fn views_of(page: ListPage, shown: Shown) -> Result<ViewPage, StoreError> {
     let views = page.runs.iter().map(|run| run_view_json(run, shown)).collect::<Result<_, _>>()?;
-    Ok(ViewPage { views, last: page.runs.last().map(|run| run.id), has_more: page.has_more })
+    let last = page.resume_after.or_else(|| page.runs.last().map(|run| run.id));
+    Ok(ViewPage { views, last, has_more: page.has_more })
 }
 
 /// An API key as stored: never the key itself, only its SHA-256 hash.

@@ -148,3 +148,27 @@ async fn a_conversation_past_the_limit_drops_its_oldest_turns_and_the_run_record
     let saved = fixture.store.get_to_continue(&third.owner, third.run_id).await.unwrap().unwrap();
     assert!(saved.checkpoint.unwrap().to_string().len() <= 4_000);
 }
+
+#[tokio::test]
+async fn a_continuation_whose_own_work_needs_room_leaves_out_the_oldest_turns_rather_than_fail() {
+    let fixture = Fixture::with(|_| {}, 16_000).await;
+    fixture.stand_in.script(vec![text("noted"), tool_call("call_b", "big", "{}"), text("read it")]);
+    let first = fixture.create(&format!("first {}", "a".repeat(6_000))).await;
+    assert_eq!(fixture.process(&first).await, Outcome::Succeeded);
+    // It fits at the start; the tool's 10,000 bytes then do not.
+    let second = fixture.continue_run(&first, "Read the big file").await;
+    assert_eq!(fixture.process(&second).await, Outcome::Succeeded, "{:?}", fixture.run(&second).await.error);
+    let events = events(&fixture, &second).await;
+    let truncated: Vec<&Value> =
+        events.iter().filter(|(kind, _)| kind == "context.truncated").map(|(_, data)| data).collect();
+    assert_eq!(truncated.len(), 1, "{events:?}");
+    assert_eq!(truncated[0]["dropped_turns"], 1);
+    let last = roles_and_texts(&messages(&fixture, 2));
+    assert_eq!(last[1], ("user".to_owned(), "Read the big file".to_owned()), "the first turn left out");
+    // Its own turn is never left out: a run of its own still fails.
+    let fresh = Fixture::with(|_| {}, 8_000).await;
+    fresh.stand_in.script(vec![tool_call("call_b", "big", "{}")]);
+    let alone = fresh.create("Read the big file").await;
+    assert_eq!(fresh.process(&alone).await, Outcome::Failed);
+    assert!(fresh.run(&alone).await.error.unwrap().contains("grew to"));
+}

@@ -279,3 +279,28 @@ pub(super) async fn dynamodb_a_kind_filtered_inbox_stops_short_and_goes_on() {
     assert_eq!(actions.entries.len(), 2, "stopped after two entries");
     assert!(actions.has_more && actions.resume_after.is_some());
 }
+
+/// A run whose end would keep a state larger than an item holds still
+/// ends: the state is not kept (a running run's write of one is refused).
+#[tokio::test]
+pub(super) async fn dynamodb_an_end_is_never_refused_for_the_state_it_ended_with() {
+    if emulator::without_emulator("dynamodb_an_end_is_never_refused_for_the_state_it_ended_with") {
+        return;
+    }
+    let (client, table) = fresh_table().await;
+    let store = DynamoStore::new(client, table);
+    let policy = ExecutionPolicy::default();
+    let at = |millis: i64| Timestamp::from_millis(T0 as i64 + millis);
+    let mut run = new_run("huge", 0, 80_001);
+    insert(&store, &mut run).await;
+    run.claim("w", at(1), &policy).unwrap();
+    store.update(&mut run).await.unwrap();
+    let too_large = serde_json::json!({"messages": "m".repeat(agent_runs_shared::store::MAX_CHECKPOINT_BYTES)});
+    let mut refused = run.clone();
+    refused.heartbeat("w", Some(too_large.clone()), at(2), &policy).unwrap();
+    assert!(matches!(store.update(&mut refused).await, Err(StoreError::Defect(_))));
+    run.succeed("w", "done".into(), Some(too_large), at(3)).unwrap();
+    store.update(&mut run).await.unwrap();
+    let ended = store.get_to_continue(&owner("huge"), run.id).await.unwrap().unwrap();
+    assert_eq!((ended.status, ended.checkpoint), (RunStatus::Succeeded, None));
+}

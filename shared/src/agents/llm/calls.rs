@@ -28,7 +28,7 @@ impl LlmAgent {
                 return Step::Failed("The question this run waited on is missing or unanswered.".into());
             };
             transcript.messages.push(Message::Tool { call_id: call.id.clone(), content, is_error });
-            return self.checkpoint(&transcript);
+            return self.checkpoint(&mut transcript, events);
         }
         let approval = pending.approval.map(|index| approvals.get(index));
         // `Some` when the call is to be made, with the approval that allowed it.
@@ -44,7 +44,8 @@ impl LlmAgent {
         }
         let outcome = match (allowed, approval) {
             (Some(allowed), _) => {
-                match self.run_tool(&pending, allowed, &mut Making { run_id, must_finish, usage, events }).await {
+                let making = &mut Making { run_id, must_finish, usage, events: &mut *events };
+                match self.run_tool(&pending, allowed, making).await {
                     Err(NotMade::Failed(why)) => return Step::Failed(why),
                     Err(NotMade::ToolChanged { pin, arguments }) => {
                         // Asked again, about the tool as its server has it now.
@@ -52,7 +53,7 @@ impl LlmAgent {
                         let again =
                             PendingCall { call: call.clone(), approval: Some(approvals.len()), mcp_pin: Some(pin) };
                         transcript.pending.insert(0, again);
-                        return match self.save(&transcript) {
+                        return match self.save(&mut transcript, events) {
                             Ok(checkpoint) => Step::AwaitApproval { requests: vec![request], checkpoint },
                             Err(failed) => failed,
                         };
@@ -91,7 +92,7 @@ impl LlmAgent {
             is_error: outcome.is_error,
         });
         // Saved before anything else happens, so the call is not made twice.
-        self.checkpoint(&transcript)
+        self.checkpoint(&mut transcript, events)
     }
 
     /// Makes the call once: an HTTP tool's is checked again first (the

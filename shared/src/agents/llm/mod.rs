@@ -188,6 +188,15 @@ pub struct LlmAgent {
     runtime: Arc<LlmRuntime>,
 }
 
+/// What judging a model turn's calls goes by: where its approvals start in
+/// the run's, the policy in force, and what the run may still spend.
+struct Judging<'a> {
+    first_approval: usize,
+    policy: &'a Policy,
+    budget: Budget,
+    usage: Option<&'a Usage>,
+}
+
 /// The tools of one step: the definition's HTTP tools, and what its MCP
 /// servers list now (listed only by the steps that ask the model).
 struct Toolbox<'a> {
@@ -255,9 +264,15 @@ impl LlmAgent {
         Ok((tool, tool.check_arguments(&call.arguments)?))
     }
 
-    /// The checkpoint for the worker to save, unless it grew too large.
-    fn save(&self, transcript: &Transcript) -> Result<serde_json::Value, Step> {
-        let value = serde_json::to_value(transcript)
+    /// The checkpoint for the worker to save, unless it grew too large: the
+    /// oldest turns of the conversation the run continues are left out
+    /// first (and that is recorded), never its own.
+    fn save(&self, transcript: &mut Transcript, events: &mut Vec<EventData>) -> Result<serde_json::Value, Step> {
+        let dropped = transcript.make_room(self.runtime.max_checkpoint_bytes);
+        if dropped.turns > 0 {
+            events.push(EventData::ContextTruncated { dropped_turns: dropped.turns, dropped_bytes: dropped.bytes });
+        }
+        let value = serde_json::to_value(&*transcript)
             .map_err(|_| Step::Failed("The run's transcript could not be saved.".into()))?;
         let size = value.to_string().len();
         if size > self.runtime.max_checkpoint_bytes {
@@ -269,8 +284,8 @@ impl LlmAgent {
         Ok(value)
     }
 
-    fn checkpoint(&self, transcript: &Transcript) -> Step {
-        self.save(transcript).map_or_else(|failed| failed, Step::Checkpoint)
+    fn checkpoint(&self, transcript: &mut Transcript, events: &mut Vec<EventData>) -> Step {
+        self.save(transcript, events).map_or_else(|failed| failed, Step::Checkpoint)
     }
 
     /// What the owner's policy, or else the tool, says of a call of `tool`.
@@ -340,11 +355,10 @@ impl LlmAgent {
         &self,
         tools: &Toolbox,
         transcript: &mut Transcript,
-        first_approval: usize,
-        policy: &Policy,
-        budget: Budget,
-        usage: Option<&Usage>,
+        judging: Judging<'_>,
+        events: &mut Vec<EventData>,
     ) -> Option<Step> {
+        let Judging { first_approval, policy, budget, usage } = judging;
         let mut requests = Vec::new();
         for pending in &mut transcript.pending {
             if pending.approval.is_some() {
@@ -367,7 +381,7 @@ impl LlmAgent {
         if may_call && let Some(spent) = budget.within(self.definition.budget()).refuses_tool_call(usage) {
             return Some(Step::Failed(spent));
         }
-        Some(match self.save(transcript) {
+        Some(match self.save(transcript, events) {
             Ok(checkpoint) => Step::AwaitApproval { requests, checkpoint },
             Err(failed) => failed,
         })
@@ -444,8 +458,10 @@ impl LlmAgent {
         }
         if reply.tool_calls.is_empty() {
             let output = reply.text.clone().unwrap_or_default();
+            // Kept unless this run's own turn alone is over the limit: then
+            // what it last saved stays.
             let kept = transcript.ended_with(reply.text, self.runtime.max_checkpoint_bytes);
-            return Step::Succeeded { output, transcript: serde_json::to_value(kept).ok() };
+            return Step::Succeeded { output, transcript: kept.and_then(|kept| serde_json::to_value(kept).ok()) };
         }
         transcript.messages.push(Message::Assistant { text: reply.text, tool_calls: reply.tool_calls.clone() });
         // What the run may still put to people, in arguments kept with it;
@@ -507,12 +523,11 @@ impl LlmAgent {
         // Judged in this step, under the policy the room above was
         // reckoned with.
         transcript.judged = true;
-        let first_approval = approvals.len();
-        if let Some(asked) = self.put_to_people(&tools, &mut transcript, first_approval, policy, budget, usage.as_ref())
-        {
+        let judging = Judging { first_approval: approvals.len(), policy, budget, usage: usage.as_ref() };
+        if let Some(asked) = self.put_to_people(&tools, &mut transcript, judging, events) {
             return asked;
         }
-        self.checkpoint(&transcript)
+        self.checkpoint(&mut transcript, events)
     }
 }
 
@@ -561,13 +576,17 @@ impl Agent for LlmAgent {
         }
         if !transcript.judged {
             transcript.judged = true;
-            let (first_approval, budget, usage) = (step.approvals.len(), step.budget, step.usage.as_ref());
             let tools = match self.toolbox().await {
                 Ok(tools) => tools,
                 Err(Unreachable(why)) => return Step::Failed(why),
             };
-            if let Some(asked) = self.put_to_people(&tools, &mut transcript, first_approval, step.policy, budget, usage)
-            {
+            let judging = Judging {
+                first_approval: step.approvals.len(),
+                policy: step.policy,
+                budget: step.budget,
+                usage: step.usage.as_ref(),
+            };
+            if let Some(asked) = self.put_to_people(&tools, &mut transcript, judging, step.events) {
                 return asked;
             }
         }

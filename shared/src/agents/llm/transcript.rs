@@ -35,6 +35,15 @@ pub(super) struct Transcript {
     /// reports it with what it leaves out itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) dropped: Option<Dropped>,
+    /// Where this run's own turn starts (its input): the messages before
+    /// are the conversation it continues, which may be left out, oldest
+    /// turn first, to make room.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) own_turn: usize,
+}
+
+fn is_zero(number: &usize) -> bool {
+    *number == 0
 }
 
 /// Whole turns left out of a conversation, oldest first.
@@ -69,33 +78,37 @@ impl Transcript {
             messages.push(Message::Tool { call_id: pending.call.id, content: NOT_ANSWERED.into(), is_error: true });
         }
         messages.push(Message::User { text: input.to_owned() });
-        let mut transcript = Transcript { messages, ..Transcript::default() };
-        let dropped = transcript.drop_oldest_turns(max_bytes);
+        let own_turn = messages.len() - 1;
+        let mut transcript = Transcript { messages, own_turn, ..Transcript::default() };
+        let dropped = transcript.make_room(max_bytes);
         let carried = ended.dropped.unwrap_or_default();
         let total = Dropped { turns: carried.turns + dropped.turns, bytes: carried.bytes + dropped.bytes };
         (transcript, (total.turns > 0).then_some(total))
     }
 
     /// The transcript a succeeded run keeps: with its final answer, and
-    /// within `max_bytes` (the oldest turns left out and counted).
-    pub(super) fn ended_with(mut self, answer: Option<String>, max_bytes: usize) -> Transcript {
+    /// within `max_bytes` (the oldest turns of the conversation it continued
+    /// left out and counted); `None` when its own turn alone is too large.
+    pub(super) fn ended_with(mut self, answer: Option<String>, max_bytes: usize) -> Option<Transcript> {
         self.messages.push(Message::Assistant { text: answer, tool_calls: Vec::new() });
         self.pending.clear();
         self.judged = false;
         // Room for the count itself.
-        let dropped = self.drop_oldest_turns(max_bytes.saturating_sub(64));
+        let room = max_bytes.saturating_sub(64);
+        let dropped = self.make_room(room);
         if dropped.turns > 0 {
             let before = self.dropped.unwrap_or_default();
             self.dropped = Some(Dropped { turns: before.turns + dropped.turns, bytes: before.bytes + dropped.bytes });
         }
-        self
+        (self.size() <= room).then_some(self)
     }
 
-    /// Leaves out the oldest whole turns while the transcript is over
-    /// `max_bytes`, keeping the last; what was left out.
-    fn drop_oldest_turns(&mut self, max_bytes: usize) -> Dropped {
+    /// Leaves out the oldest whole turns of the conversation this run
+    /// continues (never its own) while the transcript is over `max_bytes`;
+    /// what was left out.
+    pub(super) fn make_room(&mut self, max_bytes: usize) -> Dropped {
         let size = self.size();
-        if size <= max_bytes {
+        if size <= max_bytes || self.own_turn == 0 {
             return Dropped::default();
         }
         // Each message's share of the JSON: itself and the comma after it.
@@ -108,6 +121,7 @@ impl Transcript {
             .messages
             .iter()
             .enumerate()
+            .take(self.own_turn + 1)
             .filter(|(_, message)| matches!(message, Message::User { .. }))
             .map(|(index, _)| index)
             .collect();
@@ -123,6 +137,7 @@ impl Transcript {
         // Messages before the first input (none in transcripts this
         // service writes) go with the first turn.
         self.messages.drain(..cut);
+        self.own_turn -= cut;
         Dropped { turns, bytes: (size - self.size()) as u64 }
     }
 }
@@ -196,11 +211,28 @@ mod tests {
 
     #[test]
     fn a_kept_transcript_trimmed_to_fit_passes_its_count_to_the_continuation() {
-        let kept = ended(4).ended_with(Some("done".into()), ended(2).size());
+        // A continuation whose own turn is the last of four.
+        let continued = Transcript { own_turn: 12, ..ended(4) };
+        let kept = continued.clone().ended_with(Some("done".into()), ended(2).size()).expect("its own turn fits");
         let trimmed = kept.dropped.expect("trimmed");
+        assert_eq!(kept.own_turn, 0, "the turns before its own left out");
         assert!(trimmed.turns >= 2 && kept.size() <= ended(2).size() + 100);
         assert_eq!(kept.messages.last(), Some(&Message::Assistant { text: Some("done".into()), tool_calls: vec![] }));
         let (_, dropped) = Transcript::continued(kept, "more", usize::MAX);
         assert_eq!(dropped, Some(trimmed));
+    }
+
+    #[test]
+    fn a_runs_own_turn_is_never_left_out() {
+        // A run of its own: nothing before its turn to leave out.
+        assert_eq!(ended(3).ended_with(Some("done".into()), 500), None);
+        let mut fresh = ended(3);
+        assert_eq!(fresh.make_room(500), Dropped::default());
+        assert_eq!(fresh, ended(3));
+        // A continuation leaves out what came before its input, no more.
+        let mut continued = Transcript { own_turn: 8, ..ended(3) };
+        let dropped = continued.make_room(10);
+        assert_eq!((dropped.turns, continued.own_turn, continued.messages.len()), (2, 0, 4));
+        assert_eq!(continued.messages[0], Message::User { text: "q2".into() });
     }
 }

@@ -221,18 +221,30 @@ pub(super) fn following_on(after: u64, events: &[StoredEvent]) -> usize {
 /// the run ended (gets and lists of ended runs never pay for what it ended
 /// with), the checkpoint's own item.
 pub(super) fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
+    let ended = run.status.is_terminal();
     let apart = match &run.checkpoint {
         Some(checkpoint) => {
             let json = serde_json::to_string(checkpoint).map_err(defect)?;
-            if json.len() > MAX_CHECKPOINT_BYTES {
-                return Err(defect(format!("a checkpoint of {} bytes is over the limit", json.len())));
+            match json.len() {
+                // What an ended run ended with is kept only when it fits:
+                // its end is never refused for it.
+                size if size > MAX_CHECKPOINT_BYTES && ended => {
+                    tracing::warn!(run_id = %run.id, size, "the state a run ended with is too large to keep");
+                    None
+                }
+                size if size > MAX_CHECKPOINT_BYTES => {
+                    return Err(defect(format!("a checkpoint of {size} bytes is over the limit")));
+                }
+                size => (size > INLINE_CHECKPOINT_BYTES || ended).then_some(json),
             }
-            (json.len() > INLINE_CHECKPOINT_BYTES || run.status.is_terminal()).then_some(json)
         }
         None => None,
     };
     let mut item = run_item(run)?;
     let Some(json) = apart else {
+        if ended {
+            item.remove("checkpoint");
+        }
         return Ok((item, None));
     };
     item.remove("checkpoint");

@@ -61,7 +61,7 @@ impl RunLists for DynamoStore {
             }
         };
         runs.truncate(request.limit as usize);
-        Ok(ListPage { runs, has_more })
+        Ok(ListPage { runs, has_more, resume_after: None })
     }
 
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
@@ -222,12 +222,16 @@ impl EventLog for DynamoStore {
     }
 }
 
+/// The most thread entries one filtered request reads.
+const THREAD_READS: usize = 1_000;
+
 impl DynamoStore {
     /// A thread's runs, newest first: the entries of its continuations
     /// (read consistently, a page at a time), their runs, and last the
     /// thread's first run, older than all of them; a status filter is
     /// applied to the runs read (a thread is one conversation, not a
-    /// tenant's history).
+    /// tenant's history), at most [`THREAD_READS`] entries a request: a
+    /// page that stops there short says where the next one resumes.
     async fn thread_list(&self, owner: &Owner, thread: RunId, request: ListRequest) -> Result<ListPage, StoreError> {
         let fetch = request.limit as usize + 1;
         let page_size = if request.status.is_some() { 100 } else { fetch as i32 };
@@ -235,6 +239,7 @@ impl DynamoStore {
         let upper = request.before.map_or_else(|| "RUN#~".to_owned(), run_sk);
         let mut runs = Vec::with_capacity(fetch);
         let mut start = None;
+        let mut read = 0;
         loop {
             let output = self
                 .client
@@ -262,6 +267,8 @@ impl DynamoStore {
                 })
                 .collect::<Result<Vec<RunId>, _>>()?;
             start = output.last_evaluated_key;
+            read += ids.len();
+            let examined = ids.last().copied();
             // The first run, with the last page of entries.
             if start.is_none() && request.before.is_none_or(|before| thread < before) {
                 ids.push(thread);
@@ -278,9 +285,13 @@ impl DynamoStore {
             if runs.len() >= fetch || start.is_none() {
                 break;
             }
+            if read >= THREAD_READS {
+                runs.truncate(request.limit as usize);
+                return Ok(ListPage { runs, has_more: true, resume_after: examined });
+            }
         }
         let has_more = runs.len() > request.limit as usize;
         runs.truncate(request.limit as usize);
-        Ok(ListPage { runs, has_more })
+        Ok(ListPage { runs, has_more, resume_after: None })
     }
 }
