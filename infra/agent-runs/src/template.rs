@@ -74,7 +74,8 @@ pub const FUNCTIONS: [Function; 17] = [
         extra: "",
         environment: &[RUN_QUEUE_URL],
         // GetItem: the key lookup; BatchGetItem: the items of the
-        // active-run count, when the run's own one is full.
+        // active-run count, when the run's own one is full, and the run a
+        // continuation continues with the state it ended with.
         grants: &[Grant::Table(&["GetItem", "BatchGetItem", "PutItem", "UpdateItem", "DeleteItem"]), SEND_RUNS],
         trigger: Trigger::Routes,
     },
@@ -85,7 +86,8 @@ pub const FUNCTIONS: [Function; 17] = [
         memory: None,
         extra: "",
         environment: &[],
-        // BatchGetItem: the runs of a page.
+        // BatchGetItem: the runs of a page (a thread's too, read by their
+        // entries' Query).
         grants: &[Grant::Table(&["GetItem", "BatchGetItem", "Query"]), Grant::Indexes(&["gsi1"])],
         trigger: Trigger::Routes,
     },

@@ -104,6 +104,8 @@ pub(super) fn create_answers_201_with_location_and_a_queued_run(target: Target) 
         "error",
         "pending_approvals",
         "metadata",
+        "thread_id",
+        "previous_run_id",
         "created_by",
         "created_at",
         "started_at",
@@ -324,7 +326,7 @@ pub(super) fn list_pages_newest_first_without_repeats_or_gaps(target: Target) {
     assert_eq!(ids(&last).len(), 1);
     assert_eq!(last["next_cursor"], Value::Null);
     // Every run has the full shape in lists too.
-    assert!(page["data"].as_array().unwrap().iter().all(|run| run.as_object().unwrap().len() == 12));
+    assert!(page["data"].as_array().unwrap().iter().all(|run| run.as_object().unwrap().len() == 14));
 }
 
 pub(super) fn list_filters_by_status_and_binds_the_cursor_to_the_filter(target: Target) {
