@@ -236,7 +236,7 @@ fn without_an_endpoint_runs_show_no_trace_id() {
     let key = server.dev_key.clone().unwrap();
     let run = server.create(&key, json!({"input": "x"}));
     assert!(run.get("trace_id").is_none(), "{run}");
-    assert_eq!(run.as_object().unwrap().len(), 12, "{run}");
+    assert_eq!(run.as_object().unwrap().len(), 14, "{run}");
 }
 
 mod embedded {
