@@ -60,7 +60,7 @@ pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
                 {"name": "status", "in": "query", "required": false, "description": "Only runs in this state. Empty is the same as absent.", "schema": {"type": "string", "enum": statuses.iter().copied().chain([""]).collect::<Vec<_>>()}},
                 {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, {"const": ""}], "default": DEFAULT_LIMIT}},
                 {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status and thread filters.", "schema": {"type": "string"}},
-                {"name": "thread_id", "in": "query", "required": false, "description": "Only the runs of this conversation (a run's `thread_id`): its first run and every run continuing it, newest first. Another owner's thread is an empty page.", "schema": {"type": "string", "pattern": format!("^run_{ULID}$")}}
+                {"name": "thread_id", "in": "query", "required": false, "description": "Only the runs of this conversation (a run's `thread_id`): its first run and every run continuing it, newest first. Another owner's thread is an empty page. Empty is the same as absent.", "schema": {"type": "string", "pattern": format!("^(run_{ULID})?$")}}
             ]),
             None,
             json!({
