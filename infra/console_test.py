@@ -36,7 +36,8 @@ wait = WebDriverWait(driver, 20)
 def text_of(selector):
     """The element's text now (read in the page: the console re-renders a run as its events come)."""
     return driver.execute_script(
-        "const node = document.querySelector(arguments[0]); return node ? node.innerText : '';", selector)
+        "const node = document.querySelector(arguments[0]);"
+        " return node ? (node.tagName === 'TEXTAREA' ? node.value : node.innerText) : '';", selector)
 
 
 def wait_text(selector, expected):
@@ -75,7 +76,8 @@ def sign_in(with_key):
 def approval_box(branch):
     """The detail's approval of the call for `branch`."""
     for box in driver.find_elements(By.CSS_SELECTOR, "#detail .approval"):
-        if f'"branch": "{branch}"' in box.find_element(By.CSS_SELECTOR, ".arguments").text:
+        shown = box.find_element(By.CSS_SELECTOR, ".arguments")
+        if f'"branch": "{branch}"' in (shown.get_attribute("value") or shown.text):
             return box
     raise AssertionError(f"no approval for {branch}: " + text_of("#detail"))
 
@@ -116,7 +118,7 @@ try:
     assert action == "Deploy <script>alert(1)</script><img src=x onerror=alert(1)> v2", action
     assert not driver.find_elements(By.CSS_SELECTOR, "#detail img, #list img, #detail script, #list script"), \
         "markup became elements"
-    assert driver.execute_script("return document.scripts.length") == 3, "only the console's own scripts"
+    assert driver.execute_script("return document.scripts.length") == 4, "only the console's own scripts"
     assert "null" not in text_of("#detail"), text_of("#detail")
     exact = driver.find_element(By.CSS_SELECTOR, "#detail time[title]").get_attribute("title")
     assert exact.endswith("Z") and "T" in exact, "relative times keep the exact time on hover: " + exact
@@ -135,6 +137,10 @@ try:
     assert "Deploy" not in text_of("#events"), "another run's events: " + text_of("#events")
     arguments = text_of("#detail .approval .arguments")
     assert '"branch": "old"' in arguments, arguments
+    # One view of the arguments, the editor: no second copy to read apart.
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#detail .approval .arguments")) == 1
+    assert driver.find_element(By.CSS_SELECTOR, "#detail .approval .arguments").tag_name == "textarea"
+    assert driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").text == "Approve"
     # Its veto window: when it approves by itself, and the rejection that vetoes it.
     veto = text_of("#detail .approval .veto")
     assert veto.startswith("auto-approves in ") and "unless someone objects" in veto, veto
@@ -143,18 +149,19 @@ try:
     editor.clear()
     editor.send_keys('{"branch": ')
     wait_text("#detail .approval .invalid", "Not JSON")
+    assert driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").text == "Approve edited"
     # Sent broken, it is refused here, and the buttons stay usable.
-    driver.find_element(By.CSS_SELECTOR, "#detail .approval .edit").click()
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").click()
     assert all(button.is_enabled() for button in driver.find_elements(By.CSS_SELECTOR, "#detail .approval button"))
     editor.clear()
     editor.send_keys('{"branch": 7}')
-    driver.find_element(By.CSS_SELECTOR, "#detail .approval .edit").click()
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").click()
     wait_text("#detail .approval .invalid", "/branch")
     driver.save_screenshot(f"{shots}/console-edit.png")
     editor = driver.find_element(By.CSS_SELECTOR, "#detail .approval .editor")
     editor.clear()
     editor.send_keys('{"branch": "older"}')
-    driver.find_element(By.CSS_SELECTOR, "#detail .approval .edit").click()
+    driver.find_element(By.CSS_SELECTOR, "#detail .approval .approve").click()
     wait_text("#notice", "Recorded: edit.")
     advanced_from(tool_run)
     wait_status(tool_run, "succeeded")
@@ -206,10 +213,14 @@ try:
     editor = current.find_element(By.CSS_SELECTOR, ".editor")
     editor.clear()
     editor.send_keys('{"branch": "second", "account": 12345678901234567891}')
-    current.find_element(By.CSS_SELECTOR, ".edit").click()
+    current.find_element(By.CSS_SELECTOR, ".approve").click()
     wait_text("#detail .approval.current .invalid", "12345678901234567891")
     statuses = {a["arguments"]["branch"]: a["status"] for a in get_run(two_calls_run)["pending_approvals"]}
     assert statuses == {"first": "pending", "second": "pending"}, statuses
+    # The edit undone (back to the proposal): `a` then approves the call as proposed.
+    driver.execute_script(
+        "arguments[0].value = arguments[0].defaultValue; arguments[0].dispatchEvent(new Event('input'))", editor)
+    assert current.find_element(By.CSS_SELECTOR, ".approve").text == "Approve"
     driver.find_element(By.CSS_SELECTOR, "#detail h2").click()  # out of the editor, not into another approval
     time.sleep(1.1)
     # A second `a` while a confirmation is open adds none; after Cancel, a
@@ -235,10 +246,10 @@ try:
         statuses = {a["arguments"]["branch"]: a["status"] for a in get_run(two_calls_run)["pending_approvals"]}
     assert statuses == {"first": "pending", "second": "approved"}, statuses
     driver.save_screenshot(f"{shots}/console-two-calls.png")
-    # The first, approved as shown: "Approve edited" with the editor untouched.
+    # The first, approved as shown: Approve with the editor untouched.
     wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#detail .approval[data-pending]")) == 1)
-    approval_box("first").find_element(By.CSS_SELECTOR, ".edit").click()
-    wait_text("#notice", "Recorded: edit.")
+    approval_box("first").find_element(By.CSS_SELECTOR, ".approve").click()
+    wait_text("#notice", "Recorded: approve.")
     # The run is done; the only item left, the question, is shown.
     wait_status(two_calls_run, "succeeded")
     wait_text("#detail h2", question_run)
@@ -298,6 +309,13 @@ try:
     wait_text("#list", tool_run)
     next(entry for entry in driver.find_elements(By.CSS_SELECTOR, "#list li") if tool_run in entry.text).click()
     wait_text("#events", "run.succeeded")
+    # The edit made to its call, as a diff of the proposal and what ran.
+    wait_text("#detail .approval .diff", "older")
+    removed = [line.text for line in driver.find_elements(By.CSS_SELECTOR, "#detail .diff .removed")]
+    added = [line.text for line in driver.find_elements(By.CSS_SELECTOR, "#detail .diff .added")]
+    assert removed == ['-   "branch": "old"'] and added == ['+   "branch": "older"'], (removed, added)
+    driver.execute_script("document.querySelector('#detail .diff').scrollIntoView({block: 'center'})")
+    driver.save_screenshot(f"{shots}/console-diff.png")
     time.sleep(0.5)
     created = [line for line in driver.find_elements(By.CSS_SELECTOR, "#events li") if "run.created" in line.text]
     assert len(created) == 1, [line.text for line in driver.find_elements(By.CSS_SELECTOR, "#events li")]
@@ -345,6 +363,16 @@ try:
     time.sleep(0.3)
     width = driver.execute_script("return document.documentElement.scrollWidth")
     assert width <= 390, f"the page is {width}px wide on a 390px screen"
+    # Ids never break mid-id; a tap on a run takes the person to its detail.
+    broken = driver.execute_script(
+        "return [...document.querySelectorAll('.id')].filter((id) => id.getClientRects().length > 1).length")
+    assert broken == 0, f"{broken} ids wrap"
+    driver.execute_script("window.scrollTo(0, 0)")
+    driver.find_elements(By.CSS_SELECTOR, "#list li")[1].click()
+    wait.until(lambda _: abs(driver.execute_script("return document.getElementById('detail').getBoundingClientRect().top")) < 5)
+    assert driver.execute_script("return window.scrollY") > 0
+    width = driver.execute_script("return document.documentElement.scrollWidth")
+    assert width <= 390, f"a run's detail is {width}px wide on a 390px screen"
     driver.save_screenshot(f"{shots}/console-phone.png")
 
     # The wrong key's 401, the schema's 400 and the read-only key's 403 on

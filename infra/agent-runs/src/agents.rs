@@ -15,15 +15,22 @@ use crate::keys::{Error, admin_store};
 pub enum AgentsCommand {
     /// Create or replace an agent from a TOML file (see README: "Defined agents").
     Put {
+        /// The definition (TOML, as examples/janitor.toml).
         #[arg(long)]
         file: PathBuf,
     },
     /// List the defined agents.
     List,
     /// Print an agent's definition as JSON.
-    Get { name: String },
+    Get {
+        /// The agent's name.
+        name: String,
+    },
     /// Delete an agent; runs that name it fail when a worker next picks them up.
-    Delete { name: String },
+    Delete {
+        /// The agent's name.
+        name: String,
+    },
 }
 
 pub fn read_definition(file: &Path) -> Result<AgentDefinition, Error> {

@@ -81,20 +81,30 @@ pub enum RunsCommand {
         cursor: Option<String>,
     },
     /// Show a run.
-    Get { run_id: String },
+    Get {
+        /// The run (run_...).
+        run_id: String,
+    },
     /// Show a run's events, oldest first.
     Events {
+        /// The run (run_...).
         run_id: String,
         /// Only events after this seq.
         #[arg(long, default_value_t = 0)]
         after: u64,
     },
     /// Follow a run's events until it ends; exit 0 only if it succeeded.
-    Watch { run_id: String },
+    Watch {
+        /// The run (run_...).
+        run_id: String,
+    },
     /// Approve a run's pending approval (the only one, or APPROVAL_ID).
     Approve {
+        /// The run (run_...).
         run_id: String,
+        /// The approval (apr_...); needed when the run waits on several.
         approval_id: Option<String>,
+        /// A note kept with the decision (the model is told it on an edit).
         #[arg(long)]
         comment: Option<String>,
         /// Approve a tool call with these arguments (JSON) instead.
@@ -107,7 +117,9 @@ pub enum RunsCommand {
     },
     /// Reject a run's pending approval (the only one, or APPROVAL_ID).
     Reject {
+        /// The run (run_...).
         run_id: String,
+        /// The approval (apr_...); needed when the run waits on several.
         approval_id: Option<String>,
         /// Why: the model is told.
         #[arg(long)]
@@ -117,7 +129,9 @@ pub enum RunsCommand {
     /// `--text <TEXT>`, or `--json <JSON>` for a question whose schema wants
     /// more than a string (the JSON follows the ids).
     Answer {
+        /// The run (run_...).
         run_id: String,
+        /// The question's approval (apr_...); needed when the run waits on several.
         approval_id: Option<String>,
         /// With --json: the answer as JSON (when APPROVAL_ID is left out,
         /// the argument after RUN_ID).
@@ -126,26 +140,34 @@ pub enum RunsCommand {
         /// The answer as text (a JSON string).
         #[arg(long)]
         text: Option<String>,
+        /// A note kept with the answer.
         #[arg(long)]
         comment: Option<String>,
     },
     /// Cancel a run.
-    Cancel { run_id: String },
+    Cancel {
+        /// The run (run_...).
+        run_id: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum ApprovalsCommand {
     /// The approvals inbox: newest first, pending by default.
     List {
+        /// pending (the default), approved, rejected, answered, expired or canceled.
         #[arg(long)]
         status: Option<String>,
+        /// Only approvals of runs of this agent.
         #[arg(long)]
         agent: Option<String>,
         /// action, tool_call or input (questions).
         #[arg(long)]
         kind: Option<String>,
+        /// At most this many (1 to 100, default 20).
         #[arg(long)]
         limit: Option<u32>,
+        /// A next_cursor from an earlier page.
         #[arg(long)]
         cursor: Option<String>,
     },
@@ -486,7 +508,7 @@ fn span(seconds: i64) -> String {
     }
 }
 
-fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|i| rows.iter().filter_map(|row| row.get(i)).map(|c| shown_width(c)).max().unwrap_or(0))

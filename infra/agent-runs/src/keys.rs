@@ -14,6 +14,7 @@ use clap::Subcommand;
 pub enum KeysCommand {
     /// Issue a key for an owner; the key is printed once and never stored.
     Create {
+        /// The owner (tenant) whose runs the key sees and changes.
         #[arg(long)]
         owner: String,
         /// A label to recognise the key by.
@@ -28,7 +29,10 @@ pub enum KeysCommand {
     /// List every key with its owner and status (never the key itself).
     List,
     /// Revoke a key; it stops working within 60 seconds everywhere.
-    Revoke { key_id: String },
+    Revoke {
+        /// The key's id (key_..., as `keys list` shows it).
+        key_id: String,
+    },
 }
 
 pub type Error = Box<dyn std::error::Error>;
@@ -88,19 +92,20 @@ pub async fn run(command: KeysCommand, db: &Path) -> Result<(), Error> {
             println!("{secret}");
         }
         KeysCommand::List => {
-            println!("{:<30}  {:<20}  {:<24}  {:<8}  {:<60}  NAME", "ID", "OWNER", "CREATED", "STATUS", "SCOPES");
+            let header = ["ID", "OWNER", "CREATED", "STATUS", "SCOPES", "NAME"].map(String::from).to_vec();
+            let mut rows = vec![header];
             for key in store.list_keys().await? {
                 let status = if key.revoked_at.is_some() { "revoked" } else { "active" };
-                println!(
-                    "{:<30}  {:<20}  {:<24}  {:<8}  {:<60}  {}",
-                    key.id,
-                    key.owner,
-                    key.created_at,
-                    status,
+                rows.push(vec![
+                    key.id.to_string(),
+                    key.owner.to_string(),
+                    key.created_at.to_rfc3339(),
+                    status.into(),
                     key.scopes.names().join(","),
-                    key.name.as_deref().unwrap_or("")
-                );
+                    key.name.unwrap_or_default(),
+                ]);
             }
+            print!("{}", crate::client::table(&rows));
         }
         KeysCommand::Revoke { key_id } => {
             let id: KeyId = key_id.parse().map_err(|_| format!("`{key_id}` is not a key id (key_...)"))?;

@@ -18,11 +18,41 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "agent-runs", version, about = "The Agent Runs service: embedded server and admin tools")]
 struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The SQLite database of the commands that work on one (offered by those
+/// alone).
+#[derive(clap::Args)]
+struct Database {
     /// The SQLite database file (created with its folder if missing).
     #[arg(long, global = true, env = "AGENT_RUNS_DB", default_value = ".agent-runs/runs.db")]
     db: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct ServeCommand {
+    #[command(flatten)]
+    database: Database,
+    #[command(flatten)]
+    args: serve::ServeArgs,
+}
+
+#[derive(clap::Args)]
+struct KeysArgs {
+    #[command(flatten)]
+    database: Database,
     #[command(subcommand)]
-    command: Command,
+    command: keys::KeysCommand,
+}
+
+#[derive(clap::Args)]
+struct AgentsArgs {
+    #[command(flatten)]
+    database: Database,
+    #[command(subcommand)]
+    command: agents::AgentsCommand,
 }
 
 #[derive(clap::Args)]
@@ -60,13 +90,11 @@ struct TemplateArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Serve every operation on one port, with workers in the same process.
-    Serve(serve::ServeArgs),
+    Serve(ServeCommand),
     /// Issue, list and revoke API keys (in DynamoDB when AGENT_RUNS_TABLE is set).
-    #[command(subcommand)]
-    Keys(keys::KeysCommand),
+    Keys(KeysArgs),
     /// Define, list, show and delete LLM agents (in DynamoDB when AGENT_RUNS_TABLE is set).
-    #[command(subcommand)]
-    Agents(agents::AgentsCommand),
+    Agents(AgentsArgs),
     /// Create the DynamoDB table and SQS queues as template.yaml defines them.
     AwsSetup(aws_setup::AwsSetupArgs),
     /// Move a table written before the sharded layout (2026-11-23) to it.
@@ -96,9 +124,9 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async {
         let result = match cli.command {
-            Command::Serve(args) => serve::run(args, &cli.db).await,
-            Command::Keys(command) => keys::run(command, &cli.db).await,
-            Command::Agents(command) => agents::run(command, &cli.db).await,
+            Command::Serve(serve) => serve::run(serve.args, &serve.database.db).await,
+            Command::Keys(keys) => keys::run(keys.command, &keys.database.db).await,
+            Command::Agents(agents) => agents::run(agents.command, &agents.database.db).await,
             Command::AwsSetup(args) => aws_setup::run(args).await,
             Command::AwsMigrate(args) => aws_setup::migrate(args).await,
             Command::Openapi => print_openapi(),

@@ -20,6 +20,7 @@ pub enum PoliciesCommand {
     Get,
     /// Replace the policy with the rules of FILE.
     Put {
+        /// The rules as JSON (`{"rules": [...]}`, docs/api.md).
         #[arg(long)]
         file: PathBuf,
         /// Only if the policy is still at this version (its ETag).
@@ -28,6 +29,7 @@ pub enum PoliciesCommand {
     },
     /// Try the rules of FILE on the calls people decided; changes nothing.
     Test {
+        /// The rules to try, as JSON.
         #[arg(long)]
         file: PathBuf,
         /// How many of the most recent decisions (1 to 10000).

@@ -225,3 +225,81 @@ fn a_person_answers_questions_as_text_and_as_json() {
     let done = server.wait_for_status(&key, &id, "succeeded");
     assert_eq!(done["output"], "answered: staging\nanswered: three\ndone");
 }
+
+/// The help of `args` (a command path).
+fn help(args: &[&str]) -> String {
+    let output = Command::new(BIN).args(args).arg("--help").output().expect("the binary runs");
+    assert!(output.status.success(), "{args:?} --help: {}", stderr(&output));
+    stdout(&output)
+}
+
+/// Every command, each with its help: what `help` lists under Commands.
+fn every_command(path: Vec<String>, found: &mut Vec<(Vec<String>, String)>) {
+    let args: Vec<&str> = path.iter().map(String::as_str).collect();
+    let text = help(&args);
+    let commands: Vec<String> = text
+        .split("Commands:\n")
+        .nth(1)
+        .map(|section| {
+            section
+                .lines()
+                .take_while(|line| line.starts_with("  "))
+                .filter_map(|line| line.split_whitespace().next())
+                .filter(|name| *name != "help")
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    found.push((path.clone(), text));
+    for command in commands {
+        every_command([path.clone(), vec![command]].concat(), found);
+    }
+}
+
+#[test]
+fn every_option_has_help_and_the_database_is_offered_only_where_it_is_used() {
+    let mut commands = Vec::new();
+    every_command(Vec::new(), &mut commands);
+    assert!(commands.len() > 30, "{}", commands.len());
+    for (path, text) in &commands {
+        let lines: Vec<&str> = text.lines().collect();
+        for (index, line) in lines.iter().enumerate() {
+            let entry = line.trim_start();
+            let is_entry = line.starts_with("  ")
+                && !line.starts_with("          ")
+                && (entry.starts_with('-') || entry.starts_with('<') || entry.starts_with('['));
+            if !is_entry {
+                continue;
+            }
+            // The words after the flag and its value name, or the next
+            // line, further in.
+            let said_here = entry.split("  ").skip(1).any(|part| !part.trim().is_empty());
+            let said_below =
+                lines.get(index + 1).is_some_and(|next| next.starts_with("          ") && !next.trim().is_empty());
+            assert!(said_here || said_below, "`agent-runs {}`: `{}` has no help", path.join(" "), entry);
+        }
+        let offers_db = text.contains("--db <DB>");
+        let uses_db = matches!(path.first().map(String::as_str), Some("serve" | "keys" | "agents"));
+        assert_eq!(offers_db, uses_db, "`agent-runs {}` and --db", path.join(" "));
+    }
+}
+
+#[test]
+fn json_is_taken_before_the_subcommand_and_keys_list_is_aligned() {
+    let server = Server::start();
+    let before = cli(&server, &["runs", "--json", "list", "--limit", "1"]);
+    assert!(before.status.success(), "{}", stderr(&before));
+    let page: Value = serde_json::from_str(&stdout(&before)).expect("JSON");
+    assert!(page["data"].is_array());
+    server.admin(&["keys", "create", "--owner", "an-owner-with-a-name-longer-than-twenty", "--name", "ci"]);
+    let listed = server.admin(&["keys", "list"]);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert!(lines.len() >= 3, "{listed}");
+    for column in ["OWNER", "CREATED", "STATUS", "SCOPES"] {
+        let at = lines[0].find(column).unwrap();
+        for line in &lines[1..] {
+            assert_eq!(&line[at - 2..at], "  ", "{column} starts at {at} in every row:\n{listed}");
+            assert_ne!(line.as_bytes()[at], b' ', "{column} starts at {at} in every row:\n{listed}");
+        }
+    }
+}

@@ -158,13 +158,13 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     let calls = model.tool_calls();
     assert_eq!(serde_json::from_str::<Value>(&calls[0].body).unwrap(), json!({"branch": "older"}));
     // Of two calls waiting at once, the one picked was approved by `a`; the
-    // other, approved as shown with its editor untouched, reached its tool
-    // as the very text its digest covers.
+    // other, approved with its editor untouched (as proposed, not an edit),
+    // reached its tool as the very text its digest covers.
     let both = server.wait_for_status(&key, &id(&two_calls_run), "succeeded");
     let approvals = both["pending_approvals"].as_array().unwrap();
     assert_eq!(approvals[1]["arguments"]["branch"], "second");
     assert_eq!(approvals[1]["edited_arguments"], Value::Null, "decided by `a`, not edited: {both}");
-    assert_eq!(approvals[0]["edited_arguments"], approvals[0]["arguments"], "{both}");
+    assert_eq!(approvals[0]["edited_arguments"], Value::Null, "untouched: approved as proposed: {both}");
     assert_eq!(approvals[0]["arguments"], json!({"branch": "first", "ratio": 5e-7, "retries": 2, "tiny": 1.5e-300}));
     let bodies: Vec<&str> = calls.iter().skip(1).map(|call| call.body.as_str()).collect();
     assert_eq!(bodies, [r#"{"branch":"first","ratio":5e-7,"retries":2,"tiny":1.5e-300}"#, r#"{"branch":"second"}"#]);

@@ -23,6 +23,7 @@ fn asset(path: &str) -> Option<Asset> {
         "/console" => ("text/html; charset=utf-8", include_str!("console/index.html")),
         "/console/console.js" => ("text/javascript; charset=utf-8", include_str!("console/console.js")),
         "/console/answers.js" => ("text/javascript; charset=utf-8", include_str!("console/answers.js")),
+        "/console/arguments.js" => ("text/javascript; charset=utf-8", include_str!("console/arguments.js")),
         "/console/conversation.js" => ("text/javascript; charset=utf-8", include_str!("console/conversation.js")),
         "/console/console.css" => ("text/css; charset=utf-8", include_str!("console/console.css")),
         // Browsers ask for it at the root; the page names it too.

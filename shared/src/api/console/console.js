@@ -26,6 +26,7 @@ const state = {
   listSeq: 0, // the latest list request: an older answer is dropped
   listError: false, // whether the banner is a list's error (a later list clears it)
   closeConfirm: null, // closes the open confirmation
+  scrollToDetail: false, // a tap on a phone: show the run's detail once it is drawn
 };
 
 // Forgets everything shown for a key: the lists, the run, its events and
@@ -195,7 +196,11 @@ function renderList() {
     const entry = state.view === "inbox" ? inboxEntry(item) : runEntry(item);
     entry.dataset.index = String(index);
     if (index === state.selected) entry.classList.add("selected");
-    entry.addEventListener("click", () => select(index));
+    entry.addEventListener("click", () => {
+      // On a phone the detail is below the list: a tap takes the person there.
+      state.scrollToDetail = matchMedia("(max-width: 700px)").matches;
+      select(index);
+    });
     list.append(entry);
   });
   if (!state.items.length) {
@@ -211,7 +216,7 @@ function inboxEntry(approval) {
     {},
     el("div", {}, approval.action),
     el("div", { class: "meta" }, approval.agent + " · waiting " + ago(approval.requested_at) + (expires ? " · " + expires : "")),
-    el("div", { class: "meta" }, approval.run_id),
+    el("div", { class: "meta" }, el("span", { class: "id" }, approval.run_id)),
   );
 }
 
@@ -220,7 +225,7 @@ function runEntry(run) {
     "li",
     {},
     el("div", {}, status(run.status), " ", run.agent),
-    el("div", { class: "meta" }, run.id + " · " + ago(run.created_at) + " ago"),
+    el("div", { class: "meta" }, el("span", { class: "id" }, run.id), " · " + ago(run.created_at) + " ago"),
     el("div", { class: "meta" }, run.input.slice(0, 120)),
   );
 }
@@ -300,10 +305,10 @@ function renderRun(run) {
   if (!sameRun) loadThread(run, thread);
   detail.dataset.run = run.id;
   const parts = [
-    el("h2", {}, run.id, " ", status(run.status)),
+    el("h2", {}, el("span", { class: "id" }, run.id), " ", status(run.status)),
     el("div", { class: "meta" }, "agent " + run.agent + " · created ", when(run.created_at),
       run.created_by ? " by key " + run.created_by : "",
-      run.previous_run_id ? " · continues " + run.previous_run_id : ""),
+      run.previous_run_id ? el("span", {}, " · continues ", el("span", { class: "id" }, run.previous_run_id)) : ""),
     Object.keys(run.metadata || {}).length
       ? el("div", { class: "meta metadata" }, Object.entries(run.metadata).map(([name, value]) => name + "=" + value).join(" · "))
       : null,
@@ -319,6 +324,10 @@ function renderRun(run) {
   ];
   detail.replaceChildren(...parts.filter((part) => part !== null));
   markCurrent();
+  if (state.scrollToDetail) {
+    state.scrollToDetail = false;
+    detail.scrollIntoView({ block: "start" });
+  }
 }
 
 // The approval a and r act on: the one picked, or a run's only pending one.
@@ -338,17 +347,6 @@ function markCurrent() {
   }
 }
 
-// What is wrong with edited arguments, or "" when they are a JSON object.
-function argumentsProblem(text) {
-  let parsed;
-  try {
-    parsed = JSON.parse(text);
-  } catch (error) {
-    return "Not JSON: " + error.message;
-  }
-  return parsed && typeof parsed === "object" && !Array.isArray(parsed) ? "" : "The arguments must be a JSON object.";
-}
-
 function approvalView(run, approval) {
   const box = el("div", { class: "approval", "data-approval": approval.id });
   box.addEventListener("click", () => {
@@ -362,10 +360,11 @@ function approvalView(run, approval) {
       box.append(el("div", { class: "warning tool-changed" },
         "This tool changed on its MCP server since the operator pinned it (agents put): check what it does before approving."));
     }
-    box.append(el("pre", { class: "arguments" }, JSON.stringify(approval.arguments, null, 2)));
+    // A pending call a person may decide shows its arguments once, in the editor below.
+    if (approval.status !== "pending" || !state.canDecide) box.append(el("pre", { class: "arguments" }, argumentsText(approval.arguments)));
     if (approval.edited_arguments) {
-      box.append(el("div", { class: "meta" }, "approved with edited arguments:"));
-      box.append(el("pre", { class: "edited" }, JSON.stringify(approval.edited_arguments, null, 2)));
+      box.append(el("div", { class: "meta" }, "approved with edited arguments (- proposed, + approved):"));
+      box.append(editDiff(approval.arguments, approval.edited_arguments));
     }
   }
   if (approval.kind === "input" && approval.status === "answered") {
@@ -395,18 +394,19 @@ function approvalView(run, approval) {
   if (approval.kind === "input") return questionView(run, approval, box);
   const comment = el("input", { class: "comment", placeholder: "comment (a rejection's reason reaches the model)" });
   const actions = el("div", { class: "actions" }, comment);
-  let editor = null;
-  let problem = null;
-  if (approval.kind === "tool_call") {
-    editor = el("textarea", { class: "editor", spellcheck: "false", "aria-label": "arguments" });
-    editor.value = JSON.stringify(approval.arguments, null, 2);
-    problem = el("div", { class: "invalid", role: "status" });
-    editor.addEventListener("input", () => {
-      problem.textContent = argumentsProblem(editor.value);
+  const call = approval.kind === "tool_call" ? argumentsEditor(approval) : null;
+  const approve = el("button", { type: "button", class: "primary approve" }, "Approve");
+  if (call) {
+    call.editor.addEventListener("input", () => {
+      call.problem.textContent = argumentsProblem(call.editor.value);
+      approve.textContent = call.edited() ? "Approve edited" : "Approve";
     });
-    box.append(editor, problem);
+    box.append(call.editor, call.problem);
   }
-  const decide = (decision) => {
+  const decide = (asked) => {
+    // Approve with the arguments changed is an edit.
+    const decision = asked === "approve" && call && call.edited() ? "edit" : asked;
+    const { editor, problem } = call || {};
     const body = { decision, comment: comment.value || null };
     if (approval.arguments_sha256) body.arguments_sha256 = approval.arguments_sha256;
     let text = JSON.stringify(body);
@@ -420,8 +420,8 @@ function approvalView(run, approval) {
     }
     postDecision(box, run, approval, text, "Recorded: " + decision + ".", decision === "edit" ? problem : null);
   };
-  actions.append(el("button", { type: "button", class: "primary approve", onclick: () => decide("approve") }, "Approve"));
-  if (editor) actions.append(el("button", { type: "button", class: "edit", onclick: () => decide("edit") }, "Approve edited"));
+  approve.addEventListener("click", () => decide("approve"));
+  actions.append(approve);
   actions.append(el("button", { type: "button", class: "danger reject", onclick: () => decide("reject") },
     approval.auto_approves_at ? "Veto (reject)" : "Reject"));
   box.append(actions);
@@ -480,7 +480,11 @@ function questionView(run, approval, box) {
 function confirmDecision(box, button, rejecting) {
   if (state.closeConfirm) state.closeConfirm();
   const dialog = $("confirm");
+  // The call as it would be made (an edit as typed), or as proposed for a rejection.
   const shown = box.querySelector(".arguments");
+  const typed = shown && shown.tagName === "TEXTAREA";
+  const edited = typed && shown.value !== shown.defaultValue;
+  const callText = !shown ? null : !typed ? shown.textContent : rejecting ? shown.defaultValue : shown.value;
   const reason = el("input", { class: "reason", placeholder: "the reason (it reaches the model)" });
   reason.value = box.querySelector(".comment") ? box.querySelector(".comment").value : "";
   const opener = document.activeElement;
@@ -509,8 +513,8 @@ function confirmDecision(box, button, rejecting) {
     event.stopImmediatePropagation();
   };
   const parts = [
-    el("strong", {}, (rejecting ? "Reject: " : "Approve: ") + box.querySelector(".action").textContent),
-    shown ? el("pre", {}, shown.textContent) : null,
+    el("strong", {}, (rejecting ? "Reject: " : edited ? "Approve, edited: " : "Approve: ") + box.querySelector(".action").textContent),
+    callText === null ? null : el("pre", {}, callText),
     rejecting ? reason : null,
     el("div", { class: "actions" },
       el("button", { type: "button", class: rejecting ? "danger" : "primary", onclick: confirm }, rejecting ? "Reject" : "Approve"),
