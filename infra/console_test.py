@@ -235,6 +235,16 @@ try:
     time.sleep(0.5)
     statuses = {a["arguments"]["branch"]: a["status"] for a in get_run(two_calls_run)["pending_approvals"]}
     assert statuses == {"first": "pending", "second": "pending"}, statuses
+    # Another call's draft: a change of layout alone is no edit; a real one
+    # survives the view being rebuilt when "second" is decided.
+    first_box = f'#detail .approval[data-approval="{approval_box("first").get_attribute("data-approval")}"]'
+    first_editor = driver.find_element(By.CSS_SELECTOR, first_box + " .editor")
+    first_editor.send_keys(Keys.END, Keys.ENTER, "  ")
+    assert driver.find_element(By.CSS_SELECTOR, first_box + " .approve").text == "Approve"
+    first_editor.send_keys(Keys.CONTROL, "a")
+    first_editor.send_keys('{"branch": "first-draft"}')
+    assert driver.find_element(By.CSS_SELECTOR, first_box + " .approve").text == "Approve edited"
+    current.find_element(By.CSS_SELECTOR, ".action").click()  # "second" picked again
     time.sleep(1.1)
     body.send_keys("a")
     wait.until(lambda _: visible("confirm"))
@@ -245,6 +255,12 @@ try:
         time.sleep(0.2)
         statuses = {a["arguments"]["branch"]: a["status"] for a in get_run(two_calls_run)["pending_approvals"]}
     assert statuses == {"first": "pending", "second": "approved"}, statuses
+    wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#detail .approval[data-pending]")) == 1)
+    first_editor = driver.find_element(By.CSS_SELECTOR, first_box + " .editor")
+    assert first_editor.get_attribute("value") == '{"branch": "first-draft"}', first_editor.get_attribute("value")
+    assert driver.find_element(By.CSS_SELECTOR, first_box + " .approve").text == "Approve edited"
+    driver.execute_script(
+        "arguments[0].value = arguments[0].defaultValue; arguments[0].dispatchEvent(new Event('input'))", first_editor)
     driver.save_screenshot(f"{shots}/console-two-calls.png")
     # The first, approved as shown: Approve with the editor untouched.
     wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#detail .approval[data-pending]")) == 1)

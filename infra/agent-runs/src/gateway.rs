@@ -35,6 +35,7 @@ const GATEWAY_MAX_BODY: usize = 10 * 1024 * 1024;
 
 #[derive(Args)]
 pub struct GatewayArgs {
+    /// The address API Gateway's stand-in listens on; port 0 picks a free one.
     #[arg(long, env = "AGENT_RUNS_ADDR", default_value = "127.0.0.1:9000")]
     addr: SocketAddr,
     /// Concurrent SQS pollers, each taking batches of up to 10 messages.

@@ -256,8 +256,22 @@ fn every_command(path: Vec<String>, found: &mut Vec<(Vec<String>, String)>) {
     }
 }
 
+/// `text` without the bracketed notes clap adds to an option's help.
+fn without_clap_notes(text: &str) -> String {
+    let mut rest = text.to_owned();
+    for note in ["[env: ", "[default: ", "[possible values: ", "[aliases: "] {
+        while let Some(start) = rest.find(note) {
+            let end = rest[start..].find(']').map_or(rest.len(), |end| start + end + 1);
+            rest.replace_range(start..end, "");
+        }
+    }
+    rest
+}
+
 #[test]
 fn every_option_has_help_and_the_database_is_offered_only_where_it_is_used() {
+    assert_eq!(without_clap_notes("  [env: AGENT_RUNS_DB=] [default: .agent-runs/runs.db]").trim(), "");
+    assert_eq!(without_clap_notes("The file [default: x]").trim(), "The file");
     let mut commands = Vec::new();
     every_command(Vec::new(), &mut commands);
     assert!(commands.len() > 30, "{}", commands.len());
@@ -271,12 +285,18 @@ fn every_option_has_help_and_the_database_is_offered_only_where_it_is_used() {
             if !is_entry {
                 continue;
             }
-            // The words after the flag and its value name, or the next
-            // line, further in.
-            let said_here = entry.split("  ").skip(1).any(|part| !part.trim().is_empty());
-            let said_below =
-                lines.get(index + 1).is_some_and(|next| next.starts_with("          ") && !next.trim().is_empty());
-            assert!(said_here || said_below, "`agent-runs {}`: `{}` has no help", path.join(" "), entry);
+            // The words after the flag and its value name, on its line or
+            // the lines below, further in; what clap adds by itself
+            // (`[env: ...]`, `[default: ...]`) is not help.
+            let here = entry.split_once("  ").map_or("", |(_, rest)| rest).to_owned();
+            let below = lines[index + 1..].iter().take_while(|next| next.starts_with("          "));
+            let said = below.fold(here, |said, next| said + " " + next.trim());
+            assert!(
+                !without_clap_notes(&said).trim().is_empty(),
+                "`agent-runs {}`: `{}` has no help",
+                path.join(" "),
+                entry
+            );
         }
         let offers_db = text.contains("--db <DB>");
         let uses_db = matches!(path.first().map(String::as_str), Some("serve" | "keys" | "agents"));

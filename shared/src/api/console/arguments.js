@@ -18,13 +18,42 @@ function argumentsProblem(text) {
   return parsed && typeof parsed === "object" && !Array.isArray(parsed) ? "" : "The arguments must be a JSON object.";
 }
 
-// The lines of `before` and `after`, each marked " ", "-" or "+", keeping
-// their longest common run of lines; past a size a table would not be read
-// line by line, all of one and then all of the other.
+// JSON text without the whitespace between its tokens: two texts that
+// differ only in layout are the same call.
+function withoutLayout(text) {
+  let out = "";
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      out += c;
+      if (c === "\\") out += text[++i] || "";
+      else if (c === '"') inString = false;
+    } else if (c === '"') {
+      inString = true;
+      out += c;
+    } else if (!" \t\n\r".includes(c)) {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// The lines of `before` and `after`, each marked " ", "-" or "+": the lines
+// both start and end with, and between them their longest common run of
+// lines (past a size, all of one and then all of the other).
 function lineDiff(before, after) {
-  const a = before.split("\n");
-  const b = after.split("\n");
-  if (a.length * b.length > 250000) return [...a.map((line) => ["-", line]), ...b.map((line) => ["+", line])];
+  let a = before.split("\n");
+  let b = after.split("\n");
+  let head = 0;
+  while (head < a.length && head < b.length && a[head] === b[head]) head++;
+  let tail = 0;
+  while (tail < a.length - head && tail < b.length - head && a[a.length - 1 - tail] === b[b.length - 1 - tail]) tail++;
+  const same = (lines) => lines.map((line) => [" ", line]);
+  const [start, end] = [same(a.slice(0, head)), same(a.slice(a.length - tail))];
+  a = a.slice(head, a.length - tail);
+  b = b.slice(head, b.length - tail);
+  if (a.length * b.length > 250000) return [...start, ...a.map((line) => ["-", line]), ...b.map((line) => ["+", line]), ...end];
   const common = Array.from({ length: a.length + 1 }, () => new Array(b.length + 1).fill(0));
   for (let i = a.length - 1; i >= 0; i--) {
     for (let j = b.length - 1; j >= 0; j--) {
@@ -44,7 +73,7 @@ function lineDiff(before, after) {
       lines.push(["+", b[j++]]);
     }
   }
-  return lines;
+  return [...start, ...lines, ...end];
 }
 
 // What an edit changed: the proposed arguments (-) against those approved (+).
@@ -55,15 +84,18 @@ function editDiff(proposed, edited) {
 }
 
 // The one view of a pending call's arguments a person may edit, with what
-// is wrong with them; `edited()` says whether they differ from the proposal.
+// is wrong with them; `edited(text)` says whether a text is another call
+// than the proposal (not merely laid out otherwise). What is typed is kept
+// as a draft, so a re-render of the run does not lose it.
 function argumentsEditor(approval) {
   const proposed = argumentsText(approval.arguments);
   const editor = el("textarea", { class: "editor arguments", spellcheck: "false", "aria-label": "arguments (edit to change the call)" });
   // Tall enough to read the call whole (up to 20 lines) without scrolling.
   editor.rows = Math.min(20, Math.max(4, proposed.split("\n").length + 1));
   editor.defaultValue = proposed; // the proposal, kept beside what is typed
-  editor.value = proposed;
+  editor.value = state.drafts.get(approval.id) ?? proposed;
+  editor.addEventListener("input", () => state.drafts.set(approval.id, editor.value));
   const problem = el("div", { class: "invalid", role: "status" });
-  const edited = () => editor.value !== editor.defaultValue;
+  const edited = (text) => withoutLayout(text) !== withoutLayout(proposed);
   return { editor, problem, edited };
 }

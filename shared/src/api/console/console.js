@@ -26,7 +26,8 @@ const state = {
   listSeq: 0, // the latest list request: an older answer is dropped
   listError: false, // whether the banner is a list's error (a later list clears it)
   closeConfirm: null, // closes the open confirmation
-  scrollToDetail: false, // a tap on a phone: show the run's detail once it is drawn
+  scrollToDetail: null, // a run tapped on a phone: its detail is scrolled to once drawn
+  drafts: new Map(), // what a person typed into a pending call's arguments (or comment), by approval id
 };
 
 // Forgets everything shown for a key: the lists, the run, its events and
@@ -38,7 +39,7 @@ function reset() {
   clearInterval(state.poll);
   if (state.closeConfirm) state.closeConfirm();
   if (state.follow) state.follow.abort();
-  Object.assign(state, { items: [], selected: -1, cursor: null, runId: null, approvalId: null, shown: "", events: [], follow: null });
+  Object.assign(state, { items: [], selected: -1, cursor: null, runId: null, approvalId: null, shown: "", events: [], follow: null, drafts: new Map() });
   $("list").replaceChildren();
   const detail = $("detail");
   detail.replaceChildren();
@@ -197,9 +198,12 @@ function renderList() {
     entry.dataset.index = String(index);
     if (index === state.selected) entry.classList.add("selected");
     entry.addEventListener("click", () => {
-      // On a phone the detail is below the list: a tap takes the person there.
-      state.scrollToDetail = matchMedia("(max-width: 700px)").matches;
       select(index);
+      // On a phone the detail is below the list: a tap takes the person there
+      // (now, or once the run is drawn).
+      if (!matchMedia("(max-width: 700px)").matches) return;
+      if ($("detail").dataset.run === runIdOf(item)) $("detail").scrollIntoView({ block: "start" });
+      else state.scrollToDetail = runIdOf(item);
     });
     list.append(entry);
   });
@@ -273,6 +277,9 @@ async function showRun(runId) {
   const switched = state.runId !== runId;
   state.runId = runId;
   if (switched) {
+    // Until the new run is drawn, nothing of the old one may be decided.
+    for (const box of document.querySelectorAll("#detail .approval[data-pending]")) delete box.dataset.pending;
+    state.renderedAt = Date.now();
     state.shown = "";
     delete $("detail").dataset.run; // the events list is built anew for this run
     follow(runId);
@@ -322,10 +329,19 @@ function renderRun(run) {
     el("h3", {}, "Events"),
     events,
   ];
+  // What the person was typing in keeps the keyboard across the rebuild.
+  const focused = document.activeElement;
+  const typingIn = focused && detail.contains(focused) && focused.closest(".approval")
+    ? [focused.closest(".approval").dataset.approval, focused.className] : null;
   detail.replaceChildren(...parts.filter((part) => part !== null));
+  if (typingIn) {
+    const box = detail.querySelector(`.approval[data-approval="${CSS.escape(typingIn[0])}"]`);
+    const again = box && [...box.querySelectorAll("textarea, input")].find((node) => node.className === typingIn[1]);
+    if (again) again.focus();
+  }
   markCurrent();
-  if (state.scrollToDetail) {
-    state.scrollToDetail = false;
+  if (state.scrollToDetail === run.id) {
+    state.scrollToDetail = null;
     detail.scrollIntoView({ block: "start" });
   }
 }
@@ -396,30 +412,36 @@ function approvalView(run, approval) {
   const actions = el("div", { class: "actions" }, comment);
   const call = approval.kind === "tool_call" ? argumentsEditor(approval) : null;
   const approve = el("button", { type: "button", class: "primary approve" }, "Approve");
+  const label = () => { approve.textContent = call && call.edited(call.editor.value) ? "Approve edited" : "Approve"; };
   if (call) {
     call.editor.addEventListener("input", () => {
       call.problem.textContent = argumentsProblem(call.editor.value);
-      approve.textContent = call.edited() ? "Approve edited" : "Approve";
+      label();
     });
     box.append(call.editor, call.problem);
+    label();
   }
-  const decide = (asked) => {
-    // Approve with the arguments changed is an edit.
-    const decision = asked === "approve" && call && call.edited() ? "edit" : asked;
-    const { editor, problem } = call || {};
+  comment.value = state.drafts.get(approval.id + "/comment") ?? "";
+  comment.addEventListener("input", () => state.drafts.set(approval.id + "/comment", comment.value));
+  // `typed`: the arguments the confirmation showed (else the editor's now).
+  // Approve with the arguments changed is an edit.
+  const decide = (asked, typed) => {
+    const arguments_ = call ? typed ?? call.editor.value : null;
+    const decision = asked === "approve" && call && call.edited(arguments_) ? "edit" : asked;
     const body = { decision, comment: comment.value || null };
     if (approval.arguments_sha256) body.arguments_sha256 = approval.arguments_sha256;
     let text = JSON.stringify(body);
     if (decision === "edit") {
-      problem.textContent = argumentsProblem(editor.value);
-      if (problem.textContent) return;
+      call.problem.textContent = argumentsProblem(arguments_);
+      if (call.problem.textContent) return;
       // The arguments go as typed, never through JSON.parse and back: a
       // number no double holds would silently become another one. The
       // service refuses such numbers with a message saying so.
-      text = text.slice(0, -1) + ',"arguments":' + editor.value + "}";
+      text = text.slice(0, -1) + ',"arguments":' + arguments_ + "}";
     }
-    postDecision(box, run, approval, text, "Recorded: " + decision + ".", decision === "edit" ? problem : null);
+    postDecision(box, run, approval, text, "Recorded: " + decision + ".", decision === "edit" ? call.problem : null);
   };
+  box.decide = decide;
   approve.addEventListener("click", () => decide("approve"));
   actions.append(approve);
   actions.append(el("button", { type: "button", class: "danger reject", onclick: () => decide("reject") },
@@ -483,7 +505,7 @@ function confirmDecision(box, button, rejecting) {
   // The call as it would be made (an edit as typed), or as proposed for a rejection.
   const shown = box.querySelector(".arguments");
   const typed = shown && shown.tagName === "TEXTAREA";
-  const edited = typed && shown.value !== shown.defaultValue;
+  const edited = typed && withoutLayout(shown.value) !== withoutLayout(shown.defaultValue);
   const callText = !shown ? null : !typed ? shown.textContent : rejecting ? shown.defaultValue : shown.value;
   const reason = el("input", { class: "reason", placeholder: "the reason (it reaches the model)" });
   reason.value = box.querySelector(".comment") ? box.querySelector(".comment").value : "";
@@ -499,7 +521,9 @@ function confirmDecision(box, button, rejecting) {
     const comment = box.querySelector(".comment");
     if (rejecting && comment) comment.value = reason.value;
     close();
-    button.click();
+    // Exactly the call shown: whatever the editor holds by now.
+    if (box.decide) box.decide(rejecting ? "reject" : "approve", typed && !rejecting ? callText : undefined);
+    else button.click();
   };
   const keys = (event) => {
     const inside = dialog.contains(event.target);
@@ -507,7 +531,7 @@ function confirmDecision(box, button, rejecting) {
     if (event.key === "Escape") close();
     // Enter confirms from the reason or the page; on the dialog's buttons
     // it presses the one focused; from any other field it does nothing.
-    else if (event.key === "Enter" && !event.isComposing && (event.target === reason || onPage)) confirm();
+    else if (event.key === "Enter" && !event.isComposing && (event.target === reason || event.target === dialog || onPage)) confirm();
     else if (inside) return;
     event.preventDefault();
     event.stopImmediatePropagation();
@@ -526,8 +550,9 @@ function confirmDecision(box, button, rejecting) {
   dialog.hidden = false;
   document.addEventListener("keydown", keys, true);
   state.closeConfirm = close;
+  // Not on a button: a Space typed by someone still writing JSON confirms nothing.
   if (rejecting) reason.focus();
-  else dialog.querySelector("button.primary").focus();
+  else dialog.focus();
 }
 
 // ------------------------------------------------------------------ events, live

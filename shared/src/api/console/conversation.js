@@ -39,7 +39,8 @@ function continueView(run) {
         text: JSON.stringify({ input: input.value, previous_run_id: run.id }),
       });
       notice("Continued as " + created.id + ".", true);
-      showRun(created.id);
+      // Shown unless the person moved on to another run meanwhile.
+      if (state.runId === run.id) showRun(created.id);
       if (state.view === "runs") loadList(false, true);
     } catch (error) {
       failed(error);
