@@ -159,6 +159,13 @@ impl DynamoStore {
         self.transact(items).await
     }
 
+    /// An unconditional delete of one item, in a transaction.
+    pub(super) fn delete(&self, pk: String, sk: String) -> Result<TransactWriteItem, StoreError> {
+        let delete =
+            Delete::builder().table_name(&self.table).key("pk", s(pk)).key("sk", s(sk)).build().map_err(defect)?;
+        Ok(TransactWriteItem::builder().delete(delete).build())
+    }
+
     pub(super) fn update_items(
         &self,
         run: &Run,
@@ -182,13 +189,7 @@ impl DynamoStore {
         }
         if ends_without_checkpoint {
             // The run's checkpoint item, if it ever had one, is no longer needed.
-            let delete = Delete::builder()
-                .table_name(&self.table)
-                .key("pk", s(run_pk(run.id)))
-                .key("sk", s(CHECKPOINT_SK))
-                .build()
-                .map_err(defect)?;
-            items.push(TransactWriteItem::builder().delete(delete).build());
+            items.push(self.delete(run_pk(run.id), CHECKPOINT_SK.into())?);
         }
         for event in events {
             items.push(event_put(&self.table, next, event, self.event_body(event))?);

@@ -258,6 +258,20 @@ pub(super) fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
     Ok((item, Some(checkpoint)))
 }
 
+/// The checkpoint a checkpoint item holds, if it is the one of `version`
+/// (a write may have landed between reading the run and reading it).
+pub(super) fn checkpoint_of_version(
+    item: Option<Item>,
+    version: &str,
+) -> Result<Option<serde_json::Value>, StoreError> {
+    let Some(item) = item.filter(|item| item.get("version").and_then(|v| v.as_n().ok()).is_some_and(|v| v == version))
+    else {
+        return Ok(None);
+    };
+    let json = text(&item, "checkpoint")?;
+    serde_json::from_str(json).map(Some).map_err(|_| defect("malformed stored checkpoint"))
+}
+
 pub(super) fn run_item(run: &Run) -> Result<Item, StoreError> {
     let mut item: Item =
         serde_dynamo::to_item(StoredRun::from(run)).map_err(|error| defect(format!("cannot encode run: {error}")))?;

@@ -46,15 +46,7 @@ impl RunLists for DynamoStore {
         let mut runs = match request.status {
             Some(_) => newest.into_iter().map(decode_run).collect::<Result<Vec<_>, _>>()?,
             None => {
-                let ids = newest
-                    .iter()
-                    .map(|entry| {
-                        text(entry, "sk")?
-                            .strip_prefix("RUN#")
-                            .and_then(|id| id.parse().ok())
-                            .ok_or_else(|| defect("malformed list entry"))
-                    })
-                    .collect::<Result<Vec<RunId>, _>>()?;
+                let ids = entry_run_ids(&newest)?;
                 let mut found = self.get_runs(owner, ids.iter().copied()).await?;
                 // An entry without its run is a create being undone.
                 ids.iter().filter_map(|id| found.remove(id)).collect()
@@ -222,6 +214,19 @@ impl EventLog for DynamoStore {
     }
 }
 
+/// The runs of list or thread entries (`sk` = `RUN#<run_id>`), in order.
+fn entry_run_ids(entries: &[Item]) -> Result<Vec<RunId>, StoreError> {
+    entries
+        .iter()
+        .map(|entry| {
+            text(entry, "sk")?
+                .strip_prefix("RUN#")
+                .and_then(|id| id.parse().ok())
+                .ok_or_else(|| defect("malformed list entry"))
+        })
+        .collect()
+}
+
 /// The most thread entries one filtered request reads.
 const THREAD_READS: usize = 1_000;
 
@@ -256,16 +261,7 @@ impl DynamoStore {
                 .send()
                 .await
                 .map_err(unavailable)?;
-            let mut ids = output
-                .items()
-                .iter()
-                .map(|entry| {
-                    text(entry, "sk")?
-                        .strip_prefix("RUN#")
-                        .and_then(|id| id.parse().ok())
-                        .ok_or_else(|| defect("malformed thread entry"))
-                })
-                .collect::<Result<Vec<RunId>, _>>()?;
+            let mut ids = entry_run_ids(output.items())?;
             start = output.last_evaluated_key;
             read += ids.len();
             let examined = ids.last().copied();

@@ -87,22 +87,10 @@ impl RunStore for DynamoStore {
         // A continuation's: the checkpoint it carried (if kept apart) and
         // its thread entry.
         if run.checkpoint.is_some() {
-            let delete = Delete::builder()
-                .table_name(&self.table)
-                .key("pk", s(run_pk(run.id)))
-                .key("sk", s(CHECKPOINT_SK))
-                .build()
-                .map_err(defect)?;
-            items.push(TransactWriteItem::builder().delete(delete).build());
+            items.push(self.delete(run_pk(run.id), CHECKPOINT_SK.into())?);
         }
         if let Some(thread) = run.thread {
-            let delete = Delete::builder()
-                .table_name(&self.table)
-                .key("pk", s(thread_pk(&run.owner, thread.thread_id)))
-                .key("sk", s(run_sk(run.id)))
-                .build()
-                .map_err(defect)?;
-            items.push(TransactWriteItem::builder().delete(delete).build());
+            items.push(self.delete(thread_pk(&run.owner, thread.thread_id), run_sk(run.id))?);
         }
         if let Some(key_hash) = idempotency_key_hash {
             let delete_record = Delete::builder()
@@ -153,13 +141,8 @@ impl RunStore for DynamoStore {
                 return Ok(Some(run));
             };
             let checkpoint = self.get_item(run_pk(run_id), CHECKPOINT_SK.into()).await?;
-            let Some(checkpoint) =
-                checkpoint.filter(|item| item.get("version").and_then(|v| v.as_n().ok()) == Some(&version))
-            else {
-                continue;
-            };
-            let json = text(&checkpoint, "checkpoint")?;
-            run.checkpoint = Some(serde_json::from_str(json).map_err(|_| defect("malformed stored checkpoint"))?);
+            let Some(checkpoint) = checkpoint_of_version(checkpoint, &version)? else { continue };
+            run.checkpoint = Some(checkpoint);
             return Ok(Some(run));
         }
         Err(unavailable(std::io::Error::other("the run kept changing while its checkpoint was read")))
@@ -170,7 +153,7 @@ impl RunStore for DynamoStore {
         let key = |sk: &str| Item::from([("pk".into(), s(run_pk(run_id))), ("sk".into(), s(sk))]);
         for _ in 0..8 {
             let items = self.batch_get(vec![key(RUN_SK), key(CHECKPOINT_SK)], None).await?;
-            let (mut runs, checkpoints): (Vec<Item>, Vec<Item>) = items
+            let (mut runs, mut checkpoints): (Vec<Item>, Vec<Item>) = items
                 .into_iter()
                 .partition(|item| item.get("sk").and_then(|sk| sk.as_s().ok()).is_some_and(|sk| sk == RUN_SK));
             let Some(item) = runs.pop() else { return Ok(None) };
@@ -180,13 +163,8 @@ impl RunStore for DynamoStore {
                 return Ok(None);
             }
             let Some(version) = apart else { return Ok(Some(run)) };
-            let Some(checkpoint) =
-                checkpoints.into_iter().find(|item| item.get("version").and_then(|v| v.as_n().ok()) == Some(&version))
-            else {
-                continue;
-            };
-            let json = text(&checkpoint, "checkpoint")?;
-            run.checkpoint = Some(serde_json::from_str(json).map_err(|_| defect("malformed stored checkpoint"))?);
+            let Some(checkpoint) = checkpoint_of_version(checkpoints.pop(), &version)? else { continue };
+            run.checkpoint = Some(checkpoint);
             return Ok(Some(run));
         }
         Err(unavailable(std::io::Error::other("the run kept changing while its checkpoint was read")))
