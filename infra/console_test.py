@@ -384,9 +384,16 @@ try:
         "return [...document.querySelectorAll('.id')].filter((id) => id.getClientRects().length > 1).length")
     assert broken == 0, f"{broken} ids wrap"
     driver.execute_script("window.scrollTo(0, 0)")
-    driver.find_elements(By.CSS_SELECTOR, "#list li")[1].click()
-    wait.until(lambda _: abs(driver.execute_script("return document.getElementById('detail').getBoundingClientRect().top")) < 5)
-    assert driver.execute_script("return window.scrollY") > 0
+    tapped = driver.find_elements(By.CSS_SELECTOR, "#list li")[1]
+    tapped_run = tapped.find_element(By.CSS_SELECTOR, ".id").text
+    tapped.click()
+    wait_text("#detail h2", tapped_run)
+    # Scrolled down to the detail: its top on the screen (at the top, or as
+    # far as the page went when it was drawn, for a short run at the end).
+    scrolled_to_detail = (
+        "const top = document.getElementById('detail').getBoundingClientRect().top;"
+        " return window.scrollY > 0 && top > -5 && top < window.innerHeight - 100;")
+    wait.until(lambda _: driver.execute_script(scrolled_to_detail))
     width = driver.execute_script("return document.documentElement.scrollWidth")
     assert width <= 390, f"a run's detail is {width}px wide on a 390px screen"
     driver.save_screenshot(f"{shots}/console-phone.png")
