@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::body::{json_object, optional_string, reject_unknown_fields, whole_number};
-use super::{Api, ApiError, ApiResponse, RequestTrace, run_response};
+use super::{Api, ApiError, ApiResponse, RequestTrace, run_id_of, run_response};
 use crate::auth::Principal;
 use crate::domain::{Budget, IdempotencyKey, Metadata, Owner, Run, RunId, RunInput, RunTrace};
 use crate::lifecycle::{self, IdempotencyRequest, StartError, Started};
@@ -79,16 +79,8 @@ async fn parse_body(api: &Api, owner: &Owner, mut object: Map<String, Value>) ->
     let agent = optional_string(&mut object, "agent")?;
     let metadata = parse_metadata(object.remove("metadata"))?;
     let budget = parse_budget(object.remove("budget"))?;
-    let previous_run_id = optional_string(&mut object, "previous_run_id")?
-        .map(|text| {
-            text.parse::<RunId>().map_err(|_| {
-                ApiError::invalid(
-                    "previous_run_id",
-                    "`previous_run_id` must be a run id (run_ followed by 26 characters).",
-                )
-            })
-        })
-        .transpose()?;
+    let previous_run_id =
+        optional_string(&mut object, "previous_run_id")?.map(|text| run_id_of("previous_run_id", &text)).transpose()?;
     let previous = match previous_run_id {
         Some(run_id) => Some(previous_run(api, owner, run_id, agent.as_deref()).await?),
         None => None,

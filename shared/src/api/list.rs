@@ -4,7 +4,7 @@ use http::StatusCode;
 
 use super::query::{page_size, parameters};
 use super::response::json_bytes_response;
-use super::{ApiError, ApiResponse};
+use super::{ApiError, ApiResponse, run_id_of};
 use crate::domain::{Cursor, Owner, RunId, RunStatus};
 use crate::store::{ListRequest, RunLists};
 
@@ -31,13 +31,7 @@ fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
             })
         })
         .transpose()?;
-    let thread = thread
-        .map(|text| {
-            text.parse::<RunId>().map_err(|_| {
-                ApiError::invalid("thread_id", "`thread_id` must be a run id (run_ followed by 26 characters).")
-            })
-        })
-        .transpose()?;
+    let thread = thread.map(|text| run_id_of("thread_id", &text)).transpose()?;
     let limit = page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     Ok(ListQuery { status, thread, limit, cursor })
 }

@@ -387,6 +387,13 @@ fn parse_run_id(text: &str) -> Result<RunId, ApiError> {
     text.parse().map_err(|_| ApiError::run_not_found())
 }
 
+/// A run id a body field or query parameter `param` holds; a malformed one
+/// is a `400` naming it.
+fn run_id_of(param: &'static str, text: &str) -> Result<RunId, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::invalid(param, format!("`{param}` must be a run id (run_ followed by 26 characters).")))
+}
+
 fn run_response(status: http::StatusCode, run: &Run, shown: Shown) -> ApiResponse {
     response::json_response(status, &crate::views::RunView::new(run, shown))
 }
