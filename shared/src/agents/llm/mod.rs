@@ -268,14 +268,24 @@ impl LlmAgent {
     /// oldest turns of the conversation the run continues are left out
     /// first (and that is recorded), never its own.
     fn save(&self, transcript: &mut Transcript, events: &mut Vec<EventData>) -> Result<serde_json::Value, Step> {
-        let dropped = transcript.make_room(self.runtime.max_checkpoint_bytes);
-        if dropped.turns > 0 {
-            events.push(EventData::ContextTruncated { dropped_turns: dropped.turns, dropped_bytes: dropped.bytes });
+        let max = self.runtime.max_checkpoint_bytes;
+        let encode = |transcript: &Transcript| {
+            let value = serde_json::to_value(transcript)
+                .map_err(|_| Step::Failed("The run's transcript could not be saved.".into()))?;
+            let size = value.to_string().len();
+            Ok::<_, Step>((value, size))
+        };
+        // Measured once; room is made (and the transcript encoded again)
+        // only past the limit.
+        let (mut value, mut size) = encode(transcript)?;
+        if size > max {
+            let dropped = transcript.make_room(max);
+            if dropped.turns > 0 {
+                events.push(dropped.event());
+                (value, size) = encode(transcript)?;
+            }
         }
-        let value = serde_json::to_value(&*transcript)
-            .map_err(|_| Step::Failed("The run's transcript could not be saved.".into()))?;
-        let size = value.to_string().len();
-        if size > self.runtime.max_checkpoint_bytes {
+        if size > max {
             return Err(Step::Failed(format!(
                 "The run's transcript grew to {size} bytes, over this deployment's limit of {} bytes.",
                 self.runtime.max_checkpoint_bytes
@@ -562,10 +572,7 @@ impl Agent for LlmAgent {
                 };
                 let (transcript, dropped) = Transcript::continued(ended, step.input, self.runtime.max_checkpoint_bytes);
                 if let Some(dropped) = dropped {
-                    step.events.push(EventData::ContextTruncated {
-                        dropped_turns: dropped.turns,
-                        dropped_bytes: dropped.bytes,
-                    });
+                    step.events.push(dropped.event());
                 }
                 transcript
             }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::{Message, ToolCall};
+use crate::domain::EventData;
 
 /// A tool call the model asked for and that has not been answered yet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,6 +52,13 @@ fn is_zero(number: &usize) -> bool {
 pub(super) struct Dropped {
     pub(super) turns: u64,
     pub(super) bytes: u64,
+}
+
+impl Dropped {
+    /// The run's record of it: `context.truncated`.
+    pub(super) fn event(self) -> EventData {
+        EventData::ContextTruncated { dropped_turns: self.turns, dropped_bytes: self.bytes }
+    }
 }
 
 /// What the answer to a call left unanswered when its run ended says.
@@ -107,8 +115,12 @@ impl Transcript {
     /// continues (never its own) while the transcript is over `max_bytes`;
     /// what was left out.
     pub(super) fn make_room(&mut self, max_bytes: usize) -> Dropped {
+        // A run of its own has nothing before its turn (and is not measured).
+        if self.own_turn == 0 {
+            return Dropped::default();
+        }
         let size = self.size();
-        if size <= max_bytes || self.own_turn == 0 {
+        if size <= max_bytes {
             return Dropped::default();
         }
         // Each message's share of the JSON: itself and the comma after it.
