@@ -159,6 +159,12 @@ impl DynamoStore {
         self.transact(items).await
     }
 
+    /// An unconditional put of one item, in a transaction.
+    pub(super) fn put(&self, item: Item) -> Result<TransactWriteItem, StoreError> {
+        let put = Put::builder().table_name(&self.table).set_item(Some(item)).build().map_err(defect)?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
     /// An unconditional delete of one item, in a transaction.
     pub(super) fn delete(&self, pk: String, sk: String) -> Result<TransactWriteItem, StoreError> {
         let delete =
@@ -182,14 +188,11 @@ impl DynamoStore {
             .build()
             .map_err(defect)?;
         let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
-        let ends_without_checkpoint = next.status.is_terminal() && checkpoint_item.is_none();
-        if let Some(checkpoint) = checkpoint_item {
-            let put = Put::builder().table_name(&self.table).set_item(Some(checkpoint)).build().map_err(defect)?;
-            items.push(TransactWriteItem::builder().put(put).build());
-        }
-        if ends_without_checkpoint {
+        match checkpoint_item {
+            Some(checkpoint) => items.push(self.put(checkpoint)?),
             // The run's checkpoint item, if it ever had one, is no longer needed.
-            items.push(self.delete(run_pk(run.id), CHECKPOINT_SK.into())?);
+            None if next.status.is_terminal() => items.push(self.delete(run_pk(run.id), CHECKPOINT_SK.into())?),
+            None => {}
         }
         for event in events {
             items.push(event_put(&self.table, next, event, self.event_body(event))?);
@@ -312,25 +315,17 @@ impl DynamoStore {
                 .map_err(defect)?;
             items.push(TransactWriteItem::builder().put(record).build());
         }
-        let put_entry = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(entry(&written.owner, written.id)))
-            .build()
-            .map_err(defect)?;
-        items.push(TransactWriteItem::builder().put(put_entry).build());
+        items.push(self.put(entry(&written.owner, written.id))?);
         // A continuation's: what the run it continues ended with, when large.
         if let Some(checkpoint) = checkpoint_item {
-            let put = Put::builder().table_name(&self.table).set_item(Some(checkpoint)).build().map_err(defect)?;
-            items.push(TransactWriteItem::builder().put(put).build());
+            items.push(self.put(checkpoint)?);
         }
         if let Some(thread) = written.thread {
-            let put_thread_entry = Put::builder()
-                .table_name(&self.table)
-                .item("pk", s(thread_pk(&written.owner, thread.thread_id)))
-                .item("sk", s(run_sk(written.id)))
-                .build()
-                .map_err(defect)?;
-            items.push(TransactWriteItem::builder().put(put_thread_entry).build());
+            let thread_entry = Item::from([
+                ("pk".into(), s(thread_pk(&written.owner, thread.thread_id))),
+                ("sk".into(), s(run_sk(written.id))),
+            ]);
+            items.push(self.put(thread_entry)?);
         }
         for event in &events {
             items.push(event_put(&self.table, written, event, self.event_body(event))?);

@@ -258,6 +258,15 @@ pub(super) fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
     Ok((item, Some(checkpoint)))
 }
 
+/// The run of a run item, if it is `owner`'s, with the version of its
+/// checkpoint kept apart (if one is).
+pub(super) fn owners_run(item: Option<Item>, owner: &Owner) -> Result<Option<(Run, Option<String>)>, StoreError> {
+    let Some(item) = item else { return Ok(None) };
+    let apart = item.get(CHECKPOINT_APART).and_then(|value| value.as_n().ok()).cloned();
+    let run = decode_run(item)?;
+    Ok((run.owner == *owner).then_some((run, apart)))
+}
+
 /// The checkpoint a checkpoint item holds, if it is the one of `version`
 /// (a write may have landed between reading the run and reading it).
 pub(super) fn checkpoint_of_version(

@@ -129,14 +129,8 @@ impl RunStore for DynamoStore {
         // all); should a write land between the two reads, the versions
         // differ and both are read again.
         for _ in 0..8 {
-            let Some(item) = self.get_item(run_pk(run_id), RUN_SK.into()).await? else {
-                return Ok(None);
-            };
-            let apart = item.get(CHECKPOINT_APART).and_then(|value| value.as_n().ok()).cloned();
-            let mut run = decode_run(item)?;
-            if run.owner != *owner {
-                return Ok(None);
-            }
+            let item = self.get_item(run_pk(run_id), RUN_SK.into()).await?;
+            let Some((mut run, apart)) = owners_run(item, owner)? else { return Ok(None) };
             let Some(version) = apart.filter(|_| !run.status.is_terminal()) else {
                 return Ok(Some(run));
             };
@@ -156,12 +150,7 @@ impl RunStore for DynamoStore {
             let (mut runs, mut checkpoints): (Vec<Item>, Vec<Item>) = items
                 .into_iter()
                 .partition(|item| item.get("sk").and_then(|sk| sk.as_s().ok()).is_some_and(|sk| sk == RUN_SK));
-            let Some(item) = runs.pop() else { return Ok(None) };
-            let apart = item.get(CHECKPOINT_APART).and_then(|value| value.as_n().ok()).cloned();
-            let mut run = decode_run(item)?;
-            if run.owner != *owner {
-                return Ok(None);
-            }
+            let Some((mut run, apart)) = owners_run(runs.pop(), owner)? else { return Ok(None) };
             let Some(version) = apart else { return Ok(Some(run)) };
             let Some(checkpoint) = checkpoint_of_version(checkpoints.pop(), &version)? else { continue };
             run.checkpoint = Some(checkpoint);
