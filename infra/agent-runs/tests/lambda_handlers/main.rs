@@ -129,6 +129,12 @@ struct Aws {
 }
 
 impl Aws {
+    /// Stores the agent `definition` (its JSON), as `agents put` would.
+    async fn define(&self, definition: Value) {
+        let definition: AgentDefinition = serde_json::from_value(definition).unwrap();
+        self.services.store.put_agent(&definition.parse().unwrap(), SystemClock.now()).await.unwrap();
+    }
+
     async fn new() -> Aws {
         Self::with_faults(Arc::new(Healthy), AwsError::Throttling).await
     }

@@ -256,15 +256,14 @@ pub(super) async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactl
     }
     let aws = Aws::new().await;
     let model = stand_in::StandIn::start().await;
-    let definition: AgentDefinition = serde_json::from_value(json!({
+    aws.define(json!({
         "name": "janitor", "provider": "openai", "model": "stand-in-1", "base_url": format!("{}/v1", model.url),
         "system_prompt": "You keep the repository tidy.", "allow_private_network": true,
         "tools": [{"name": "delete_branch", "description": "Deletes a branch.", "method": "POST",
                    "url": format!("{}/tools/delete", model.url), "requires_approval": true,
                    "parameters": {"type": "object", "properties": {"branch": {"type": "string"}}, "required": ["branch"]}}]
     }))
-    .unwrap();
-    aws.services.store.put_agent(&definition.parse().unwrap(), SystemClock.now()).await.unwrap();
+    .await;
     model.script(vec![
         stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
         stand_in::text("Deleted old."),
@@ -387,12 +386,11 @@ pub(super) async fn a_continued_run_costs_one_read_more_than_a_fresh_one() {
     }
     let aws = Aws::new().await;
     let model = stand_in::StandIn::start().await;
-    let definition: AgentDefinition = serde_json::from_value(json!({
+    aws.define(json!({
         "name": "talker", "provider": "openai", "model": "stand-in-1", "base_url": format!("{}/v1", model.url),
         "system_prompt": "You talk.", "allow_private_network": true
     }))
-    .unwrap();
-    aws.services.store.put_agent(&definition.parse().unwrap(), SystemClock.now()).await.unwrap();
+    .await;
     model.script(vec![stand_in::text("one"), stand_in::text("two"), stand_in::text("three")]);
     let create = |input: &str, previous: Option<&Value>| {
         let mut body = json!({"agent": "talker", "input": input});
