@@ -97,6 +97,11 @@ impl Authenticator {
         Self { keys, cache_ttl, cache: Arc::default() }
     }
 
+    /// The store keys are verified against.
+    pub fn keys(&self) -> &dyn KeyStore {
+        self.keys.as_ref()
+    }
+
     pub async fn authenticate(&self, secret: &str) -> Result<Principal, AuthError> {
         if !well_formed(secret) {
             return Err(AuthError::Unauthorized);

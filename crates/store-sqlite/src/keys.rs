@@ -92,6 +92,21 @@ impl KeyStore for SqliteStore {
         .await
     }
 
+    async fn owner_keys(&self, owner: &Owner) -> Result<Vec<StoredKey>, StoreError> {
+        let owner = owner.clone();
+        self.read(move |connection| {
+            let mut statement = connection
+                .prepare_cached(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE owner = ?1 ORDER BY id"))
+                .map_err(unavailable)?;
+            let rows = statement
+                .query_map(params![owner.as_str()], key_from_row)
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(unavailable)?;
+            rows.into_iter().map(decode_key).collect()
+        })
+        .await
+    }
+
     async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError> {
         self.write(move |connection, _| {
             let found: Option<Option<i64>> = connection

@@ -59,8 +59,8 @@ pub async fn migrate(args: AwsMigrateArgs) -> Result<(), Error> {
     // An operator's tool: the whole cause (a missing table, no permission).
     let migrated = store.migrate_layout(limit).await.map_err(|error| agent_runs_shared::error_chain(&error))?;
     println!(
-        "moved {} runs and {} idempotency records, replaced {} active-run counts; {} items changed while moving",
-        migrated.runs, migrated.idempotency_records, migrated.counters, migrated.skipped
+        "moved {} runs and {} idempotency records, replaced {} active-run counts, listed {} API keys under their owner; {} items changed while moving",
+        migrated.runs, migrated.idempotency_records, migrated.counters, migrated.keys, migrated.skipped
     );
     if migrated.skipped > 0 {
         return Err("some items changed while being moved: run aws-migrate again".into());

@@ -65,7 +65,7 @@ const CHANGE_RUNS: Grant = Grant::Table(&["GetItem", "Query", "PutItem", "Update
 /// first call, which opens the connection).
 const SEND_RUNS: Grant = Grant::Queue("RunQueue", &["SendMessage", "GetQueueAttributes"]);
 
-pub const FUNCTIONS: [Function; 17] = [
+pub const FUNCTIONS: [Function; 18] = [
     Function {
         name: "create",
         description: "POST /v1/agent/runs: create a run",
@@ -263,6 +263,17 @@ pub const FUNCTIONS: [Function; 17] = [
         environment: &[],
         // A test replays up to 10,000 decisions read from their index.
         grants: &[Grant::Table(&["GetItem", "UpdateItem"]), Grant::Indexes(&["gsi4"])],
+        trigger: Trigger::Routes,
+    },
+    Function {
+        name: "directory",
+        description: "GET /v1/keys and GET /v1/agents/{agent}: the owner's keys by name, an agent's settings",
+        timeout: None,
+        memory: None,
+        extra: "",
+        environment: &[],
+        // An agent's definition; the owner's keys from the status index.
+        grants: &[Grant::Table(&["GetItem"]), Grant::Indexes(&["gsi1"])],
         trigger: Trigger::Routes,
     },
     Function {

@@ -177,6 +177,7 @@ fn every_function_is_a_workspace_binary_built_with_cargo_lambda() {
         "dead-letter",
         "webhooks",
         "policies",
+        "directory",
         "notifier",
         "deliver",
     ]

@@ -115,6 +115,15 @@ pub struct AgentRegistry {
     defined: Option<Arc<DefinedAgents>>,
 }
 
+/// What `GET /v1/agents/{agent}` shows of an agent.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AgentAbout {
+    pub name: String,
+    pub description: Option<String>,
+    /// The key that created a run may not decide its approvals.
+    pub separate_approver: bool,
+}
+
 /// Agents defined in the store: known by name (to accept runs) and, where
 /// runs execute, built; both kept for a while.
 struct DefinedAgents {
@@ -181,6 +190,25 @@ impl AgentRegistry {
             Some(defined) if defined.exists(name).await? => Ok(Some(Ok(()))),
             _ => Ok(None),
         }
+    }
+
+    /// What a client may know of the agent of that name; `None` when there
+    /// is no such agent.
+    pub async fn about(&self, name: &str) -> Result<Option<AgentAbout>, StoreError> {
+        if self.builtin.contains_key(name) {
+            let description = match name {
+                "echo" => Some("Succeeds with its input as the output.".to_owned()),
+                "script" => Some("Follows the script of steps its input is: for tests and demos.".to_owned()),
+                _ => None,
+            };
+            return Ok(Some(AgentAbout { name: name.to_owned(), description, separate_approver: false }));
+        }
+        let Some(defined) = &self.defined else { return Ok(None) };
+        Ok(defined.store.get_agent(name).await?.map(|agent| AgentAbout {
+            name: agent.name,
+            description: agent.description,
+            separate_approver: agent.separate_approver,
+        }))
     }
 
     /// Whether the agent of that name wants a run's approvals decided by

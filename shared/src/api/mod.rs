@@ -4,6 +4,7 @@
 //! `http::Response<Bytes>`, so the same code serves Lambda and the embedded
 //! server.
 
+mod agents;
 mod batch;
 mod body;
 mod cancel;
@@ -16,6 +17,7 @@ mod extend;
 mod get;
 mod holds;
 mod inbox;
+mod keys;
 mod list;
 pub mod openapi;
 mod policies;
@@ -344,6 +346,8 @@ impl Api {
             Operation::GetPolicy => policies::get(self.policies.as_ref(), &principal, &request).await,
             Operation::PutPolicy => policies::put(self.policies.as_ref(), &principal, self.clock.now(), &request).await,
             Operation::TestPolicy => policies::test(self.policies.as_ref(), &principal, &request).await,
+            Operation::ListKeys => keys::list(self.auth.keys(), &principal, request.uri().query()).await,
+            Operation::GetAgent => agents::get(&self.agents, params.get("agent"), request.uri().query()).await,
         }
     }
 
@@ -377,7 +381,7 @@ enum Serving {
 
 fn not_found_path() -> ApiError {
     ApiError::NotFound(
-        "No such path. Operations live under /v1/agent/runs, /v1/approvals, /v1/webhooks and /v1/policies; the console is at /console."
+        "No such path. Operations live under /v1/agent/runs, /v1/approvals, /v1/webhooks, /v1/policies, /v1/keys and /v1/agents; the console is at /console."
             .into(),
     )
 }

@@ -6,7 +6,7 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use serde_json::{Value, json};
 
 use super::body::{json_object, reject_unknown_fields, whole_number};
-use super::query::parameters;
+use super::query::no_query;
 use super::response::json_response;
 use super::{ApiError, ApiResponse};
 use crate::auth::Principal;
@@ -16,10 +16,6 @@ use crate::store::PolicyStore;
 /// Calls a test replays when it names no `limit`, and the most it may.
 const DEFAULT_TEST_LIMIT: u64 = 1_000;
 const MAX_TEST_LIMIT: u64 = 10_000;
-
-fn no_query(request: &Request<Bytes>) -> Result<(), ApiError> {
-    parameters(request.uri().query(), [] as [&str; 0]).map(|_| ())
-}
 
 fn rule_error(error: RuleError) -> ApiError {
     let message = format!("`{}` {}.", error.param, error.message);
@@ -65,7 +61,7 @@ pub(super) async fn get(
     principal: &Principal,
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {
-    no_query(request)?;
+    no_query(request.uri().query())?;
     Ok(policy_response(StatusCode::OK, &policies.policy(&principal.owner).await?))
 }
 
@@ -75,7 +71,7 @@ pub(super) async fn put(
     now: crate::domain::Timestamp,
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {
-    no_query(request)?;
+    no_query(request.uri().query())?;
     let expected = if_match(request.headers())?;
     let body = Value::Object(json_object(request.headers(), request.body(), false)?);
     let rules = parse_rules(&body).map_err(rule_error)?;
@@ -97,7 +93,7 @@ pub(super) async fn test(
     principal: &Principal,
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {
-    no_query(request)?;
+    no_query(request.uri().query())?;
     let mut body = json_object(request.headers(), request.body(), false)?;
     reject_unknown_fields(&body, &["rules", "limit"])?;
     let limit = match body.remove("limit") {

@@ -34,6 +34,11 @@ pub(super) fn parameters<const N: usize>(
     Ok(values)
 }
 
+/// No parameter at all: any is a `400` naming it.
+pub(super) fn no_query(query: Option<&str>) -> Result<(), ApiError> {
+    parameters(query, [] as [&str; 0]).map(|_| ())
+}
+
 /// The `limit` parameter: `default` when absent, else a whole number from 1
 /// to `max`.
 pub(super) fn page_size(value: Option<String>, default: u32, max: u32) -> Result<u32, ApiError> {

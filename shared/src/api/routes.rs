@@ -33,6 +33,8 @@ pub enum Operation {
     GetPolicy,
     PutPolicy,
     TestPolicy,
+    ListKeys,
+    GetAgent,
 }
 
 /// Where an operation lives and what serves it.
@@ -50,7 +52,7 @@ pub struct Route {
     pub scope: Scope,
 }
 
-pub const ROUTES: [Route; 18] = [
+pub const ROUTES: [Route; 20] = [
     Route {
         operation: Operation::Create,
         method: Method::POST,
@@ -194,6 +196,22 @@ pub const ROUTES: [Route; 18] = [
         operation_id: "testPolicy",
         function: "policies",
         scope: Scope::PoliciesManage,
+    },
+    Route {
+        operation: Operation::ListKeys,
+        method: Method::GET,
+        path: "/v1/keys",
+        operation_id: "listKeys",
+        function: "directory",
+        scope: Scope::RunsRead,
+    },
+    Route {
+        operation: Operation::GetAgent,
+        method: Method::GET,
+        path: "/v1/agents/{agent}",
+        operation_id: "getAgent",
+        function: "directory",
+        scope: Scope::RunsRead,
     },
 ];
 

@@ -6,7 +6,7 @@ use http::{Request, StatusCode};
 use serde_json::Value;
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
-use super::query::{page_size, parameters};
+use super::query::{no_query, page_size, parameters};
 use super::response::json_response;
 use super::{Api, ApiError, ApiResponse};
 use crate::domain::{
@@ -63,10 +63,6 @@ fn page(query: Option<&str>, owner: &Owner, list: &str) -> Result<(u32, Option<u
         .transpose()
         .map_err(|error| ApiError::invalid("cursor", error.to_string()))?;
     Ok((limit, after.map(|cursor| cursor.last)))
-}
-
-fn no_query(query: Option<&str>) -> Result<(), ApiError> {
-    parameters(query, [] as [&str; 0]).map(|_| ())
 }
 
 pub(super) async fn create(api: &Api, owner: &Owner, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {

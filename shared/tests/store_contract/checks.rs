@@ -268,6 +268,17 @@ pub(super) async fn keys_are_found_by_hash_listed_and_revoked(keys: &dyn KeyStor
     keys.put_key(&everything).await.unwrap();
     assert_eq!(keys.find_key(&[9; 32]).await.unwrap().unwrap().scopes, Scopes::all());
     assert_eq!(Scopes::all().to_stored(), None, "every scope is kept as none named: later ones included");
+    let elsewhere = StoredKey {
+        id: KeyId::from_ulid(Ulid::from_parts(T0, 4)),
+        owner: owner("elsewhere"),
+        hash: [10; 32],
+        ..everything.clone()
+    };
+    keys.put_key(&elsewhere).await.unwrap();
+    let acme: Vec<_> = keys.owner_keys(&owner("acme")).await.unwrap();
+    assert_eq!(acme, [revoked, everything], "the owner's keys, oldest first, revoked ones too");
+    assert_eq!(keys.owner_keys(&owner("elsewhere")).await.unwrap(), [elsewhere]);
+    assert_eq!(keys.owner_keys(&owner("nobody")).await.unwrap(), []);
     let from_a_later_build = Scopes::stored(Some(["runs:read", "runs:delete"]));
     assert_eq!(from_a_later_build, Scopes::of([Scope::RunsRead]), "an unknown name grants nothing");
 }

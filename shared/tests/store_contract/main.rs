@@ -367,10 +367,32 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
     ended.cancel(Timestamp::from_millis(T0 as i64 + 7)).unwrap();
     store.update(&mut ended).await.unwrap();
     to_layout_before_shards(&client, &table, "before").await;
+    // A key from before owners' keys were listed.
+    let old_key = StoredKey {
+        id: KeyId::from_ulid(Ulid::from_parts(T0, 5)),
+        owner: owner("before"),
+        name: Some("old".into()),
+        hash: [55; 32],
+        created_at: Timestamp::from_millis(T0 as i64),
+        revoked_at: None,
+        scopes: Scopes::all(),
+    };
+    store.put_key(&old_key).await.unwrap();
+    client
+        .update_item()
+        .table_name(&table)
+        .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(format!("KEY#{}", hex::encode([55u8; 32]))))
+        .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("KEY".into()))
+        .update_expression("REMOVE gsi1pk, gsi1sk")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(store.owner_keys(&owner("before")).await.unwrap(), []);
     assert!(store.get(&owner("before"), queued.id).await.unwrap().is_none(), "unmoved runs are not found");
 
     let migrated = store.migrate_layout(1_000).await.unwrap();
-    assert_eq!(migrated, Migrated { runs: 3, idempotency_records: 1, counters: 1, skipped: 0 });
+    assert_eq!(migrated, Migrated { runs: 3, idempotency_records: 1, counters: 1, skipped: 0, keys: 1 });
+    assert_eq!(store.owner_keys(&owner("before")).await.unwrap(), [old_key], "a key from before is listed");
     for run in [&queued, &big, &ended] {
         let found = store.get(&owner("before"), run.id).await.unwrap().unwrap();
         assert_eq!((found.status, found.version, found.event_seq), (run.status, run.version, run.event_seq));

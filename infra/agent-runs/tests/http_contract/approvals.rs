@@ -27,11 +27,37 @@ pub(super) fn scopes_limit_what_a_key_may_do_and_decisions_name_their_key(target
         server.admin(&args).trim().to_owned()
     };
     let reader = scoped("reader", &["runs:read"]);
-    let writer = scoped("writer", &["runs:write"]);
+    scoped("writer", &["runs:write"]);
     let approver = scoped("approver", &["approvals:decide"]);
 
+    // The owner's keys by name, the caller's marked; never another owner's.
+    server.key("someone-else");
+    let listed = server.get(&reader, "/v1/keys").expect_status(200).clone();
+    let names: Vec<_> = listed["data"].as_array().unwrap().iter().map(|key| key["name"].clone()).collect();
+    assert_eq!(names[names.len() - 3..], [json!("reader"), json!("writer"), json!("approver")], "{listed}");
+    let reading = listed["data"].as_array().unwrap().iter().find(|key| key["name"] == "reader").unwrap();
+    assert_eq!(reading["id"].as_str(), Some(key_id(&server, "reader").as_str()));
+    assert_eq!(
+        (&reading["scopes"], &reading["current"], &reading["revoked_at"]),
+        (&json!(["runs:read"]), &json!(true), &Value::Null)
+    );
+    let current: Vec<_> = listed["data"].as_array().unwrap().iter().filter(|key| key["current"] == true).collect();
+    assert_eq!(current.len(), 1, "{listed}");
+    server.admin(&["keys", "revoke", &key_id(&server, "writer")]);
+    let listed = server.get(&approver, "/v1/keys").expect_status(200).clone();
+    let revoked = listed["data"].as_array().unwrap().iter().find(|key| key["name"] == "writer").unwrap();
+    assert!(is_timestamp(&revoked["revoked_at"]), "{listed}");
+    server.get(&reader, "/v1/keys?limit=5").expect_error(400, "invalid_request");
+    let hooks = scoped("hooks", &["webhooks:manage"]);
+    server.get(&hooks, "/v1/keys").expect_error(403, "forbidden");
+    // What a client may know of an agent.
+    let echo = server.get(&reader, "/v1/agents/echo").expect_status(200).clone();
+    assert_eq!((&echo["name"], &echo["separate_approver"]), (&json!("echo"), &json!(false)));
+    server.get(&reader, "/v1/agents/nope").expect_error(404, "not_found");
+    let writer = scoped("writer-2", &["runs:write"]);
+
     let run = server.create_script(&writer, "approve Ship it");
-    assert_eq!(run["created_by"].as_str(), Some(key_id(&server, "writer").as_str()), "the run names its creator");
+    assert_eq!(run["created_by"].as_str(), Some(key_id(&server, "writer-2").as_str()), "the run names its creator");
     let run = server.wait_for_status(&reader, run["id"].as_str().unwrap(), "awaiting_approval");
     server.get(&reader, &format!("{}/events", run_path(&run))).expect_status(200);
     server.get(&approver, "/v1/agent/runs").expect_status(200);
@@ -370,6 +396,8 @@ pub(super) fn a_defined_agent_is_managed_with_the_cli_and_waits_for_approval(tar
     );
     let shown: Value = serde_json::from_str(&server.admin(&["agents", "get", "janitor"])).unwrap();
     assert_eq!(shown["tools"][0]["requires_approval"], true);
+    let about = server.get(&key, "/v1/agents/janitor").expect_status(200).clone();
+    assert_eq!(about, json!({"name": "janitor", "description": shown["description"], "separate_approver": true}));
     assert_eq!(shown["allow_private_network"], true);
     assert_eq!(shown["separate_approver"], true);
 

@@ -259,6 +259,35 @@ fn policy_schemas() -> serde_json::Map<String, Value> {
                 },
                 "rules": {"type": "object", "additionalProperties": tally}
             }
+        },
+        "Key": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "name", "scopes", "created_at", "revoked_at", "current"],
+            "properties": {
+                "id": {"type": "string", "pattern": format!("^key_{ULID}$")},
+                "name": {"type": ["string", "null"], "description": "The label given at `agent-runs keys create --name`."},
+                "scopes": {"type": "array", "items": {"type": "string", "enum": crate::domain::Scope::ALL.map(crate::domain::Scope::as_str)}},
+                "created_at": timestamp(false),
+                "revoked_at": timestamp(true),
+                "current": {"type": "boolean", "description": "The key this request was made with."}
+            }
+        },
+        "KeyList": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["data"],
+            "properties": {"data": {"type": "array", "maxItems": 1_000, "items": {"$ref": "#/components/schemas/Key"}}}
+        },
+        "Agent": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["name", "description", "separate_approver"],
+            "properties": {
+                "name": {"type": "string"},
+                "description": {"type": ["string", "null"]},
+                "separate_approver": {"type": "boolean", "description": "The key that created a run may not decide its approvals (403)."}
+            }
         }
     });
     match schemas {

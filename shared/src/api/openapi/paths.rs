@@ -299,6 +299,31 @@ pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
                 "412": error_response("The policy is no longer at the version If-Match names.", &[])
             }),
         ),
+        Operation::ListKeys => operation(
+            route.operation_id,
+            "List the owner's API keys, oldest first",
+            json!([]),
+            None,
+            json!({"200": {
+                "description": "Every key of the owner (at most 1,000), revoked ones too: ids, names and scopes, never a secret. On DynamoDB a key made a moment ago may take a second to appear.",
+                "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/KeyList"}}}
+            }}),
+        ),
+        Operation::GetAgent => operation(
+            route.operation_id,
+            "Get what a client may know of an agent",
+            json!([{"name": "agent", "in": "path", "required": true, "schema": {"type": "string"}}]),
+            None,
+            json!({
+                "200": {
+                    "description": "The agent's name, description and whether its approvals need another key than the run's creator.",
+                    "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Agent"}}}
+                },
+                "404": error_response("No agent of that name.", &[])
+            }),
+        ),
         Operation::TestPolicy => operation(
             route.operation_id,
             "Try rules on the tool calls people decided",

@@ -1,9 +1,13 @@
-//! API keys in the table: `KEY#<hex of the key's SHA-256>` / `KEY`.
+//! API keys in the table: `KEY#<hex of the key's SHA-256>` / `KEY`, each
+//! also in the status index under `KEYS#<owner>` / `<key id>` (an owner's
+//! keys by name, for whoever shows who did what).
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{DynamoStore, Item, defect, n, s, text, unavailable};
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::{DynamoStore, Item, STATUS_INDEX, defect, n, s, text, unavailable};
 use crate::domain::{KeyId, Owner, Scopes, Timestamp};
 use crate::store::{KeyStore, StoreError, StoredKey};
 
@@ -23,6 +27,18 @@ struct KeyItem {
 fn key_pk(hash: &[u8; 32]) -> String {
     format!("KEY#{}", hex::encode(hash))
 }
+
+fn owner_keys_pk(owner: &Owner) -> String {
+    format!("KEYS#{owner}")
+}
+
+/// The status index's attributes that list a key among its owner's.
+pub(super) fn owner_keys_entry(owner: &Owner, id: KeyId) -> [(&'static str, AttributeValue); 2] {
+    [("gsi1pk", s(owner_keys_pk(owner))), ("gsi1sk", s(id.to_string()))]
+}
+
+/// The owner's keys a list shows at most.
+const MAX_OWNER_KEYS: usize = 1_000;
 
 fn decode_key(item: Item) -> Result<StoredKey, StoreError> {
     let hash_hex = text(&item, "pk")?.strip_prefix("KEY#").ok_or_else(|| defect("key item without KEY# pk"))?;
@@ -56,6 +72,7 @@ impl KeyStore for DynamoStore {
         let mut item: Item = serde_dynamo::to_item(record).map_err(defect)?;
         item.insert("pk".into(), s(key_pk(&key.hash)));
         item.insert("sk".into(), s("KEY"));
+        item.extend(owner_keys_entry(&key.owner, key.id).map(|(name, value)| (name.to_owned(), value)));
         self.client
             .put_item()
             .table_name(&self.table)
@@ -78,6 +95,17 @@ impl KeyStore for DynamoStore {
         }
         keys.sort_by_key(|key| key.id);
         Ok(keys)
+    }
+
+    async fn owner_keys(&self, owner: &Owner) -> Result<Vec<StoredKey>, StoreError> {
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(STATUS_INDEX)
+            .key_condition_expression("gsi1pk = :pk")
+            .expression_attribute_values(":pk", s(owner_keys_pk(owner)));
+        self.query_up_to(query, None, MAX_OWNER_KEYS, decode_key).await
     }
 
     async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError> {
