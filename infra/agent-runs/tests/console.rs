@@ -103,6 +103,8 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
         stand_in::text("Both deleted."),
         stand_in::text("Noted."),
         stand_in::text("No tags need tidying."),
+        // A run of an agent that wants a second person, made by the browser's key.
+        stand_in::tool_call("call_g", "delete_branch", r#"{"branch":"guarded"}"#),
     ]);
     let server = Server::start_on(Target::Embedded, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0")]);
     let key = server.dev_key.clone().unwrap();
@@ -112,6 +114,10 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     let definition = support::janitor_definition(&model.url, "ask_human = true")
         .replace("requires_approval = true", "requires_approval = true\nauto_approve_after_secs = 3600");
     std::fs::write(&file, definition).unwrap();
+    server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
+    let guarded =
+        support::janitor_definition(&model.url, "separate_approver = true").replace("\"janitor\"", "\"guarded\"");
+    std::fs::write(&file, guarded).unwrap();
     server.admin(&["agents", "put", "--file", file.to_str().unwrap()]);
 
     let script_run =
@@ -173,11 +179,12 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     assert_eq!(answered["pending_approvals"][0]["answer"], json!({"env": "prod", "count": 2, "urgent": true}));
     let requests = model.model_requests();
     let last_message = |request: &Value| request["messages"].as_array().unwrap().last().unwrap()["content"].clone();
-    assert_eq!(last_message(&requests[requests.len() - 2]), r#"{"count":2,"env":"prod","urgent":true}"#);
+    assert_eq!(last_message(&requests[requests.len() - 3]), r#"{"count":2,"env":"prod","urgent":true}"#);
     // The run continued in the console: its model saw the conversation, then the new input.
-    let continued = requests.last().unwrap();
+    let continued = &requests[requests.len() - 2];
     assert_eq!(last_message(continued), "Any tags to tidy too?");
     assert_eq!(continued["messages"][1]["content"], tool_run["input"], "{continued}");
+    assert_eq!(last_message(requests.last().unwrap()), "Delete the guarded branch", "asked last, never decided");
     let rejected = server.wait_for_status(&key, &id(&reject_run), "succeeded");
     assert_eq!(rejected["pending_approvals"][0]["comment"], "not today");
     assert_eq!(rejected["output"], "rejected: Archive the logs");

@@ -25,6 +25,7 @@ fn asset(path: &str) -> Option<Asset> {
         "/console/answers.js" => ("text/javascript; charset=utf-8", include_str!("console/answers.js")),
         "/console/arguments.js" => ("text/javascript; charset=utf-8", include_str!("console/arguments.js")),
         "/console/conversation.js" => ("text/javascript; charset=utf-8", include_str!("console/conversation.js")),
+        "/console/people.js" => ("text/javascript; charset=utf-8", include_str!("console/people.js")),
         "/console/console.css" => ("text/css; charset=utf-8", include_str!("console/console.css")),
         // Browsers ask for it at the root; the page names it too.
         "/favicon.ico" | "/console/favicon.svg" => ("image/svg+xml", include_str!("console/favicon.svg")),

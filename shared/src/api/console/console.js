@@ -21,6 +21,9 @@ const state = {
   events: [], // the shown run's events so far
   canDecide: true, // whether the key may decide (approvals:decide)
   canCreate: true, // whether the key may create runs (runs:write), to continue one
+  keys: new Map(), // the owner's keys by id: names of who created and who decided
+  me: null, // the id of the key in use
+  agents: new Map(), // what GET /v1/agents/{agent} said, by agent name
   poll: null, // the timer that refreshes the list
   session: new AbortController(), // aborts every request of the key in use
   listSeq: 0, // the latest list request: an older answer is dropped
@@ -39,7 +42,7 @@ function reset() {
   clearInterval(state.poll);
   if (state.closeConfirm) state.closeConfirm();
   if (state.follow) state.follow.abort();
-  Object.assign(state, { items: [], selected: -1, cursor: null, runId: null, approvalId: null, shown: "", events: [], follow: null, drafts: new Map() });
+  Object.assign(state, { items: [], selected: -1, cursor: null, runId: null, approvalId: null, shown: "", events: [], follow: null, drafts: new Map(), keys: new Map(), me: null, agents: new Map() });
   $("list").replaceChildren();
   const detail = $("detail");
   detail.replaceChildren();
@@ -314,7 +317,7 @@ function renderRun(run) {
   const parts = [
     el("h2", {}, el("span", { class: "id" }, run.id), " ", status(run.status)),
     el("div", { class: "meta" }, "agent " + run.agent + " · created ", when(run.created_at),
-      run.created_by ? " by key " + run.created_by : "",
+      run.created_by ? el("span", {}, " by ", who(run.created_by)) : "",
       run.previous_run_id ? el("span", {}, " · continues ", el("span", { class: "id" }, run.previous_run_id)) : ""),
     Object.keys(run.metadata || {}).length
       ? el("div", { class: "meta metadata" }, Object.entries(run.metadata).map(([name, value]) => name + "=" + value).join(" · "))
@@ -370,6 +373,9 @@ function approvalView(run, approval) {
     markCurrent();
   });
   box.append(el("div", {}, status(approval.status), " ", el("strong", { class: "action" }, approval.action)));
+  // Whether this key may not decide it (`undefined`: not known yet); the
+  // agent is asked only for a pending approval this key might decide.
+  const secondPerson = approval.status !== "pending" || !state.canDecide || secondPersonNeeded(run);
   if (approval.kind === "tool_call") {
     box.append(el("div", { class: "meta" }, "tool " + approval.tool + " · sha256 " + approval.arguments_sha256.slice(0, 12) + "…"));
     if (approval.tool_changed) {
@@ -377,7 +383,7 @@ function approvalView(run, approval) {
         "This tool changed on its MCP server since the operator pinned it (agents put): check what it does before approving."));
     }
     // A pending call a person may decide shows its arguments once, in the editor below.
-    if (approval.status !== "pending" || !state.canDecide) box.append(el("pre", { class: "arguments" }, argumentsText(approval.arguments)));
+    if (secondPerson !== false) box.append(el("pre", { class: "arguments" }, argumentsText(approval.arguments)));
     if (approval.edited_arguments) {
       box.append(el("div", { class: "meta" }, "approved with edited arguments (- proposed, + approved):"));
       box.append(editDiff(approval.arguments, approval.edited_arguments));
@@ -392,11 +398,19 @@ function approvalView(run, approval) {
       ? "policy rule " + rule.rule + " (log only) would " + rule.effect
       : "policy rule " + rule.rule + ": " + rule.effect + " (version " + rule.version + ")"));
   }
-  if (approval.resolved_by) box.append(el("div", { class: "meta" }, "decided by " + approval.resolved_by + (approval.comment ? ": " + approval.comment : "")));
+  if (approval.resolved_by) box.append(el("div", { class: "meta" }, "decided by ", decider(approval.resolved_by), approval.comment ? ": " + approval.comment : ""));
   if (approval.status !== "pending") return box;
   box.dataset.pending = "";
   if (!state.canDecide) {
     box.append(el("div", { class: "meta" }, "waiting " + ago(approval.requested_at) + " · this key may not decide (it lacks approvals:decide)"));
+    return box;
+  }
+  // Said before anyone tries: the API would answer 403.
+  if (secondPerson !== false) {
+    box.dataset.blocked = secondPerson
+      ? "This run's agent needs a second person: another key than the one that created the run must decide."
+      : "Checking whether this run's agent needs a second person…";
+    box.append(el("div", { class: secondPerson ? "warning second-person" : "meta" }, "waiting " + ago(approval.requested_at) + " · " + box.dataset.blocked));
     return box;
   }
   // One with a veto window never expires: its window ends first.
@@ -662,22 +676,11 @@ async function start() {
   const key = sessionStorage.getItem(KEY);
   if (!key) return;
   try {
-    await api("/v1/agent/runs?limit=1");
-    // What the key may do: the inbox and decisions need approvals:decide.
-    const canDecide = await api("/v1/approvals?limit=1").then(() => true, (error) => {
-      if (error.status === 403) return false;
-      throw error;
-    });
-    // Creating (continuing a run) needs runs:write: a body the API refuses
-    // (400) once the key's scope allowed it (403 otherwise) creates nothing.
-    const canCreate = await api("/v1/agent/runs", { method: "POST", text: "{}" }).then(() => true, (error) => {
-      if (error.status === 400) return true;
-      if (error.status === 403) return false;
-      throw error;
-    });
+    // Who is who, and what the key may do (the inbox and decisions need
+    // approvals:decide; continuing a run, runs:write).
+    const people = await loadKeys();
     if (session !== state.session) return; // another key, or Forget, since
-    state.canDecide = canDecide;
-    state.canCreate = canCreate;
+    Object.assign(state, people);
     notice(""); // signed in: what was said before (an error, "forgotten") is past
     $("tab-inbox").hidden = !state.canDecide;
     $("tabs").hidden = false;
@@ -724,6 +727,7 @@ document.addEventListener("DOMContentLoaded", () => {
       const box = document.querySelector("#detail .approval.current[data-pending]");
       const button = box && box.querySelector(event.key === "a" ? ".approve" : ".reject");
       if (button) confirmDecision(box, button, event.key === "r");
+      else if (box && box.dataset.blocked) notice(box.dataset.blocked);
       else if (box || !state.canDecide) notice(state.canDecide ? "Answer a question with its form." : "This key may not decide.");
       else notice("Pick the approval to decide first: select it in the inbox, or click it.");
       event.preventDefault();

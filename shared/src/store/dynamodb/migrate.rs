@@ -36,7 +36,8 @@ fn legacy_owner(item: &Item) -> Option<Owner> {
 }
 
 impl DynamoStore {
-    /// Moves every item of the old layout to its new keys, each run in one
+    /// Lists keys made before owners' keys were listed under their owner,
+    /// then moves every item of the old layout to its new keys, each run in one
     /// transaction with its list entry and its checkpoint, each on its item
     /// of the active-run count under the stack's limit `max_active`. Then
     /// the count is counted anew from the runs not ended (rather than

@@ -1,0 +1,61 @@
+// Who is who: the owner's keys by name (who created a run, who decided),
+// the key in use and what it may do, and whether a run's agent wants its
+// approvals decided by another key than the one that created the run.
+"use strict";
+
+// Reads the owner's keys: `state.keys` (id → key) and `state.me` (the key
+// in use). What the key may do comes from its own scopes.
+async function loadKeys() {
+  const keys = (await api("/v1/keys")).data;
+  const me = keys.find((key) => key.current);
+  const scopes = new Set(me ? me.scopes : []);
+  return {
+    keys: new Map(keys.map((key) => [key.id, key])),
+    me: me ? me.id : null,
+    canDecide: scopes.has("approvals:decide"),
+    canCreate: scopes.has("runs:write"),
+  };
+}
+
+// A key as a person knows it: its name (the id on hover), "you" for the
+// key in use; the id when it has no name or is not the owner's any more.
+function who(keyId) {
+  const key = state.keys.get(keyId);
+  const name = key && key.name ? key.name : keyId;
+  const label = keyId === state.me ? name + " (you)" : name;
+  return el("span", { class: key && key.name ? "who" : "who id", title: keyId }, label);
+}
+
+// What decided an approval: a key, a policy rule or a veto window's end.
+function decider(resolvedBy) {
+  if (resolvedBy.startsWith("key_")) return who(resolvedBy);
+  if (resolvedBy === "timeout") return "the veto window's end (nobody objected)";
+  return resolvedBy;
+}
+
+// Whether the key in use may not decide this run's approvals because its
+// agent wants a second person: `undefined` while that is being asked.
+function secondPersonNeeded(run) {
+  if (run.created_by !== state.me) return false;
+  const agent = state.agents.get(run.agent);
+  if (agent && "separate_approver" in agent) return agent.separate_approver;
+  if (!agent) {
+    const asked = { pending: true };
+    state.agents.set(run.agent, asked);
+    api("/v1/agents/" + encodeURIComponent(run.agent)).then(
+      (about) => about,
+      (error) => {
+        if (error.status === 404) return { separate_approver: false }; // no longer defined
+        state.agents.delete(run.agent); // asked again with the next view
+        throw error;
+      },
+    ).then((about) => {
+      state.agents.set(run.agent, about);
+      if (state.runId === run.id) {
+        state.shown = ""; // drawn again, now knowing
+        renderRun(run);
+      }
+    }, failed);
+  }
+  return undefined;
+}
