@@ -76,6 +76,9 @@ pub struct Principal {
     pub owner: Owner,
     pub key_id: KeyId,
     pub scopes: Scopes,
+    /// The key's label (`keys create --name`).
+    pub key_name: Option<String>,
+    pub key_created_at: Timestamp,
 }
 
 /// Verifies keys through the key store, remembering verified ones for
@@ -115,7 +118,13 @@ impl Authenticator {
         if !matches || stored.revoked_at.is_some() {
             return Err(AuthError::Unauthorized);
         }
-        let principal = Principal { owner: stored.owner, key_id: stored.id, scopes: stored.scopes };
+        let principal = Principal {
+            owner: stored.owner,
+            key_id: stored.id,
+            scopes: stored.scopes,
+            key_name: stored.name,
+            key_created_at: stored.created_at,
+        };
         if !self.cache_ttl.is_zero() {
             self.remember(hash, principal.clone());
         }

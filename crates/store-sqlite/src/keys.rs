@@ -96,7 +96,10 @@ impl KeyStore for SqliteStore {
         let owner = owner.clone();
         self.read(move |connection| {
             let mut statement = connection
-                .prepare_cached(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE owner = ?1 ORDER BY id"))
+                .prepare_cached(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys WHERE owner = ?1 ORDER BY id LIMIT {}",
+                    agent_runs_shared::store::MAX_OWNER_KEYS
+                ))
                 .map_err(unavailable)?;
             let rows = statement
                 .query_map(params![owner.as_str()], key_from_row)

@@ -11,6 +11,10 @@ impl Agent for EchoAgent {
         Ok(())
     }
 
+    fn description(&self) -> Option<&'static str> {
+        Some("Succeeds with its input as the output.")
+    }
+
     async fn step(&self, input: StepInput<'_>) -> Step {
         Step::succeeded(input.input)
     }

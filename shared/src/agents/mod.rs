@@ -95,6 +95,11 @@ pub trait Agent: Send + Sync + 'static {
     /// Checked when a run is created; the message is shown to the client.
     fn validate_input(&self, input: &str) -> Result<(), String>;
 
+    /// What a built-in agent does, for whoever asks (`GET /v1/agents/{agent}`).
+    fn description(&self) -> Option<&'static str> {
+        None
+    }
+
     async fn step(&self, input: StepInput<'_>) -> Step;
 
     /// Whether the step from `checkpoint` puts tool calls to the owner's
@@ -195,12 +200,8 @@ impl AgentRegistry {
     /// What a client may know of the agent of that name; `None` when there
     /// is no such agent.
     pub async fn about(&self, name: &str) -> Result<Option<AgentAbout>, StoreError> {
-        if self.builtin.contains_key(name) {
-            let description = match name {
-                "echo" => Some("Succeeds with its input as the output.".to_owned()),
-                "script" => Some("Follows the script of steps its input is: for tests and demos.".to_owned()),
-                _ => None,
-            };
+        if let Some(agent) = self.builtin.get(name) {
+            let description = agent.description().map(str::to_owned);
             return Ok(Some(AgentAbout { name: name.to_owned(), description, separate_approver: false }));
         }
         let Some(defined) = &self.defined else { return Ok(None) };
@@ -214,13 +215,7 @@ impl AgentRegistry {
     /// Whether the agent of that name wants a run's approvals decided by
     /// another key than the one that created the run.
     pub async fn requires_separate_approver(&self, name: &str) -> Result<bool, StoreError> {
-        if self.builtin.contains_key(name) {
-            return Ok(false);
-        }
-        match &self.defined {
-            Some(defined) => Ok(defined.store.get_agent(name).await?.is_some_and(|agent| agent.separate_approver)),
-            None => Ok(false),
-        }
+        Ok(self.about(name).await?.is_some_and(|agent| agent.separate_approver))
     }
 
     /// Whether `arguments` a person edited fit the JSON Schema of the

@@ -104,6 +104,10 @@ impl Agent for ScriptAgent {
         parse(input).map(|_| ())
     }
 
+    fn description(&self) -> Option<&'static str> {
+        Some("Follows the script of steps its input is (say, sleep, approve, ask, fail): for tests and demos.")
+    }
+
     async fn step(&self, step: StepInput<'_>) -> Step {
         let mut progress: Progress = match step.checkpoint.map(|value| serde_json::from_value(value.clone())) {
             None => Progress::default(),

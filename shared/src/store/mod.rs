@@ -310,13 +310,17 @@ pub struct StoredKey {
     pub scopes: Scopes,
 }
 
+/// The most keys [`KeyStore::owner_keys`] answers.
+pub const MAX_OWNER_KEYS: usize = 1_000;
+
 #[async_trait]
 pub trait KeyStore: Send + Sync + 'static {
     async fn put_key(&self, key: &StoredKey) -> Result<(), StoreError>;
     async fn find_key(&self, hash: &[u8; 32]) -> Result<Option<StoredKey>, StoreError>;
     /// Every key, of every owner: for the operator's CLI.
     async fn list_keys(&self) -> Result<Vec<StoredKey>, StoreError>;
-    /// The owner's keys, revoked ones included, oldest first.
+    /// The owner's keys, revoked ones included, oldest first: the first
+    /// [`MAX_OWNER_KEYS`].
     async fn owner_keys(&self, owner: &Owner) -> Result<Vec<StoredKey>, StoreError>;
     /// Marks the key revoked; `Ok(false)` when no such key exists.
     async fn revoke_key(&self, id: KeyId, at: Timestamp) -> Result<bool, StoreError>;

@@ -21,6 +21,7 @@ const state = {
   events: [], // the shown run's events so far
   canDecide: true, // whether the key may decide (approvals:decide)
   canCreate: true, // whether the key may create runs (runs:write), to continue one
+  run: null, // the shown run as last drawn
   keys: new Map(), // the owner's keys by id: names of who created and who decided
   me: null, // the id of the key in use
   agents: new Map(), // what GET /v1/agents/{agent} said, by agent name
@@ -42,7 +43,7 @@ function reset() {
   clearInterval(state.poll);
   if (state.closeConfirm) state.closeConfirm();
   if (state.follow) state.follow.abort();
-  Object.assign(state, { items: [], selected: -1, cursor: null, runId: null, approvalId: null, shown: "", events: [], follow: null, drafts: new Map(), keys: new Map(), me: null, agents: new Map() });
+  Object.assign(state, { items: [], selected: -1, cursor: null, runId: null, approvalId: null, shown: "", events: [], follow: null, drafts: new Map(), run: null, keys: new Map(), me: null, agents: new Map() });
   $("list").replaceChildren();
   const detail = $("detail");
   detail.replaceChildren();
@@ -304,6 +305,7 @@ function signature(run) {
 
 function renderRun(run) {
   if (run.id !== state.runId) return; // an answer for a run no longer shown
+  state.run = run;
   if (signature(run) === state.shown) return;
   state.shown = signature(run);
   state.renderedAt = Date.now();

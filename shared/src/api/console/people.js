@@ -40,22 +40,22 @@ function secondPersonNeeded(run) {
   const agent = state.agents.get(run.agent);
   if (agent && "separate_approver" in agent) return agent.separate_approver;
   if (!agent) {
-    const asked = { pending: true };
-    state.agents.set(run.agent, asked);
-    api("/v1/agents/" + encodeURIComponent(run.agent)).then(
-      (about) => about,
-      (error) => {
-        if (error.status === 404) return { separate_approver: false }; // no longer defined
-        state.agents.delete(run.agent); // asked again with the next view
-        throw error;
-      },
-    ).then((about) => {
+    state.agents.set(run.agent, { pending: true });
+    const session = state.session;
+    api("/v1/agents/" + encodeURIComponent(run.agent)).catch((error) => {
+      // No longer defined (404) needs nobody; on any other failure the
+      // buttons are offered and the API still refuses what it must.
+      if (error.status !== 404) failed(error);
+      return { separate_approver: false };
+    }).then((about) => {
+      if (session !== state.session) return; // another key, or Forget, since
       state.agents.set(run.agent, about);
-      if (state.runId === run.id) {
-        state.shown = ""; // drawn again, now knowing
-        renderRun(run);
+      // The run shown now, as last drawn, if it is of this agent.
+      if (state.run && state.run.id === state.runId && state.run.agent === run.agent) {
+        state.shown = "";
+        renderRun(state.run);
       }
-    }, failed);
+    });
   }
   return undefined;
 }

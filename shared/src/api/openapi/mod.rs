@@ -277,7 +277,7 @@ fn policy_schemas() -> serde_json::Map<String, Value> {
             "type": "object",
             "additionalProperties": false,
             "required": ["data"],
-            "properties": {"data": {"type": "array", "maxItems": 1_000, "items": {"$ref": "#/components/schemas/Key"}}}
+            "properties": {"data": {"type": "array", "maxItems": 1_001, "items": {"$ref": "#/components/schemas/Key"}}}
         },
         "Agent": {
             "type": "object",

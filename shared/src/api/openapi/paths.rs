@@ -305,7 +305,7 @@ pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
             json!([]),
             None,
             json!({"200": {
-                "description": "Every key of the owner (at most 1,000), revoked ones too: ids, names and scopes, never a secret. On DynamoDB a key made a moment ago may take a second to appear.",
+                "description": "The owner's keys (the first 1,000, and always the caller's own), revoked ones too: ids, names and scopes, never a secret. On DynamoDB another key made a moment ago may take a second to appear.",
                 "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/KeyList"}}}
             }}),

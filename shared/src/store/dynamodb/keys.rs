@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::{DynamoStore, Item, STATUS_INDEX, defect, n, s, text, unavailable};
 use crate::domain::{KeyId, Owner, Scopes, Timestamp};
-use crate::store::{KeyStore, StoreError, StoredKey};
+use crate::store::{KeyStore, MAX_OWNER_KEYS, StoreError, StoredKey};
 
 #[derive(Serialize, Deserialize)]
 struct KeyItem {
@@ -33,12 +33,37 @@ fn owner_keys_pk(owner: &Owner) -> String {
 }
 
 /// The status index's attributes that list a key among its owner's.
-pub(super) fn owner_keys_entry(owner: &Owner, id: KeyId) -> [(&'static str, AttributeValue); 2] {
+fn owner_keys_entry(owner: &Owner, id: KeyId) -> [(&'static str, AttributeValue); 2] {
     [("gsi1pk", s(owner_keys_pk(owner))), ("gsi1sk", s(id.to_string()))]
 }
 
-/// The owner's keys a list shows at most.
-const MAX_OWNER_KEYS: usize = 1_000;
+impl DynamoStore {
+    /// Adds the keys made before owners' keys were listed to their owner's
+    /// list (a migration); how many. An item that is not a key as this
+    /// version reads keys is left as it is.
+    pub(super) async fn list_unlisted_keys(&self) -> Result<usize, StoreError> {
+        let unlisted = self.scan_filtered("sk = :key AND attribute_not_exists(gsi1pk)", [(":key", s("KEY"))]).await?;
+        let mut listed = 0;
+        for item in unlisted {
+            let Ok(key) = decode_key(item) else { continue };
+            let [(pk_name, pk), (sk_name, sk)] = owner_keys_entry(&key.owner, key.id);
+            self.client
+                .update_item()
+                .table_name(&self.table)
+                .key("pk", s(key_pk(&key.hash)))
+                .key("sk", s("KEY"))
+                .condition_expression("attribute_exists(pk)")
+                .update_expression(format!("SET {pk_name} = :pk, {sk_name} = :sk"))
+                .expression_attribute_values(":pk", pk)
+                .expression_attribute_values(":sk", sk)
+                .send()
+                .await
+                .map_err(unavailable)?;
+            listed += 1;
+        }
+        Ok(listed)
+    }
+}
 
 fn decode_key(item: Item) -> Result<StoredKey, StoreError> {
     let hash_hex = text(&item, "pk")?.strip_prefix("KEY#").ok_or_else(|| defect("key item without KEY# pk"))?;

@@ -5,12 +5,11 @@
 
 use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem};
 
-use super::keys::owner_keys_entry;
 use super::{
     CHECKPOINT_APART, COUNT_SK, DynamoStore, Item, LEGACY_COUNT, RUN_SK, TransactFailure, count_item, counter_shard,
     decode_run, defect, entry, idempotency_pk, run_items, s, text, unavailable,
 };
-use crate::domain::{Clock, KeyId, Owner, StoreNote, SystemClock};
+use crate::domain::{Clock, Owner, StoreNote, SystemClock};
 use crate::store::StoreError;
 
 /// What one pass of [`DynamoStore::migrate_layout`] did.
@@ -109,29 +108,6 @@ impl DynamoStore {
             migrated.counters += 1;
         }
         Ok(migrated)
-    }
-
-    /// Adds the keys made before owners' keys were listed to their owner's
-    /// list; how many.
-    async fn list_unlisted_keys(&self) -> Result<usize, StoreError> {
-        let unlisted = self.scan_filtered("sk = :key AND attribute_not_exists(gsi1pk)", [(":key", s("KEY"))]).await?;
-        for item in &unlisted {
-            let owner = Owner::parse(text(item, "owner")?).map_err(|_| defect("key item with a malformed owner"))?;
-            let id: KeyId = text(item, "key_id")?.parse().map_err(|_| defect("key item with a malformed id"))?;
-            let [(pk_name, pk), (sk_name, sk)] = owner_keys_entry(&owner, id);
-            self.client
-                .update_item()
-                .table_name(&self.table)
-                .key("pk", s(text(item, "pk")?))
-                .key("sk", s("KEY"))
-                .update_expression(format!("SET {pk_name} = :pk, {sk_name} = :sk"))
-                .expression_attribute_values(":pk", pk)
-                .expression_attribute_values(":sk", sk)
-                .send()
-                .await
-                .map_err(unavailable)?;
-        }
-        Ok(unlisted.len())
     }
 
     /// The items of the old layout (their partition key is `OWNER#<owner>`)
