@@ -24,6 +24,7 @@ use agent_runs_shared::lambda::{from_api_response, handle_batch, handle_dead_let
 use agent_runs_shared::store::{AgentStore, KeyStore, RunStore, StoreError};
 use agent_runs_shared::worker::Worker;
 use agent_runs_testkit::faults::{AwsError, AwsErrorInterceptor, FailNext, FaultPlan, Healthy, RandomFailures};
+use agent_runs_testkit::units::UnitMeter;
 use aws_lambda_events::event::sqs::SqsEvent;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
@@ -35,6 +36,7 @@ use support::events::sqs_event;
 use tokio::sync::watch;
 
 mod conflicts;
+mod costs;
 mod runs;
 mod webhooks;
 
@@ -120,6 +122,8 @@ struct Aws {
     api: Api,
     worker: Worker,
     calls: CallLog,
+    /// What the DynamoDB calls would bill, when metered.
+    units: Option<UnitMeter>,
     /// A client of the table without the interceptors, to look at items.
     dynamodb: aws_sdk_dynamodb::Client,
     sqs: aws_sdk_sqs::Client,
@@ -144,17 +148,34 @@ impl Aws {
         Self::with(plan, error, &[]).await
     }
 
+    /// With a [`UnitMeter`] on the DynamoDB client, and one item of the
+    /// active-run count (a limit of 8), so that every create finds it in use.
+    async fn metered() -> Aws {
+        Self::build(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_MAX_ACTIVE_RUNS", "8")], true).await
+    }
+
     /// With more configuration.
     async fn with(plan: Arc<dyn FaultPlan>, error: AwsError, settings: &[(&str, &str)]) -> Aws {
+        Self::build(plan, error, settings, false).await
+    }
+
+    async fn build(plan: Arc<dyn FaultPlan>, error: AwsError, settings: &[(&str, &str)], metered: bool) -> Aws {
         let mut resources: HashMap<String, String> = support::create_aws_resources().into_iter().collect();
         resources.extend(settings.iter().map(|(name, value)| (name.to_string(), value.to_string())));
         let config = Config::from_lookup(|name| resources.get(name).cloned()).unwrap();
         let sdk = support::aws_sdk_config().await;
         let calls = CallLog::default();
-        let dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk)
+        let mut dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk)
             .interceptor(calls.clone())
-            .interceptor(AwsErrorInterceptor::new(plan, error))
-            .build();
+            .interceptor(AwsErrorInterceptor::new(plan, error));
+        let units = match metered {
+            true => Some(UnitMeter::new(aws_sdk_dynamodb::Client::new(&sdk), &resources["AGENT_RUNS_TABLE"]).await),
+            false => None,
+        };
+        if let Some(meter) = &units {
+            dynamodb = dynamodb.interceptor(meter.clone());
+        }
+        let dynamodb = dynamodb.build();
         let sqs_config = aws_sdk_sqs::config::Builder::from(&sdk).interceptor(calls.clone()).build();
         let services = AwsServices::new(config, dynamodb, sqs_config).unwrap();
         let now = SystemClock.now();
@@ -168,10 +189,14 @@ impl Aws {
         let api = services.services.api();
         let worker = services.services.worker();
         calls.take();
+        if let Some(meter) = &units {
+            meter.take();
+        }
         Aws {
             api,
             worker,
             calls,
+            units,
             dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
             sqs: aws_sdk_sqs::Client::new(&sdk),
             queue_url: resources["AGENT_RUNS_QUEUE_URL"].clone(),
