@@ -52,6 +52,15 @@ def get_run(run_id):
         return json.load(response)
 
 
+def create_run(agent, text):
+    """Creates a run with the browser's key, through the API; its id."""
+    request = urllib.request.Request(f"{base}/v1/agent/runs", method="POST",
+                                     data=json.dumps({"agent": agent, "input": text}).encode(),
+                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        return json.load(response)["id"]
+
+
 def wait_status(run_id, status):
     """Waits until the API has the run in `status`."""
     deadline = time.time() + 20
@@ -359,11 +368,7 @@ try:
     wait_text("#thread", "Conversation")
     # The key that created a run of an agent wanting a second person is told
     # so before anything is sent: no Approve, and `a` says why.
-    create = urllib.request.Request(f"{base}/v1/agent/runs", method="POST",
-                                    data=json.dumps({"agent": "guarded", "input": "Delete the guarded branch"}).encode(),
-                                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(create) as response:
-        guarded = json.load(response)["id"]
+    guarded = create_run("guarded", "Delete the guarded branch")
     wait_status(guarded, "awaiting_approval")
     driver.find_element(By.ID, "refresh").click()
     wait_text("#list", guarded)
@@ -378,11 +383,7 @@ try:
     wait_text("#notice", "needs a second person")
     assert not visible("confirm")
     # A key that may only read: no inbox, no decisions offered, no 403.
-    create = urllib.request.Request(f"{base}/v1/agent/runs", method="POST",
-                                    data=json.dumps({"agent": "script", "input": "approve Watch only"}).encode(),
-                                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(create) as response:
-        watched = json.load(response)["id"]
+    watched = create_run("script", "approve Watch only")
     wait_status(watched, "awaiting_approval")
     driver.find_element(By.ID, "forget").click()
     sign_in(reader_key)

@@ -183,14 +183,7 @@ pub(super) async fn each_runs_cost_is_computed_from_its_calls() {
     // A defined agent's run: the model asks for a gated tool, a person
     // approves (the key that created the run), the tool runs, the model answers.
     let model = stand_in::StandIn::start().await;
-    aws.define(json!({
-        "name": "janitor", "provider": "openai", "model": "stand-in-1", "base_url": format!("{}/v1", model.url),
-        "system_prompt": "You keep the repository tidy.", "allow_private_network": true,
-        "tools": [{"name": "delete_branch", "description": "Deletes a branch.", "method": "POST",
-                   "url": format!("{}/tools/delete", model.url), "requires_approval": true,
-                   "parameters": {"type": "object", "properties": {"branch": {"type": "string"}}, "required": ["branch"]}}]
-    }))
-    .await;
+    aws.define(janitor(&model.url)).await;
     model.script(vec![
         stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"release-2025-old"}"#),
         stand_in::text("Deleted the branch release-2025-old; nothing else needed tidying."),

@@ -299,6 +299,18 @@ impl Aws {
     }
 }
 
+/// `janitor`: an agent on the model stand-in at `url` whose one tool,
+/// `delete_branch`, needs a person's approval.
+fn janitor(url: &str) -> Value {
+    json!({
+        "name": "janitor", "provider": "openai", "model": "stand-in-1", "base_url": format!("{url}/v1"),
+        "system_prompt": "You keep the repository tidy.", "allow_private_network": true,
+        "tools": [{"name": "delete_branch", "description": "Deletes a branch.", "method": "POST",
+                   "url": format!("{url}/tools/delete"), "requires_approval": true,
+                   "parameters": {"type": "object", "properties": {"branch": {"type": "string"}}, "required": ["branch"]}}]
+    })
+}
+
 fn id(run: &Value) -> &str {
     run["id"].as_str().unwrap()
 }

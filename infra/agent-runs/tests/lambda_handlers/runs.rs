@@ -256,14 +256,7 @@ pub(super) async fn a_defined_agent_waits_for_approval_and_calls_its_tool_exactl
     }
     let aws = Aws::new().await;
     let model = stand_in::StandIn::start().await;
-    aws.define(json!({
-        "name": "janitor", "provider": "openai", "model": "stand-in-1", "base_url": format!("{}/v1", model.url),
-        "system_prompt": "You keep the repository tidy.", "allow_private_network": true,
-        "tools": [{"name": "delete_branch", "description": "Deletes a branch.", "method": "POST",
-                   "url": format!("{}/tools/delete", model.url), "requires_approval": true,
-                   "parameters": {"type": "object", "properties": {"branch": {"type": "string"}}, "required": ["branch"]}}]
-    }))
-    .await;
+    aws.define(janitor(&model.url)).await;
     model.script(vec![
         stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
         stand_in::text("Deleted old."),
