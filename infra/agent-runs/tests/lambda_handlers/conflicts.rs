@@ -106,3 +106,30 @@ pub(super) async fn a_call_without_an_answer_ends_at_the_call_timeout() {
     assert!(elapsed < STORE_CALL_TIMEOUT + std::time::Duration::from_secs(1), "{elapsed:?}");
     accepted.abort();
 }
+
+/// A webhook endpoint's create whose transaction landed though its answer
+/// was lost (a 500 the SDK retries; DynamoDB would answer the retry from
+/// its request token, the emulator finds the endpoint there): the retry's
+/// failed condition is this very write, so the create answers 201, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_webhook_create_whose_answer_was_lost_is_created_once() {
+    if support::without_emulator("a_webhook_create_whose_answer_was_lost_is_created_once") {
+        return;
+    }
+    let lost = FailNext::new();
+    let aws = Aws::with_faults(lost.clone(), AwsError::ServerError).await;
+    aws.invoke(Operation::ListWebhooks, "GET", "/v1/webhooks", None).await;
+    aws.calls.take();
+    lost.fail_next(1);
+    let body = json!({"url": "https://example.com/hooks", "events": ["*"]});
+    let (status, created) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(
+        aws.calls.take(),
+        ["TransactWriteItems", "TransactWriteItems", "GetItem"],
+        "landed, sent again, read back"
+    );
+    let (_, listed) = aws.invoke(Operation::ListWebhooks, "GET", "/v1/webhooks", None).await;
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["data"][0]["id"], created["id"]);
+}

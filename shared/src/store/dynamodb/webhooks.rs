@@ -216,6 +216,13 @@ impl WebhookStore for DynamoStore {
         match self.transact(items).await {
             Ok(()) => Ok(true),
             Err(TransactFailure::ConditionsFailed(failed)) if failed.first() == Some(&true) => Ok(false),
+            // A fresh id is only ever taken by this very write: an earlier
+            // send of it landed though its answer was lost (a timeout).
+            Err(TransactFailure::ConditionsFailed(_))
+                if self.get_webhook(&endpoint.owner, endpoint.id).await?.as_ref() == Some(endpoint) =>
+            {
+                Ok(true)
+            }
             Err(TransactFailure::ConditionsFailed(_)) => Err(defect("a new webhook id was already taken")),
             Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => Err(error),
         }
