@@ -3,9 +3,12 @@
 # (docs/benchmarks.md records them). Not part of the test suite.
 #   1. create, get, list(limit 20) and the approvals inbox under load (wrk) against
 #      `agent-runs serve` (release build), and the same load against a
-#      minimal hyper server answering a fixed JSON body: the ceiling.
+#      minimal hyper server answering a fixed JSON body: the ceiling (one
+#      run), and the list ceiling (the 20-run page the service answered).
+#      Under both wrk settings: 1 thread and 16 connections, 2 and 32.
 #   1b. optional: the same get, list and create against the LangGraph dev
-#      server (the nearest peer), when LANGGRAPH_VENV names a venv with it.
+#      server (the nearest peer), when LANGGRAPH_VENV names a venv with it,
+#      under both settings.
 #   2. echo create -> succeeded latency seen by a client polling get.
 #   2b. 1,000 Server-Sent Events streams open on runs while runs are created:
 #      the server's memory and CPU, create throughput with and without them,
@@ -17,13 +20,18 @@
 #   3. each Lambda function's init and invocation times under a Lambda
 #      Runtime API stand-in, against the AWS API emulator.
 #   4. each function's binary and zip size.
-# Usage: bash infra/bench.sh [--no-build] [seconds per load run, default 10]
-#   --no-build reuses the release binaries already in target/release.
+# Usage: bash infra/bench.sh [--no-build] [--load-only] [seconds per load run, default 10]
+#   --no-build reuses the release binaries already in target/release;
+#   --load-only stops after sections 1 and 1b.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=1
 if [ "${1:-}" = "--no-build" ]; then build=0; shift; fi
+load_only=0
+if [ "${1:-}" = "--load-only" ]; then load_only=1; shift; fi
 secs=${1:-10}
+# The wrk setting of every load but section 1's (which runs both).
+threads=2
 connections=32
 
 if ! command -v wrk > /dev/null; then
@@ -46,7 +54,7 @@ addr_of() { sed -n 's|^Listening on http://\([^ ]*\).*|\1|p' "$1"; }
 # wrk_run NAME URL [extra wrk args]: prints requests/s, p50 and p99 (ms).
 wrk_run() {
   local name=$1 url=$2; shift 2
-  wrk -t2 -c"$connections" -d"${secs}s" --latency "$@" "$url" > "$work/$name.wrk"
+  wrk -t"$threads" -c"$connections" -d"${secs}s" --latency "$@" "$url" > "$work/$name.wrk"
   local rps p50 p99
   rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/$name.wrk")
   p50=$(awk '$1 == "50%" {print $2}' "$work/$name.wrk")
@@ -70,7 +78,7 @@ drain() {
     'BEGIN { printf "the workers finished the %d runs created under load %.1f s after it ended\n", created, now - started }'
 }
 
-echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m); load ${secs}s, ${connections} connections, 2 wrk threads"
+echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m); load ${secs}s; section 1 with 1 wrk thread and 16 connections, then 2 and 32; the rest with 2 and 32"
 
 "$bin/fixed-json" 127.0.0.1:0 > "$work/fixed.out" & pids+=($!)
 AGENT_RUNS_RATE_LIMIT_PER_SECOND=0 AGENT_RUNS_MAX_ACTIVE_RUNS=100000000 AGENT_RUNS_LOG=warn \
@@ -96,19 +104,32 @@ wrk.body = '{"input": "bench"}'
 wrk.headers["Content-Type"] = "application/json"
 LUA
 
-echo "== 1. throughput and latency under load"
-wrk_run fixed-json "http://$fixed/"
-wrk_run get "http://$serve/v1/agent/runs/$run_id" -H "$auth"
-wrk_run list "http://$serve/v1/agent/runs?limit=20" -H "$auth"
-wrk_run inbox "http://$serve/v1/approvals?limit=20" -H "$auth"
-wrk_run create "http://$serve/v1/agent/runs" -H "$auth" -s "$work/create.lua"
-ceiling=$(cat "$work/fixed-json.rps")
-for op in get list inbox create; do
-  awk -v op="$op" -v rps="$(cat "$work/$op.rps")" -v c="$ceiling" 'BEGIN { printf "%-8s %5.1f%% of the fixed-JSON ceiling\n", op, 100 * rps / c }'
+# The list ceiling: the same bare server answering the page of 20 runs the
+# service answers (realistic runs, byte for byte).
+curl -s "http://$serve/v1/agent/runs?limit=20" -H "$auth" > "$work/page.json"
+"$bin/fixed-json" 127.0.0.1:0 "$work/page.json" > "$work/fixed-list.out" & pids+=($!)
+wait_for_line "$work/fixed-list.out"
+fixed_list=$(addr_of "$work/fixed-list.out")
+
+echo "== 1. throughput and latency under load (the page: $(wc -c < "$work/page.json") bytes)"
+for setting in 1x16 2x32; do
+  threads=${setting%x*} connections=${setting#*x}
+  echo "-- wrk -t$threads -c$connections"
+  wrk_run "fixed-json-$setting" "http://$fixed/"
+  wrk_run "fixed-list-$setting" "http://$fixed_list/"
+  wrk_run "get-$setting" "http://$serve/v1/agent/runs/$run_id" -H "$auth"
+  wrk_run "list-$setting" "http://$serve/v1/agent/runs?limit=20" -H "$auth"
+  wrk_run "inbox-$setting" "http://$serve/v1/approvals?limit=20" -H "$auth"
+  wrk_run "create-$setting" "http://$serve/v1/agent/runs" -H "$auth" -s "$work/create.lua"
+  for op in get:fixed-json list:fixed-list inbox:fixed-list create:fixed-json; do
+    awk -v op="${op%%:*}" -v ceiling="${op#*:}" -v rps="$(cat "$work/${op%%:*}-$setting.rps")" \
+      -v c="$(cat "$work/${op#*:}-$setting.rps")" 'BEGIN { printf "%-8s %5.1f%% of the %s ceiling\n", op, 100 * rps / c, ceiling }'
+  done
+  # Let the workers finish the created runs (the backlog of the create run):
+  # how long that takes is the workers' throughput.
+  drain "$serve" "$auth" "create-$setting"
 done
-# Let the workers finish the created runs (the backlog of the create run):
-# how long that takes is the workers' throughput.
-drain "$serve" "$auth" create
+threads=2 connections=32
 
 echo "== 1b. the nearest peer: the LangGraph dev server (optional; LANGGRAPH_VENV names a venv with it)"
 # Set up once: python3 -m venv .venv-langgraph && .venv-langgraph/bin/pip install \
@@ -135,17 +156,24 @@ wrk.method = "POST"
 wrk.body = '{"assistant_id": "echo", "input": {"text": "bench"}}'
 wrk.headers["Content-Type"] = "application/json"
 LUA
-  wrk_run peer-get "$peer/threads/$thread/runs/$peer_run"
-  wrk_run peer-list "$peer/threads/$thread/runs?limit=20"
-  wrk_run peer-create "$peer/threads/$thread/runs" -s "$work/peer-create.lua"
-  for op in get list create; do
-    awk -v op="$op" -v ours="$(cat "$work/$op.rps")" -v peer="$(cat "$work/peer-$op.rps")" \
-      'BEGIN { printf "%-8s ours %.0f req/s, the peer %.0f req/s: %.1f times\n", op, ours, peer, ours / peer }'
+  for setting in 1x16 2x32; do
+    threads=${setting%x*} connections=${setting#*x}
+    echo "-- wrk -t$threads -c$connections"
+    wrk_run "peer-get-$setting" "$peer/threads/$thread/runs/$peer_run"
+    wrk_run "peer-list-$setting" "$peer/threads/$thread/runs?limit=20"
+    wrk_run "peer-create-$setting" "$peer/threads/$thread/runs" -s "$work/peer-create.lua"
+    for op in get list create; do
+      awk -v op="$op" -v ours="$(cat "$work/$op-$setting.rps")" -v peer="$(cat "$work/peer-$op-$setting.rps")" \
+        'BEGIN { printf "%-8s ours %.0f req/s, the peer %.0f req/s: %.1f times\n", op, ours, peer, ours / peer }'
+    done
   done
+  threads=2 connections=32
   kill "${pids[-1]}" 2>/dev/null || true
 else
   echo "skipped: LANGGRAPH_VENV does not name a venv with langgraph (see infra/bench.sh)"
 fi
+
+if [ "$load_only" = 1 ]; then exit 0; fi
 
 echo "== 2. echo create -> succeeded, one client polling get"
 "$bin/echo-latency" "$serve" "$key" 500
