@@ -167,9 +167,9 @@ fn open_connection(path: &Path, durability: Durability) -> Result<Connection, ru
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let connection = Connection::open_with_flags(path, flags)?;
     connection.busy_timeout(std::time::Duration::from_secs(5))?;
-    // Plans never depend on bound values: without this, SQLite (built with
-    // STAT4) re-prepares a statement at every bind of a `LIMIT ?`, which
-    // took a quarter of a list's time.
+    // Plans never depend on bound values: without this, SQLite takes a
+    // bound `LIMIT ?` for a value its plan may depend on and re-prepares the
+    // statement at every bind, which took a quarter of a list's time.
     connection.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     connection.pragma_update(None, "journal_mode", "WAL")?;
     let synchronous = match durability {

@@ -200,6 +200,17 @@ impl DynamoStore {
     }
 }
 
+impl DynamoStore {
+    /// Whether `endpoint` is stored as this create wrote it (its fresh id
+    /// and random secret are nobody else's).
+    async fn written_endpoint(&self, endpoint: &WebhookEndpoint) -> Result<bool, StoreError> {
+        let stored = self.get_webhook(&endpoint.owner, endpoint.id).await?;
+        Ok(stored.is_some_and(|stored| {
+            stored.created_at == endpoint.created_at && stored.secret.expose() == endpoint.secret.expose()
+        }))
+    }
+}
+
 #[async_trait]
 impl WebhookStore for DynamoStore {
     async fn create_webhook(&self, endpoint: &WebhookEndpoint, max_per_owner: usize) -> Result<bool, StoreError> {
@@ -215,16 +226,23 @@ impl WebhookStore for DynamoStore {
         ];
         match self.transact(items).await {
             Ok(()) => Ok(true),
-            Err(TransactFailure::ConditionsFailed(failed)) if failed.first() == Some(&true) => Ok(false),
             // A fresh id is only ever taken by this very write: an earlier
-            // send of it landed though its answer was lost (a timeout).
-            Err(TransactFailure::ConditionsFailed(_))
-                if self.get_webhook(&endpoint.owner, endpoint.id).await?.as_ref() == Some(endpoint) =>
-            {
-                Ok(true)
+            // send of it landed though its answer was lost (the count then
+            // refuses the resend too, when that send took the last place).
+            Err(TransactFailure::ConditionsFailed(failed)) if failed.get(1) == Some(&true) => {
+                match self.written_endpoint(endpoint).await? {
+                    true => Ok(true),
+                    false if failed.first() == Some(&true) => Ok(false),
+                    false => Err(defect("a new webhook id was already taken")),
+                }
             }
-            Err(TransactFailure::ConditionsFailed(_)) => Err(defect("a new webhook id was already taken")),
-            Err(TransactFailure::Store(error) | TransactFailure::Refused(error)) => Err(error),
+            Err(TransactFailure::ConditionsFailed(_)) => Ok(false),
+            // The outcome is unknown: found written, it was.
+            Err(TransactFailure::Store(error)) => match self.written_endpoint(endpoint).await {
+                Ok(true) => Ok(true),
+                _ => Err(error),
+            },
+            Err(TransactFailure::Refused(error)) => Err(error),
         }
     }
 
