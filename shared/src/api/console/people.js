@@ -36,7 +36,7 @@ function decider(resolvedBy) {
 // Whether the key in use may not decide this run's approvals because its
 // agent wants a second person: `undefined` while that is being asked.
 function secondPersonNeeded(run) {
-  if (run.created_by !== state.me) return false;
+  if (!run.created_by || run.created_by !== state.me) return false;
   const agent = state.agents.get(run.agent);
   if (agent && "separate_approver" in agent) return agent.separate_approver;
   if (!agent) {
