@@ -65,6 +65,13 @@ wrk_run() {
   echo "$rps" > "$work/$name.rps"
 }
 
+# Section 1's wrk settings, THREADSxCONNECTIONS; use_setting S makes S the one wrk_run uses.
+settings="1x16 2x32"
+use_setting() {
+  threads=${1%x*} connections=${1#*x}
+  echo "-- wrk -t$threads -c$connections"
+}
+
 # drain ADDR AUTH NAME: waits until no run is queued, and says how long the
 # workers took to finish the runs the load NAME created.
 drain() {
@@ -112,9 +119,8 @@ wait_for_line "$work/fixed-list.out"
 fixed_list=$(addr_of "$work/fixed-list.out")
 
 echo "== 1. throughput and latency under load (the page: $(wc -c < "$work/page.json") bytes)"
-for setting in 1x16 2x32; do
-  threads=${setting%x*} connections=${setting#*x}
-  echo "-- wrk -t$threads -c$connections"
+for setting in $settings; do
+  use_setting "$setting"
   wrk_run "fixed-json-$setting" "http://$fixed/"
   wrk_run "fixed-list-$setting" "http://$fixed_list/"
   wrk_run "get-$setting" "http://$serve/v1/agent/runs/$run_id" -H "$auth"
@@ -156,9 +162,8 @@ wrk.method = "POST"
 wrk.body = '{"assistant_id": "echo", "input": {"text": "bench"}}'
 wrk.headers["Content-Type"] = "application/json"
 LUA
-  for setting in 1x16 2x32; do
-    threads=${setting%x*} connections=${setting#*x}
-    echo "-- wrk -t$threads -c$connections"
+  for setting in $settings; do
+    use_setting "$setting"
     wrk_run "peer-get-$setting" "$peer/threads/$thread/runs/$peer_run"
     wrk_run "peer-list-$setting" "$peer/threads/$thread/runs?limit=20"
     wrk_run "peer-create-$setting" "$peer/threads/$thread/runs" -s "$work/peer-create.lua"
