@@ -20,15 +20,21 @@
 #   3. each Lambda function's init and invocation times under a Lambda
 #      Runtime API stand-in, against the AWS API emulator.
 #   4. each function's binary and zip size.
-# Usage: bash infra/bench.sh [--no-build] [--load-only] [seconds per load run, default 10]
+# Usage: bash infra/bench.sh [--no-build] [--load-only | --lambda-only] [seconds per load run, default 10]
 #   --no-build reuses the release binaries already in target/release;
-#   --load-only stops after sections 1 and 1b.
+#   --load-only stops after sections 1 and 1b;
+#   --lambda-only runs sections 3 and 4 alone.
+# Section 4 also reports arm64 sizes when target/aarch64-unknown-linux-gnu/release
+# holds the functions (built with ARM64=1: needs the aarch64 target and
+# Debian's gcc-aarch64-linux-gnu as its linker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=1
 if [ "${1:-}" = "--no-build" ]; then build=0; shift; fi
 load_only=0
 if [ "${1:-}" = "--load-only" ]; then load_only=1; shift; fi
+lambda_only=0
+if [ "${1:-}" = "--lambda-only" ]; then lambda_only=1; shift; fi
 secs=${1:-10}
 # The wrk setting of every load but section 1's (which runs both).
 threads=2
@@ -38,9 +44,13 @@ if ! command -v wrk > /dev/null; then
   echo "installing wrk (Debian package)"
   apt-get update -qq && apt-get install -y -qq wrk > /dev/null
 fi
-functions="create list get cancel decide extend decide-batch events approvals webhooks policies fallback worker sweeper dead-letter notifier deliver"
+functions="create list get cancel decide extend decide-batch events approvals webhooks policies directory fallback worker sweeper dead-letter notifier deliver"
 if [ "$build" = 1 ]; then
   cargo build --release --quiet --bins -p agent-runs -p agent-runs-bench $(printf -- '-p agent-runs-%s ' $functions)
+  if [ "${ARM64:-0}" = 1 ]; then
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
+      cargo build --release --quiet --target aarch64-unknown-linux-gnu $(printf -- '-p agent-runs-%s ' $functions)
+  fi
 fi
 bin=target/release
 work=$(mktemp -d)
@@ -84,6 +94,82 @@ drain() {
   awk -v created="$(awk '/requests in/ {print $1}' "$work/$3.wrk")" -v started="$started" -v now="$(date +%s.%N)" \
     'BEGIN { printf "the workers finished the %d runs created under load %.1f s after it ended\n", created, now - started }'
 }
+
+# Sections 3 and 4: the Lambda functions (run last, or alone with --lambda-only).
+lambda_sections() {
+echo "== 3. Lambda functions: init and invocations (Runtime API stand-in, AWS API emulator)"
+source infra/moto.sh
+install_moto
+port=$(free_port)
+start_moto "$port"; pids+=("$MOTO_PID")
+export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=testing \
+  AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true
+eval "$("$bin/agent-runs" aws-setup --template template.yaml --prefix bench)"
+export AGENT_RUNS_TABLE AGENT_RUNS_QUEUE_URL AGENT_RUNS_WEBHOOK_QUEUE_URL
+lambda_key=$("$bin/agent-runs" keys create --owner bench 2> /dev/null)
+python3 - "$work" "$lambda_key" <<'PY'
+import copy, json, sys
+work, key = sys.argv[1], sys.argv[2]
+base = json.load(open("infra/agent-runs/tests/fixtures/apigw-v2-create-run.json"))
+base["headers"]["authorization"] = f"Bearer {key}"
+missing = "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9"
+def http(name, method, path, body=None, query=""):
+    event = copy.deepcopy(base)
+    event["rawPath"], event["rawQueryString"] = path, query
+    event["requestContext"]["http"].update(method=method, path=path)
+    event["body"] = body
+    json.dump(event, open(f"{work}/{name}.json", "w"))
+http("create", "POST", "/v1/agent/runs", '{"input": "bench"}')
+http("list", "GET", "/v1/agent/runs", query="limit=20")
+http("get", "GET", f"/v1/agent/runs/{missing}")
+http("cancel", "POST", f"/v1/agent/runs/{missing}/cancel")
+http("decide", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", '{"decision": "approve"}')
+http("events", "GET", f"/v1/agent/runs/{missing}/events")
+http("extend", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9/extend", '{"seconds": 3600}')
+http("approvals", "GET", "/v1/approvals", query="limit=20")
+decision = {"run_id": missing, "approval_id": "apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "decision": "approve"}
+http("decide-batch", "POST", "/v1/approvals/batch", json.dumps({"decisions": [decision]}))
+http("directory", "GET", "/v1/agents/echo")
+http("fallback", "GET", "/v1/unknown")
+http("webhooks", "GET", "/v1/webhooks", query="limit=20")
+sqs = json.load(open("infra/events/sqs-run.json"))
+sqs["Records"][0]["body"] = json.dumps({"run_id": missing, "owner": "bench"})
+json.dump(sqs, open(f"{work}/worker.json", "w"))
+json.dump(json.load(open("infra/events/schedule.json")), open(f"{work}/sweeper.json", "w"))
+json.dump(sqs, open(f"{work}/dead-letter.json", "w"))
+delivery = copy.deepcopy(sqs)
+delivery["Records"][0]["body"] = json.dumps({"owner": "bench", "webhook_id": "wh_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "run_id": missing, "seq": 1})
+json.dump(delivery, open(f"{work}/deliver.json", "w"))
+stream = {"Records": [{"eventID": "1", "eventName": "INSERT", "eventVersion": "1.1", "eventSource": "aws:dynamodb", "awsRegion": "us-east-1",
+  "eventSourceARN": "arn:aws:dynamodb:us-east-1:123456789012:table/bench-runs/stream/1",
+  "dynamodb": {"ApproximateCreationDateTime": 1795303478, "SequenceNumber": "1", "SizeBytes": 100, "StreamViewType": "NEW_IMAGE",
+    "Keys": {"pk": {"S": f"RUN#{missing}"}, "sk": {"S": "EV#000000000001"}},
+    "NewImage": {"pk": {"S": f"RUN#{missing}"}, "sk": {"S": "EV#000000000001"}, "seq": {"N": "1"}, "type": {"S": "run.created"},
+      "at": {"N": "1795303478123"}, "data": {"S": "{}"}, "owner": {"S": "bench"}}}}]}
+json.dump(stream, open(f"{work}/notifier.json", "w"))
+PY
+for fn in $functions; do
+  "$bin/lambda-cold-start" "$bin/$fn" "$work/$fn.json" 50
+done
+
+echo "== 4. function sizes (release profile; zip as Lambda takes it)"
+for arch_dir in "$bin" target/aarch64-unknown-linux-gnu/release; do
+  [ -x "$arch_dir/worker" ] || continue
+  echo "-- $([ "$arch_dir" = "$bin" ] && uname -m || echo aarch64)"
+  for fn in $functions; do
+    python3 - "$arch_dir/$fn" <<'PY'
+import io, os, sys, zipfile
+path = sys.argv[1]
+buffer = io.BytesIO()
+with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+    archive.write(path, "bootstrap")
+print(f"{os.path.basename(path):<12} binary {os.path.getsize(path) / 1e6:5.1f} MB   zip {len(buffer.getvalue()) / 1e6:5.2f} MB")
+PY
+  done
+done
+}
+
+if [ "$lambda_only" = 1 ]; then lambda_sections; exit 0; fi
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m); load ${secs}s; section 1 with 1 wrk thread and 16 connections, then 2 and 32; the rest with 2 and 32"
 
@@ -275,68 +361,4 @@ for op in get create; do
     'BEGIN { printf "%-7s with traces exported: %.1f%% of traces off (rounds: %.1f%%, %.1f%%)\n", op, 100 * (on1 + on2) / (off1 + off2), 100 * on1 / off1, 100 * on2 / off2 }'
 done
 
-echo "== 3. Lambda functions: init and invocations (Runtime API stand-in, AWS API emulator)"
-source infra/moto.sh
-install_moto
-port=$(free_port)
-start_moto "$port"; pids+=("$MOTO_PID")
-export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=testing \
-  AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true
-eval "$("$bin/agent-runs" aws-setup --template template.yaml --prefix bench)"
-export AGENT_RUNS_TABLE AGENT_RUNS_QUEUE_URL AGENT_RUNS_WEBHOOK_QUEUE_URL
-lambda_key=$("$bin/agent-runs" keys create --owner bench 2> /dev/null)
-python3 - "$work" "$lambda_key" <<'PY'
-import copy, json, sys
-work, key = sys.argv[1], sys.argv[2]
-base = json.load(open("infra/agent-runs/tests/fixtures/apigw-v2-create-run.json"))
-base["headers"]["authorization"] = f"Bearer {key}"
-missing = "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9"
-def http(name, method, path, body=None, query=""):
-    event = copy.deepcopy(base)
-    event["rawPath"], event["rawQueryString"] = path, query
-    event["requestContext"]["http"].update(method=method, path=path)
-    event["body"] = body
-    json.dump(event, open(f"{work}/{name}.json", "w"))
-http("create", "POST", "/v1/agent/runs", '{"input": "bench"}')
-http("list", "GET", "/v1/agent/runs", query="limit=20")
-http("get", "GET", f"/v1/agent/runs/{missing}")
-http("cancel", "POST", f"/v1/agent/runs/{missing}/cancel")
-http("decide", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", '{"decision": "approve"}')
-http("events", "GET", f"/v1/agent/runs/{missing}/events")
-http("extend", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9/extend", '{"seconds": 3600}')
-http("approvals", "GET", "/v1/approvals", query="limit=20")
-decision = {"run_id": missing, "approval_id": "apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "decision": "approve"}
-http("decide-batch", "POST", "/v1/approvals/batch", json.dumps({"decisions": [decision]}))
-http("fallback", "GET", "/v1/unknown")
-http("webhooks", "GET", "/v1/webhooks", query="limit=20")
-sqs = json.load(open("infra/events/sqs-run.json"))
-sqs["Records"][0]["body"] = json.dumps({"run_id": missing, "owner": "bench"})
-json.dump(sqs, open(f"{work}/worker.json", "w"))
-json.dump(json.load(open("infra/events/schedule.json")), open(f"{work}/sweeper.json", "w"))
-json.dump(sqs, open(f"{work}/dead-letter.json", "w"))
-delivery = copy.deepcopy(sqs)
-delivery["Records"][0]["body"] = json.dumps({"owner": "bench", "webhook_id": "wh_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "run_id": missing, "seq": 1})
-json.dump(delivery, open(f"{work}/deliver.json", "w"))
-stream = {"Records": [{"eventID": "1", "eventName": "INSERT", "eventVersion": "1.1", "eventSource": "aws:dynamodb", "awsRegion": "us-east-1",
-  "eventSourceARN": "arn:aws:dynamodb:us-east-1:123456789012:table/bench-runs/stream/1",
-  "dynamodb": {"ApproximateCreationDateTime": 1795303478, "SequenceNumber": "1", "SizeBytes": 100, "StreamViewType": "NEW_IMAGE",
-    "Keys": {"pk": {"S": f"RUN#{missing}"}, "sk": {"S": "EV#000000000001"}},
-    "NewImage": {"pk": {"S": f"RUN#{missing}"}, "sk": {"S": "EV#000000000001"}, "seq": {"N": "1"}, "type": {"S": "run.created"},
-      "at": {"N": "1795303478123"}, "data": {"S": "{}"}, "owner": {"S": "bench"}}}}]}
-json.dump(stream, open(f"{work}/notifier.json", "w"))
-PY
-for fn in $functions; do
-  "$bin/lambda-cold-start" "$bin/$fn" "$work/$fn.json" 50
-done
-
-echo "== 4. function sizes (release profile; zip as Lambda takes it)"
-for fn in $functions; do
-  python3 - "$bin/$fn" <<'PY'
-import io, os, sys, zipfile
-path = sys.argv[1]
-buffer = io.BytesIO()
-with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
-    archive.write(path, "bootstrap")
-print(f"{os.path.basename(path):<8} binary {os.path.getsize(path) / 1e6:5.1f} MB   zip {len(buffer.getvalue()) / 1e6:5.1f} MB")
-PY
-done
+lambda_sections

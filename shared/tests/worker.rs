@@ -273,8 +273,9 @@ async fn a_run_whose_record_cannot_be_read_never_blocks_the_others_and_keeps_its
 async fn a_claim_or_hand_back_whose_answer_was_lost_is_known_for_what_it_did() {
     let fixture = Fixture::new();
     // The claim lands but answers a conflict: the re-read finds this
-    // worker's own lease, and the run goes on rather than wait for it to expire.
-    let message = fixture.create("echo", "hello").await;
+    // worker's own lease, and the run goes on rather than wait for it to
+    // expire. (A script run's claim is written first; echo's goes with its end.)
+    let message = fixture.create("script", "say hello").await;
     let store = Faults::store(fixture.store.clone(), OnCalls::nth("update", 1, Fault::ConflictAfter));
     let worker = Worker::new(store, fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
     assert_eq!(worker.process(&message, &running()).await.unwrap(), Outcome::Succeeded);
@@ -296,6 +297,85 @@ async fn a_claim_or_hand_back_whose_answer_was_lost_is_known_for_what_it_did() {
     let (outcome, ()) = tokio::join!(worker.process(&message, &stopped), stopping);
     assert_eq!(outcome.unwrap(), Outcome::Released);
     assert_eq!(fixture.run(&message).await.status, RunStatus::Queued);
+}
+
+/// The kinds of the run's events, in order.
+async fn logged(fixture: &Fixture, message: &RunMessage) -> Vec<String> {
+    let page = fixture.store.events(message.run_id, 0, 100).await.unwrap();
+    page.events.into_iter().map(|event| event.kind).collect()
+}
+
+/// An echo run's claim is written with its end: one write. Should that
+/// write land with its answer lost, the run ended once; should another
+/// write come first and leave the run queued (a replay's pin, the
+/// sweeper's resend), the run is claimed again, the claim written first;
+/// should the worker stop before its end, nothing of the attempt is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echo_runs_claim_goes_with_its_end() {
+    let fixture = Fixture::new();
+    let message = fixture.create("echo", "once").await;
+    assert_eq!(fixture.worker().process(&message, &running()).await.unwrap(), Outcome::Succeeded);
+    let run = fixture.run(&message).await;
+    assert_eq!((run.status, run.attempts, run.output.as_deref()), (RunStatus::Succeeded, 1, Some("once")));
+    assert_eq!(run.version, 1, "the claim and the end in one write");
+    assert_eq!(logged(&fixture, &message).await, ["run.created", "run.started", "run.succeeded"]);
+
+    let message = fixture.create("echo", "lost answer").await;
+    let store = Faults::store(fixture.store.clone(), OnCalls::nth("update", 1, Fault::ConflictAfter));
+    let worker = Worker::new(store, fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
+    assert_eq!(worker.process(&message, &running()).await.unwrap(), Outcome::LostLease);
+    let run = fixture.run(&message).await;
+    assert_eq!((run.status, run.attempts), (RunStatus::Succeeded, 1));
+    assert_eq!(logged(&fixture, &message).await, ["run.created", "run.started", "run.succeeded"]);
+
+    let message = fixture.create("echo", "pinned").await;
+    let first = WriteFirst { store: fixture.store.clone(), written: Default::default() };
+    let pinning = Arc::new(Layered::new(fixture.store.clone(), first));
+    let worker = Worker::new(pinning.clone(), fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
+    assert_eq!(worker.process(&message, &running()).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(pinning.hooks().written.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let run = fixture.run(&message).await;
+    // Written: the pin, then the claim and the end, one each.
+    assert_eq!((run.status, run.attempts, run.version), (RunStatus::Succeeded, 1, 3));
+    assert_eq!(logged(&fixture, &message).await, ["run.created", "run.started", "run.succeeded"]);
+
+    let message = fixture.create("echo", "stopped").await;
+    let (stop, stopped) = watch::channel(false);
+    stop.send(true).unwrap();
+    assert_eq!(fixture.worker().process(&message, &stopped).await.unwrap(), Outcome::Released);
+    let run = fixture.run(&message).await;
+    assert_eq!((run.status, run.version, run.attempts), (RunStatus::Queued, 0, 0), "nothing written");
+}
+
+/// Before the first write that would end a queued run, writes that run
+/// itself as a replay's pin or the sweeper's resend would (once).
+struct WriteFirst {
+    store: Arc<SqliteStore>,
+    written: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Hooks for WriteFirst {
+    type Seen = ();
+
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if let Call::Update(run) = call
+            && run.status.is_terminal()
+            && self.written.load(SeqCst) == 0
+        {
+            let mut queued = self.store.get(&run.owner, run.id).await?.expect("the run is there");
+            assert_eq!(queued.status, RunStatus::Queued);
+            queued.resends += 1;
+            self.store.update(&mut queued).await?;
+            self.written.fetch_add(1, SeqCst);
+        }
+        Ok(())
+    }
+
+    async fn after(&self, _call: Call<'_>, (): (), _answer: Answer) -> Option<StoreError> {
+        None
+    }
 }
 
 /// A run whose agent reports more than its log may hold fails, clearly,

@@ -178,7 +178,13 @@ pub struct ThreadLink {
 
 /// A store's note on a run it handed out (see [`Run::store_note`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StoreNote(pub Option<u32>);
+pub struct StoreNote {
+    /// The item of the owner's active-run count the run's create took.
+    pub count_item: Option<u32>,
+    /// Whether a checkpoint of the run was ever stored apart from it;
+    /// `None` when unknown (a run written by a store that kept no note).
+    pub checkpoint_item: Option<bool>,
+}
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {

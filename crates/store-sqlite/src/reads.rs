@@ -55,6 +55,13 @@ impl RunLists for SqliteStore {
         Ok(ViewPage { views, last, has_more })
     }
 
+    async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<Arc<str>>, StoreError> {
+        if let Some(recent) = self.inner.recent.as_ref().and_then(|recent| recent.get(owner, run_id)) {
+            return recent.view(self.shown).map(Some);
+        }
+        self.get(owner, run_id).await?.map(|run| run_view_json(&run, self.shown)).transpose()
+    }
+
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
         let owner = owner.to_string();
         self.read(move |connection| {

@@ -18,4 +18,8 @@ impl Agent for EchoAgent {
     async fn step(&self, input: StepInput<'_>) -> Step {
         Step::succeeded(input.input)
     }
+
+    fn ends_at_once(&self) -> bool {
+        true
+    }
 }

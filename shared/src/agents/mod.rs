@@ -108,6 +108,14 @@ pub trait Agent: Send + Sync + 'static {
     fn judges_calls(&self, _checkpoint: Option<&serde_json::Value>) -> bool {
         false
     }
+
+    /// Whether a run's first step ends it at once, calling nothing outside
+    /// the process. The worker then writes the run's claim with its end:
+    /// one write instead of two, and an attempt run twice (a message
+    /// delivered twice) only finds its end's write refused.
+    fn ends_at_once(&self) -> bool {
+        false
+    }
 }
 
 /// The agents a deployment offers, by name, and the one used by default:
@@ -269,6 +277,12 @@ impl AgentRegistry {
             Some(defined) => defined.resolve(name).await,
             None => Ok(None),
         }
+    }
+
+    /// Whether `name` is a built-in agent whose runs end at their first
+    /// step (see [`Agent::ends_at_once`]).
+    pub fn ends_at_once(&self, name: &str) -> bool {
+        self.builtin.get(name).is_some_and(|agent| agent.ends_at_once())
     }
 
     /// The built-in agents' names.

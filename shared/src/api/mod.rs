@@ -324,7 +324,7 @@ impl Api {
         match route.operation {
             Operation::Create => create::handle(self, &principal, &request).await,
             Operation::List => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
-            Operation::Get => get::handle(self.runs.as_ref(), self.shown, owner, run_id).await,
+            Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
             Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
             Operation::Decide => decide::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
             Operation::Extend => extend::handle(self, &principal, run_id, params.get("approval_id"), &request).await,

@@ -246,6 +246,11 @@ pub trait RunLists: Send + Sync + 'static {
     /// another answers with [`views_of`].
     async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError>;
 
+    /// One of the owner's runs as clients see it (its JSON), as
+    /// [`RunStore::get`] finds it; a store that keeps runs' JSON answers
+    /// without copying and encoding the run.
+    async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<std::sync::Arc<str>>, StoreError>;
+
     /// The owner's approvals with the request's status (and agent), newest
     /// `requested_at` first, each as its run holds it now.
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError>;

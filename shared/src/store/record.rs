@@ -47,6 +47,10 @@ pub struct StoredRun {
     resends: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     count_item: Option<u32>,
+    /// Whether a checkpoint was ever kept in an item of its own (DynamoDB);
+    /// absent when unknown (written by a release that kept no such note).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    checkpoint_item: Option<bool>,
     /// The `seq` of the run's last event; absent before runs had events.
     #[serde(default, skip_serializing_if = "is_zero")]
     event_seq: u64,
@@ -351,7 +355,8 @@ impl From<&Run> for StoredRun {
             running_since: run.running_since.map(millis),
             usage: run.usage.map(StoredUsage::from),
             resends: run.resends,
-            count_item: run.store_note.0,
+            count_item: run.store_note.count_item,
+            checkpoint_item: run.store_note.checkpoint_item,
             event_seq: run.event_seq,
             budget: StoredBudget::of(run.budget),
             trace: run.trace.map(StoredTrace::from),
@@ -403,7 +408,7 @@ impl TryFrom<StoredRun> for Run {
             budget: StoredBudget::read(stored.budget),
             trace: stored.trace.as_ref().and_then(StoredTrace::read),
             resends: stored.resends,
-            store_note: StoreNote(stored.count_item),
+            store_note: StoreNote { count_item: stored.count_item, checkpoint_item: stored.checkpoint_item },
             event_seq: stored.event_seq,
             pending_events: Vec::new(),
         })

@@ -132,6 +132,26 @@ struct Attempt {
     /// Only a write that also saves the checkpoint covering them carries
     /// them, so an event is never written twice nor for work done again.
     events: Vec<EventData>,
+    /// The stored version a claim made in memory only was made on (see
+    /// [`Worker::claim`]): until a write bumps it, nothing of the attempt
+    /// is stored.
+    claimed_unwritten_at: Option<u64>,
+}
+
+impl Attempt {
+    fn claim_unwritten(&self) -> bool {
+        self.claimed_unwritten_at == Some(self.run.version)
+    }
+}
+
+/// How a claim is made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// Written by itself before the agent steps.
+    First,
+    /// For an agent that ends a run at its first step: in memory only, and
+    /// written with whatever the attempt writes first (its end).
+    WithTheEnd,
 }
 
 impl Worker {
@@ -165,15 +185,38 @@ impl Worker {
         message: &RunMessage,
         stop: &watch::Receiver<bool>,
     ) -> Result<Outcome, Interrupted> {
+        if let Some(outcome) = self.attempt(message, stop, Claim::WithTheEnd).await? {
+            return Ok(outcome);
+        }
+        // An end carrying its claim was refused: another write came first.
+        // Ended, canceled or gone, nothing is left to do; still queued (a
+        // replay's pin, the sweeper's resend), the run is claimed again,
+        // this time with the claim written first.
+        match self.runs.get(&message.owner, message.run_id).await {
+            Ok(Some(run)) if run.status == crate::domain::RunStatus::Queued => {
+                Ok(self.attempt(message, stop, Claim::First).await?.unwrap_or(Outcome::LostLease))
+            }
+            _ => Ok(Outcome::LostLease),
+        }
+    }
+
+    /// One claim of the message's run and the agent's steps under it;
+    /// `None` when the write that would have stored the claim was refused.
+    async fn attempt(
+        &self,
+        message: &RunMessage,
+        stop: &watch::Receiver<bool>,
+        claim: Claim,
+    ) -> Result<Option<Outcome>, Interrupted> {
         if *stop.borrow() {
             // Not even claimed: whoever stops us sends the message again.
-            return Ok(Outcome::Released);
+            return Ok(Some(Outcome::Released));
         }
         let lease = format!("{}.{}", self.id, self.ids.ulid_at(self.clock.now()));
         let renewed_at = Instant::now();
-        let run = match self.claim(message, &lease).await {
-            Ok(Some(run)) => run,
-            Ok(None) => return Ok(Outcome::Dropped),
+        let (run, claimed_unwritten_at) = match self.claim(message, &lease, claim).await {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => return Ok(Some(Outcome::Dropped)),
             Err(WorkerError::Transient(error)) => return Err(Interrupted { error, progressed: false }),
         };
         let trace = run.trace();
@@ -187,7 +230,7 @@ impl Worker {
         }
         let claimed = run.checkpoint.clone();
         let checkpoint = run.own_checkpoint().cloned();
-        let mut attempt = Attempt { lease, checkpoint, run, renewed_at, events: Vec::new() };
+        let mut attempt = Attempt { lease, checkpoint, run, renewed_at, events: Vec::new(), claimed_unwritten_at };
         let executed = telemetry::within(span.as_ref().map(Span::as_parent), self.execute(&mut attempt, stop)).await;
         if let Some(mut span) = span {
             match &executed {
@@ -197,7 +240,8 @@ impl Worker {
             span.end();
         }
         match executed {
-            Ok(outcome) => Ok(outcome),
+            Ok(Outcome::LostLease) if attempt.claim_unwritten() => Ok(None),
+            Ok(outcome) => Ok(Some(outcome)),
             Err(WorkerError::Transient(error)) => {
                 // A failing dependency is not the run's fault: hand it back,
                 // if the store lets us, so the attempt is not used up.
@@ -211,6 +255,10 @@ impl Worker {
 
     /// Stopping: the run goes back to the queue with the agent's latest state.
     async fn hand_back(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
+        if attempt.claim_unwritten() {
+            // Nothing of the attempt is stored: the run is queued as it was.
+            return Ok(Outcome::Released);
+        }
         let checkpoint = attempt.checkpoint.clone();
         // Only this attempt writes the run while it holds it: a newer stored
         // version is a write of its own whose answer was lost, and what that
@@ -243,9 +291,29 @@ impl Worker {
         abandon_dead_letter(self.runs.as_ref(), self.clock.as_ref(), message).await
     }
 
-    /// Takes the run under `lease`, or `None` when there is nothing to do.
-    async fn claim(&self, message: &RunMessage, lease: &str) -> Result<Option<Run>, WorkerError> {
-        let claimed = change_run(self.runs.as_ref(), &message.owner, message.run_id, None, |run| {
+    /// Takes the run under `lease`, or `None` when there is nothing to do;
+    /// with the stored version a claim made in memory only was made on.
+    /// With [`Claim::WithTheEnd`], the claim of a run whose agent ends it
+    /// at once is not written on its own: the run's end (or whatever else
+    /// the attempt writes first) carries it, on the condition that the run
+    /// is still as read.
+    async fn claim(
+        &self,
+        message: &RunMessage,
+        lease: &str,
+        claim: Claim,
+    ) -> Result<Option<(Run, Option<u64>)>, WorkerError> {
+        let Some(stored) = self.runs.get(&message.owner, message.run_id).await? else {
+            tracing::warn!(run_id = %message.run_id, "message for a run that does not exist");
+            return Ok(None);
+        };
+        if claim == Claim::WithTheEnd && self.agents.ends_at_once(&stored.agent) {
+            let mut run = stored.clone();
+            if let Ok(ClaimOutcome::Claimed) = run.claim(lease, self.clock.now(), &self.policy) {
+                return Ok(Some((run, Some(stored.version))));
+            }
+        }
+        let claimed = change_run(self.runs.as_ref(), &message.owner, message.run_id, Some(stored), |run| {
             // A claim whose answer was lost, and whose retry found it made.
             if run.held_by(lease) {
                 return Ok(Transition::Keep(ClaimOutcome::Claimed));
@@ -254,7 +322,7 @@ impl Worker {
         })
         .await;
         match claimed {
-            Ok((run, ClaimOutcome::Claimed)) => Ok(Some(run)),
+            Ok((run, ClaimOutcome::Claimed)) => Ok(Some((run, None))),
             Ok((run, ClaimOutcome::AttemptsExhausted)) => {
                 tracing::warn!(run_id = %run.id, "run failed: attempts exhausted");
                 Ok(None)

@@ -126,6 +126,9 @@ impl Worker {
                     return self.park(attempt, reported, requests, checkpoint).await;
                 }
             };
+            // A claim not yet written goes with the first step's state
+            // whatever the agent said of itself: it never spans two steps.
+            let save_now = save_now || attempt.claim_unwritten();
             if attempt.run.execution_time(self.clock.now()) >= self.policy.max_run_time {
                 let error = time_limit_message(self.policy.max_run_time);
                 return self.finish(attempt, Vec::new(), |run, now, lease| run.fail(lease, error.clone(), now)).await;

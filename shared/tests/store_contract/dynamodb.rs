@@ -288,19 +288,49 @@ pub(super) async fn dynamodb_an_end_is_never_refused_for_the_state_it_ended_with
         return;
     }
     let (client, table) = fresh_table().await;
-    let store = DynamoStore::new(client, table);
+    let store = DynamoStore::new(client.clone(), table.clone());
     let policy = ExecutionPolicy::default();
     let at = |millis: i64| Timestamp::from_millis(T0 as i64 + millis);
-    let mut run = new_run("huge", 0, 80_001);
-    insert(&store, &mut run).await;
-    run.claim("w", at(1), &policy).unwrap();
-    store.update(&mut run).await.unwrap();
-    let too_large = serde_json::json!({"messages": "m".repeat(agent_runs_shared::store::MAX_CHECKPOINT_BYTES)});
-    let mut refused = run.clone();
-    refused.heartbeat("w", Some(too_large.clone()), at(2), &policy).unwrap();
-    assert!(matches!(store.update(&mut refused).await, Err(StoreError::Defect(_))));
-    run.succeed("w", "done".into(), Some(too_large), at(3)).unwrap();
-    store.update(&mut run).await.unwrap();
-    let ended = store.get_to_continue(&owner("huge"), run.id).await.unwrap().unwrap();
-    assert_eq!((ended.status, ended.checkpoint), (RunStatus::Succeeded, None));
+    let key = |run_id: RunId, sk: &str| {
+        use aws_sdk_dynamodb::types::AttributeValue::S;
+        [("pk".to_owned(), S(format!("RUN#{run_id}"))), ("sk".to_owned(), S(sk.to_owned()))].into()
+    };
+    let checkpoint_item = |run_id: RunId| {
+        client.get_item().table_name(&table).set_key(Some(key(run_id, "CKPT"))).consistent_read(true).send()
+    };
+    for (random, written_before_the_note) in [(80_001, false), (80_002, true)] {
+        let mut run = new_run("huge", 0, random);
+        insert(&store, &mut run).await;
+        run.claim("w", at(1), &policy).unwrap();
+        store.update(&mut run).await.unwrap();
+        // A checkpoint kept apart, then one small enough to keep inline: the
+        // item apart stays, out of date, until the end.
+        let large = serde_json::json!("l".repeat(agent_runs_shared::store::INLINE_CHECKPOINT_BYTES));
+        run.heartbeat("w", Some(large), at(2), &policy).unwrap();
+        store.update(&mut run).await.unwrap();
+        run.heartbeat("w", Some(serde_json::json!("small")), at(2), &policy).unwrap();
+        store.update(&mut run).await.unwrap();
+        assert!(checkpoint_item(run.id).await.unwrap().item.is_some());
+        if written_before_the_note {
+            // As a release that kept no note wrote it (or a writer of that
+            // release during a deployment).
+            let update = client.update_item().table_name(&table).set_key(Some(key(run.id, "RUN")));
+            update.update_expression("REMOVE checkpoint_item").send().await.unwrap();
+        }
+        let mut run = store.get_to_continue(&owner("huge"), run.id).await.unwrap().unwrap();
+        assert_eq!(run.checkpoint, Some(serde_json::json!("small")));
+        let too_large = serde_json::json!({"messages": "m".repeat(agent_runs_shared::store::MAX_CHECKPOINT_BYTES)});
+        let mut refused = run.clone();
+        refused.heartbeat("w", Some(too_large.clone()), at(2), &policy).unwrap();
+        assert!(matches!(store.update(&mut refused).await, Err(StoreError::Defect(_))));
+        run.succeed("w", "done".into(), Some(too_large), at(3)).unwrap();
+        store.update(&mut run).await.unwrap();
+        let ended = store.get_to_continue(&owner("huge"), run.id).await.unwrap().unwrap();
+        assert_eq!((ended.status, ended.checkpoint), (RunStatus::Succeeded, None));
+        // The run noted its item apart (stored with the run, read back), or
+        // has no note and may have one: its end, which keeps no state,
+        // deleted it.
+        let left = checkpoint_item(run.id).await.unwrap().item;
+        assert!(left.is_none(), "the out-of-date checkpoint item is gone ({written_before_the_note})");
+    }
 }

@@ -397,7 +397,7 @@ async fn dynamodb_tables_of_the_layout_before_shards_are_moved_whole() {
         let found = store.get(&owner("before"), run.id).await.unwrap().unwrap();
         assert_eq!((found.status, found.version, found.event_seq), (run.status, run.version, run.event_seq));
         assert_eq!(found.checkpoint, run.checkpoint);
-        assert!(found.store_note.0.is_some(), "a moved run records its item of the count");
+        assert!(found.store_note.count_item.is_some(), "a moved run records its item of the count");
     }
     let listed =
         every_page(&store, &owner("before"), ListRequest { status: None, thread: None, before: None, limit: 2 }).await;

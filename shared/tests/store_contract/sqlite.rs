@@ -131,3 +131,47 @@ pub(super) async fn sqlite_events_from_before_the_record_read_as_written() {
         .unwrap();
     events_from_before_the_record_read_as_written(&store, &run).await;
 }
+
+/// A get answers with the serving store's JSON of the run: the JSON of the
+/// very write last answered, while gets run beside a stream of writes, and
+/// never going back for any reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn sqlite_views_follow_every_write_under_concurrent_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_for_serving(dir.path().join("runs.db"), Durability::Process).unwrap();
+    let mut run = new_run("follow", 0, 7);
+    insert(&store, &mut run).await;
+    let tokens = |view: &str| -> u64 {
+        let json: serde_json::Value = serde_json::from_str(view).unwrap();
+        json["usage"]["total_tokens"].as_u64().unwrap_or(0)
+    };
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (store, writing, run_id) = (store.clone(), writing.clone(), run.id);
+            tokio::spawn(async move {
+                let (mut seen, mut reads) = (0, 0);
+                while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                    let view = store.view(&owner("follow"), run_id).await.unwrap().expect("the run is there");
+                    let now = tokens(&view);
+                    assert!(now >= seen, "a get went back from {seen} tokens to {now}");
+                    (seen, reads) = (now, reads + 1);
+                    tokio::task::yield_now().await;
+                }
+                reads
+            })
+        })
+        .collect();
+    for total in 1..=300 {
+        run.usage = Some(agent_runs_shared::domain::Usage { total_tokens: total, ..Default::default() });
+        store.update(&mut run).await.unwrap();
+        let view = store.view(&owner("follow"), run.id).await.unwrap().unwrap();
+        let written = serde_json::to_string(&agent_runs_shared::views::RunView::new(&run, Default::default())).unwrap();
+        assert_eq!(*view, written, "the view of write {total}");
+    }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    for reader in readers {
+        assert!(reader.await.unwrap() > 0);
+    }
+    assert_eq!(store.view(&owner("other"), run.id).await.unwrap(), None, "another owner's run is not found");
+}

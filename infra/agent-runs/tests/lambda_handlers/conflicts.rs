@@ -20,13 +20,13 @@ pub(super) async fn transaction_conflicts_are_sent_again() {
     assert_eq!(aws.listed_ids().await, [id(&run)]);
     assert_eq!(aws.active_runs().await, 1);
 
-    // The worker's writes: the claim (a transaction with its run.started
-    // event), which conflicts once, then the terminal transaction.
+    // The worker's write: the run's end, which carries its claim (echo ends
+    // at its first step), conflicts once and is sent again.
     conflicts.fail_next(1);
     let (_, failures) = aws.deliver().await;
     assert!(failures.is_empty(), "the run is not handed back: {failures:?}");
     let worker_calls = aws.calls.take();
-    assert_eq!(worker_calls.iter().filter(|call| *call == "TransactWriteItems").count(), 3, "{worker_calls:?}");
+    assert_eq!(worker_calls.iter().filter(|call| *call == "TransactWriteItems").count(), 2, "{worker_calls:?}");
     let (_, done) = aws.invoke(Operation::Get, "GET", &format!("/v1/agent/runs/{}", id(&run)), None).await;
     assert_eq!((done["status"].as_str(), done["output"].as_str()), (Some("succeeded"), Some("once")));
     assert_eq!(aws.active_runs().await, 0, "the run ended once");

@@ -152,7 +152,7 @@ impl DynamoStore {
     pub(super) async fn update_in_transaction(
         &self,
         run: &Run,
-        next: &Run,
+        next: &mut Run,
         events: &[Event],
     ) -> Result<(), TransactFailure> {
         let items = self.update_items(run, next, events).map_err(TransactFailure::Store)?;
@@ -175,7 +175,7 @@ impl DynamoStore {
     pub(super) fn update_items(
         &self,
         run: &Run,
-        next: &Run,
+        next: &mut Run,
         events: &[Event],
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         let (run_item, checkpoint_item) = run_items(next)?;
@@ -190,8 +190,12 @@ impl DynamoStore {
         let mut items = vec![TransactWriteItem::builder().put(put_run).build()];
         match checkpoint_item {
             Some(checkpoint) => items.push(self.put(checkpoint)?),
-            // The run's checkpoint item, if it ever had one, is no longer needed.
-            None if next.status.is_terminal() => items.push(self.delete(run_pk(run.id), CHECKPOINT_SK.into())?),
+            // The run's checkpoint item, if it may have one (as stored
+            // before this write; a run written by a release that kept no
+            // note may), is no longer needed.
+            None if next.status.is_terminal() && run.store_note.checkpoint_item != Some(false) => {
+                items.push(self.delete(run_pk(run.id), CHECKPOINT_SK.into())?)
+            }
             None => {}
         }
         for event in events {
@@ -288,6 +292,9 @@ impl DynamoStore {
         idempotency: Option<&IdempotencyClaim>,
     ) -> Result<Vec<TransactWriteItem>, StoreError> {
         let events = written.take_events();
+        // Noted from the start: the end of a run that never kept a
+        // checkpoint apart has no item to delete.
+        written.store_note.checkpoint_item.get_or_insert(false);
         let (run_item, checkpoint_item) = run_items(written)?;
         let put_run = Put::builder()
             .table_name(&self.table)

@@ -77,7 +77,7 @@ pub(super) fn count_sample(own: u32, limit: u32) -> Vec<u32> {
 /// The item of the count that `run`'s create took (runs from before items
 /// were recorded: their own item under the default limit).
 pub(super) fn count_item(run: &Run) -> u32 {
-    run.store_note.0.unwrap_or_else(|| counter_shard(run.id, crate::store::DEFAULT_MAX_ACTIVE_RUNS))
+    run.store_note.count_item.unwrap_or_else(|| counter_shard(run.id, crate::store::DEFAULT_MAX_ACTIVE_RUNS))
 }
 
 /// The ids an item of the count holds.
@@ -219,8 +219,8 @@ pub(super) fn following_on(after: u64, events: &[StoredEvent]) -> usize {
 
 /// The run's item and, when its checkpoint is too large to keep inline or
 /// the run ended (gets and lists of ended runs never pay for what it ended
-/// with), the checkpoint's own item.
-pub(super) fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
+/// with), the checkpoint's own item; the run then notes that it has one.
+pub(super) fn run_items(run: &mut Run) -> Result<(Item, Option<Item>), StoreError> {
     let ended = run.status.is_terminal();
     let apart = match &run.checkpoint {
         Some(checkpoint) => {
@@ -239,6 +239,12 @@ pub(super) fn run_items(run: &Run) -> Result<(Item, Option<Item>), StoreError> {
             }
         }
         None => None,
+    };
+    run.store_note.checkpoint_item = match apart {
+        // Needed only until the end, which deletes or replaces that item.
+        _ if ended => None,
+        Some(_) => Some(true),
+        None => run.store_note.checkpoint_item,
     };
     let mut item = run_item(run)?;
     let Some(json) = apart else {

@@ -9,7 +9,7 @@ use super::{
     CHECKPOINT_APART, COUNT_SK, DynamoStore, Item, LEGACY_COUNT, RUN_SK, TransactFailure, count_item, counter_shard,
     decode_run, defect, entry, idempotency_pk, run_items, s, text, unavailable,
 };
-use crate::domain::{Clock, Owner, StoreNote, SystemClock};
+use crate::domain::{Clock, Owner, SystemClock};
 use crate::store::StoreError;
 
 /// What one pass of [`DynamoStore::migrate_layout`] did.
@@ -133,8 +133,8 @@ impl DynamoStore {
             let json = text(&checkpoint, "checkpoint")?;
             run.checkpoint = Some(serde_json::from_str(json).map_err(|_| defect("malformed stored checkpoint"))?);
         }
-        run.store_note = StoreNote(Some(counter_shard(run.id, max_active)));
-        let (run_item, checkpoint_item) = run_items(&run)?;
+        run.store_note.count_item = Some(counter_shard(run.id, max_active));
+        let (run_item, checkpoint_item) = run_items(&mut run)?;
         let put = |item: Item, condition: Option<&str>| -> Result<TransactWriteItem, StoreError> {
             let put = Put::builder()
                 .table_name(&self.table)

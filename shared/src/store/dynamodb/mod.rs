@@ -86,11 +86,11 @@ use super::record::StoredRun;
 use super::{
     BatchWriteError, DueRun, EventBody, EventFormat, EventLog, EventPage, IdempotencyClaim, IdempotencyRecord,
     InboxEntry, InboxPage, InboxRequest, InsertOutcome, ListPage, ListRequest, RENDERED_FORMAT, Run, RunKey, RunLists,
-    RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage, views_of,
+    RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage, run_view_json, views_of,
 };
 use crate::domain::{
     Approval, ApprovalId, ApprovalStatus, DecidedCall, Event, EventData, InboxPosition, Owner, RunId, RunStatus,
-    StoreNote, Timestamp,
+    Timestamp,
 };
 use crate::views::Shown;
 

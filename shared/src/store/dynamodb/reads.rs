@@ -174,6 +174,12 @@ impl RunLists for DynamoStore {
     async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
         views_of(self.list(owner, request).await?, self.shown)
     }
+
+    /// The run's item alone: clients never see a checkpoint kept apart.
+    async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<std::sync::Arc<str>>, StoreError> {
+        let item = self.get_item(run_pk(run_id), RUN_SK.into()).await?;
+        owners_run(item, owner)?.map(|(run, _)| run_view_json(&run, self.shown)).transpose()
+    }
 }
 
 #[async_trait]

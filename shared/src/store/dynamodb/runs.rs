@@ -25,7 +25,7 @@ impl RunStore for DynamoStore {
             return Ok(InsertOutcome::TooManyActiveRuns);
         };
         let mut written = run.clone();
-        written.store_note = StoreNote(Some(item));
+        written.store_note.count_item = Some(item);
         let items = match self.create_items(&mut written, idempotency) {
             Ok(items) => items,
             Err(error) => {
@@ -163,7 +163,7 @@ impl RunStore for DynamoStore {
         let mut next = run.clone();
         next.version += 1;
         let events = next.take_events();
-        let (run_item, checkpoint_item) = run_items(&next)?;
+        let (run_item, checkpoint_item) = run_items(&mut next)?;
         if checkpoint_item.is_none() && !next.status.is_terminal() && events.is_empty() {
             let put = self
                 .client
@@ -192,7 +192,7 @@ impl RunStore for DynamoStore {
             };
         }
         let mut events = events;
-        let mut written = self.update_in_transaction(run, &next, &events).await;
+        let mut written = self.update_in_transaction(run, &mut next, &events).await;
         if let Err(TransactFailure::ConditionsFailed(failed)) = &written
             && failed.first() != Some(&true)
             && let Some(first) = events.first().map(|event| event.seq)
@@ -216,7 +216,7 @@ impl RunStore for DynamoStore {
                     event.seq = seq;
                 }
                 next.event_seq = last + events.len() as u64;
-                written = self.update_in_transaction(run, &next, &events).await;
+                written = self.update_in_transaction(run, &mut next, &events).await;
             }
         }
         if next.status.is_terminal() {
@@ -246,7 +246,7 @@ impl RunStore for DynamoStore {
             next.version += 1;
             let events = next.take_events();
             let items =
-                self.update_items(run, &next, &events).map_err(|error| BatchWriteError { written: 0, error })?;
+                self.update_items(run, &mut next, &events).map_err(|error| BatchWriteError { written: 0, error })?;
             writes.push((index, next, items));
         }
         let mut start = 0;
