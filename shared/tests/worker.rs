@@ -339,12 +339,47 @@ async fn an_echo_runs_claim_goes_with_its_end() {
     assert_eq!((run.status, run.attempts, run.version), (RunStatus::Succeeded, 1, 3));
     assert_eq!(logged(&fixture, &message).await, ["run.created", "run.started", "run.succeeded"]);
 
-    let message = fixture.create("echo", "stopped").await;
-    let (stop, stopped) = watch::channel(false);
-    stop.send(true).unwrap();
-    assert_eq!(fixture.worker().process(&message, &stopped).await.unwrap(), Outcome::Released);
+    // The end fails before it reaches the store: the hand-back writes
+    // nothing either (no `run.started` for a start that never happened),
+    // and the message is delivered again.
+    let message = fixture.create("echo", "unwritten").await;
+    let store = Faults::store(fixture.store.clone(), OnCalls::nth("update", 1, Fault::FailBefore));
+    let worker = Worker::new(store, fixture.agents.clone(), fixture.clock.clone(), fixture.policy.clone());
+    assert!(worker.process(&message, &running()).await.is_err());
     let run = fixture.run(&message).await;
     assert_eq!((run.status, run.version, run.attempts), (RunStatus::Queued, 0, 0), "nothing written");
+    assert_eq!(logged(&fixture, &message).await, ["run.created"]);
+
+    // An agent that says it ends at once but goes on: its claim is written
+    // with its first step's state, then its end.
+    let agents = fixture.agents.clone().with_agent("twostep", Arc::new(TwoSteps));
+    let message = fixture.create("twostep", "go").await;
+    let worker = Worker::new(fixture.store.clone(), agents, fixture.clock.clone(), fixture.policy.clone());
+    assert_eq!(worker.process(&message, &running()).await.unwrap(), Outcome::Succeeded);
+    let run = fixture.run(&message).await;
+    assert_eq!((run.status, run.version, run.attempts), (RunStatus::Succeeded, 2, 1), "a save, then the end");
+    assert_eq!(logged(&fixture, &message).await, ["run.created", "run.started", "run.succeeded"]);
+}
+
+/// Claims to end at once, but takes two steps.
+struct TwoSteps;
+
+#[async_trait::async_trait]
+impl agent_runs_shared::agents::Agent for TwoSteps {
+    fn validate_input(&self, _input: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn step(&self, input: agent_runs_shared::agents::StepInput<'_>) -> agent_runs_shared::agents::Step {
+        match input.checkpoint {
+            None => agent_runs_shared::agents::Step::Continue(serde_json::json!({"first": "done"})),
+            Some(_) => agent_runs_shared::agents::Step::succeeded("two steps"),
+        }
+    }
+
+    fn ends_at_once(&self) -> bool {
+        true
+    }
 }
 
 /// Before the first write that would end a queued run, writes that run

@@ -196,7 +196,8 @@ impl Worker {
             Ok(Some(run)) if run.status == crate::domain::RunStatus::Queued => {
                 Ok(self.attempt(message, stop, Claim::First).await?.unwrap_or(Outcome::LostLease))
             }
-            _ => Ok(Outcome::LostLease),
+            Ok(_) => Ok(Outcome::LostLease),
+            Err(error) => Err(Interrupted { error, progressed: false }),
         }
     }
 
@@ -256,8 +257,13 @@ impl Worker {
     /// Stopping: the run goes back to the queue with the agent's latest state.
     async fn hand_back(&self, attempt: &mut Attempt) -> Result<Outcome, WorkerError> {
         if attempt.claim_unwritten() {
-            // Nothing of the attempt is stored: the run is queued as it was.
-            return Ok(Outcome::Released);
+            // Nothing of the attempt is stored (the run is queued as it
+            // was), unless a write carrying the claim landed though its
+            // answer was lost: then the run is released as any other.
+            match self.runs.get(&attempt.run.owner, attempt.run.id).await? {
+                Some(current) if current.held_by(&attempt.lease) => {}
+                _ => return Ok(Outcome::Released),
+            }
         }
         let checkpoint = attempt.checkpoint.clone();
         // Only this attempt writes the run while it holds it: a newer stored
