@@ -129,6 +129,7 @@ http("extend", "POST", f"/v1/agent/runs/{missing}/approvals/apr_01JDQ3V7Q4K8Z2X9
 http("approvals", "GET", "/v1/approvals", query="limit=20")
 decision = {"run_id": missing, "approval_id": "apr_01JDQ3V7Q4K8Z2X9M5N6P7R8S9", "decision": "approve"}
 http("decide-batch", "POST", "/v1/approvals/batch", json.dumps({"decisions": [decision]}))
+http("policies", "GET", "/v1/policies")
 http("directory", "GET", "/v1/agents/echo")
 http("fallback", "GET", "/v1/unknown")
 http("webhooks", "GET", "/v1/webhooks", query="limit=20")
@@ -183,9 +184,8 @@ auth="Authorization: Bearer $key"
 
 # Some runs to read: 100 echo runs.
 for i in $(seq 1 100); do
-  curl -s -X POST "http://$serve/v1/agent/runs" -H "$auth" -H 'Content-Type: application/json' -d "{\"input\": \"run $i\"}" > "$work/last.json"
+  curl -s -X POST "http://$serve/v1/agent/runs" -H "$auth" -H 'Content-Type: application/json' -d "{\"input\": \"run $i\"}" > /dev/null
 done
-run_id=$(sed -n 's/.*"id":"\(run_[^"]*\)".*/\1/p' "$work/last.json")
 # And 40 waiting for a decision, for the inbox.
 for i in $(seq 1 40); do
   curl -s -X POST "http://$serve/v1/agent/runs" -H "$auth" -H 'Content-Type: application/json' \
@@ -209,7 +209,12 @@ for setting in $settings; do
   use_setting "$setting"
   wrk_run "fixed-json-$setting" "http://$fixed/"
   wrk_run "fixed-list-$setting" "http://$fixed_list/"
-  wrk_run "get-$setting" "http://$serve/v1/agent/runs/$run_id" -H "$auth"
+  # The run a client polls is one it started: created now, not one the
+  # creates of the setting before may have pushed out of the server's
+  # cache of recent runs (which reads never fill).
+  curl -s -X POST "http://$serve/v1/agent/runs" -H "$auth" -H 'Content-Type: application/json' -d '{"input": "polled"}' > "$work/polled.json"
+  polled=$(sed -n 's/.*"id":"\(run_[^"]*\)".*/\1/p' "$work/polled.json")
+  wrk_run "get-$setting" "http://$serve/v1/agent/runs/$polled" -H "$auth"
   wrk_run "list-$setting" "http://$serve/v1/agent/runs?limit=20" -H "$auth"
   wrk_run "inbox-$setting" "http://$serve/v1/approvals?limit=20" -H "$auth"
   wrk_run "create-$setting" "http://$serve/v1/agent/runs" -H "$auth" -s "$work/create.lua"
