@@ -198,9 +198,7 @@ impl DynamoStore {
     fn endpoint_count(&self, owner: &Owner, delta: i64, max: Option<usize>) -> Result<Update, StoreError> {
         self.counter((endpoints_pk(owner), "COUNT"), "endpoints", delta, max.map(|max| max as u64))
     }
-}
 
-impl DynamoStore {
     /// Whether `endpoint` is stored as this create wrote it (its fresh id
     /// and random secret are nobody else's).
     async fn written_endpoint(&self, endpoint: &WebhookEndpoint) -> Result<bool, StoreError> {
