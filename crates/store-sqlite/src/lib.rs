@@ -20,11 +20,13 @@ use tokio::sync::watch;
 mod keys;
 mod policies;
 mod reads;
+mod recent;
 mod runs;
 mod schema;
 mod webhooks;
 mod writer;
 
+use recent::RecentRuns;
 use schema::migrate;
 use writer::{Committed, Writer};
 
@@ -84,80 +86,6 @@ struct Inner {
 
 /// Signals kept before those nobody waits on any more are dropped.
 const EVENT_SIGNALS_KEPT: usize = 1024;
-
-/// Runs as this process last wrote them, so a get or a worker's read needs
-/// neither SQLite nor a JSON decode. Only writes fill it, each on the
-/// writer's thread right after its commit (in commit order) and before it
-/// is answered, so it never misses an answered write: sound only while no
-/// other process writes runs, which
-/// [`SqliteStore::open_for_serving`] ensures with a lock file (the admin
-/// commands write keys and agents, never runs).
-#[derive(Default)]
-struct RecentRuns {
-    /// By id alone (ids are unique across owners), so a lookup makes no key.
-    runs: Mutex<HashMap<RunId, Arc<CachedRun>>>,
-}
-
-/// A run as last written, and its JSON as clients see it, made when first
-/// asked for (a list splices it in as it is) and kept if it is no larger
-/// than the largest run kept.
-struct CachedRun {
-    run: Run,
-    view: std::sync::OnceLock<Arc<str>>,
-}
-
-impl CachedRun {
-    fn view(&self, shown: Shown) -> Result<Arc<str>, StoreError> {
-        if let Some(view) = self.view.get() {
-            return Ok(view.clone());
-        }
-        let view = run_view_json(&self.run, shown)?;
-        if view.len() <= RECENT_RUN_MAX_BYTES {
-            let _ = self.view.set(view.clone());
-        }
-        Ok(view)
-    }
-}
-
-/// Entries, and the largest run (encoded, and its JSON for clients) worth
-/// keeping: about 200 MB at most.
-const RECENT_RUNS: usize = 16_384;
-const RECENT_RUN_MAX_BYTES: usize = 6 * 1024;
-
-impl RecentRuns {
-    fn get(&self, owner: &Owner, run_id: RunId) -> Option<Arc<CachedRun>> {
-        crate::lock(&self.runs).get(&run_id).filter(|cached| cached.run.owner == *owner).cloned()
-    }
-
-    /// Called on the writer's thread, after the commit, in commit order.
-    fn written(&self, run: Run, encoded_len: usize) {
-        let mut runs = crate::lock(&self.runs);
-        let key = run.id;
-        if encoded_len > RECENT_RUN_MAX_BYTES {
-            runs.remove(&key);
-            return;
-        }
-        if runs.len() >= RECENT_RUNS && !runs.contains_key(&key) {
-            // Forget an arbitrary eighth; a forgotten run is read from SQLite.
-            let mut to_forget = RECENT_RUNS / 8;
-            runs.retain(|_, _| {
-                if to_forget == 0 {
-                    return true;
-                }
-                to_forget -= 1;
-                false
-            });
-        }
-        runs.insert(key, Arc::new(CachedRun { run, view: std::sync::OnceLock::new() }));
-    }
-
-    fn removed(&self, owner: &Owner, run_id: RunId) {
-        let mut runs = crate::lock(&self.runs);
-        if runs.get(&run_id).is_some_and(|cached| cached.run.owner == *owner) {
-            runs.remove(&run_id);
-        }
-    }
-}
 
 fn unavailable(error: rusqlite::Error) -> StoreError {
     StoreError::Unavailable(Box::new(error))

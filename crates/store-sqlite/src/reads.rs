@@ -16,13 +16,20 @@ impl RunLists for SqliteStore {
         .await
     }
 
-    /// Runs written lately are in the cache with their JSON made once;
-    /// only the others are decoded and encoded (after the reader is free).
+    /// A page read since the owner's last write is answered as kept. Runs
+    /// written lately are in the cache with their JSON made once; only the
+    /// others are decoded and encoded (after the reader is free).
     async fn list_views(&self, owner: &Owner, request: ListRequest) -> Result<ViewPage, StoreError> {
+        let generation = match self.inner.recent.as_ref().map(|recent| recent.page(owner, &request)) {
+            Some(Ok(page)) => return Ok(page),
+            Some(Err(generation)) => Some(generation),
+            None => None,
+        };
         let inner = self.inner.clone();
-        let owner = owner.clone();
+        let rows_owner = owner.clone();
         let rows = self
             .read(move |connection| {
+                let owner = rows_owner;
                 list_rows(connection, &owner.to_string(), request, |row| {
                     let id: String = row.get(0)?;
                     let version: i64 = row.get(1)?;
@@ -52,7 +59,11 @@ impl RunLists for SqliteStore {
             views.push(view);
             last = Some(id);
         }
-        Ok(ViewPage { views, last, has_more })
+        let page = ViewPage { views, last, has_more };
+        if let (Some(recent), Some(generation)) = (&self.inner.recent, generation) {
+            recent.keep_page(owner, request, generation, &page);
+        }
+        Ok(page)
     }
 
     async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<Arc<str>>, StoreError> {

@@ -100,14 +100,14 @@ pub struct ListPage {
 
 /// A page of a list as clients see it: each run's JSON, and the id of the
 /// last (where the next page starts).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ViewPage {
     pub views: Vec<std::sync::Arc<str>>,
     pub last: Option<RunId>,
     pub has_more: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ListRequest {
     pub status: Option<RunStatus>,
     /// Only the runs of this conversation (see [`Run::thread_id`]).

@@ -175,3 +175,85 @@ pub(super) async fn sqlite_views_follow_every_write_under_concurrent_gets() {
     }
     assert_eq!(store.view(&owner("other"), run.id).await.unwrap(), None, "another owner's run is not found");
 }
+
+/// The serving store answers a list with a page it kept only while none of
+/// the owner's runs changed since: lists of the same pages beside a stream
+/// of creates, status changes and undone creates always show the last
+/// answered write, never go back, and never show another owner's runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn sqlite_list_pages_follow_every_write_under_concurrent_lists() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_for_serving(dir.path().join("runs.db"), Durability::Process).unwrap();
+    let all = ListRequest { status: None, thread: None, before: None, limit: 5 };
+    let canceled = ListRequest { status: Some(RunStatus::Canceled), ..all };
+    let encoded =
+        |run: &Run| serde_json::to_string(&agent_runs_shared::views::RunView::new(run, Default::default())).unwrap();
+    let first = |page: &agent_runs_shared::store::ViewPage| page.views.first().map(|view| view.to_string());
+    let writing = Arc::new(AtomicBool::new(true));
+    // The newest run whose create, and whose cancel, was answered: every
+    // page read after that starts with it or a newer run.
+    let answered = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (store, writing, answered) = (store.clone(), writing.clone(), answered.clone());
+            tokio::spawn(async move {
+                let mut reads = 0;
+                while writing.load(Ordering::Relaxed) {
+                    for (answered, request) in answered.iter().zip([all, canceled]) {
+                        let floor = answered.load(Ordering::SeqCst);
+                        let page = store.list_views(&owner("pages"), request).await.unwrap();
+                        let newest = page.views.first().map(|view| {
+                            let json: serde_json::Value = serde_json::from_str(view).unwrap();
+                            json["id"].as_str().unwrap().parse::<RunId>().unwrap()
+                        });
+                        if floor > 0 {
+                            let floor = new_run("pages", floor, 1).id;
+                            assert!(newest >= Some(floor), "{request:?}: {newest:?} is older than {floor}");
+                        }
+                        reads += 1;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                reads
+            })
+        })
+        .collect();
+    let mut theirs = new_run("others", 0, 1);
+    insert(&store, &mut theirs).await;
+    for i in 1..=150u64 {
+        let mut run = new_run("pages", i * 10, 1);
+        insert(&store, &mut run).await;
+        answered[0].store(i * 10, Ordering::SeqCst);
+        let page = store.list_views(&owner("pages"), all).await.unwrap();
+        assert_eq!(first(&page), Some(encoded(&run)), "the list after create {i}");
+        run.cancel(Timestamp::from_millis((T0 + i * 10 + 1) as i64)).unwrap();
+        store.update(&mut run).await.unwrap();
+        answered[1].store(i * 10, Ordering::SeqCst);
+        for request in [all, canceled] {
+            let page = store.list_views(&owner("pages"), request).await.unwrap();
+            assert_eq!(first(&page), Some(encoded(&run)), "{request:?} after the cancel of {i}");
+        }
+        if i % 10 == 0 {
+            // A create undone: listed, then gone.
+            let mut undone = new_run("pages", i * 10 + 5, 2);
+            insert(&store, &mut undone).await;
+            assert_eq!(first(&store.list_views(&owner("pages"), all).await.unwrap()), Some(encoded(&undone)));
+            assert!(store.undo_create(&undone, None).await.unwrap());
+            let page = store.list_views(&owner("pages"), all).await.unwrap();
+            assert_eq!(first(&page), Some(encoded(&run)), "the list after the undone create {i}");
+            // Another owner's write leaves this owner's pages as they are.
+            theirs.input = format!("theirs {i}");
+            store.update(&mut theirs).await.unwrap();
+            let page = store.list_views(&owner("others"), all).await.unwrap();
+            assert_eq!(page.views.iter().map(|view| view.to_string()).collect::<Vec<_>>(), [encoded(&theirs)]);
+        }
+    }
+    writing.store(false, Ordering::Relaxed);
+    for reader in readers {
+        assert!(reader.await.unwrap() > 0);
+    }
+    let page = store.list_views(&owner("pages"), ListRequest { limit: 100, ..all }).await.unwrap();
+    assert_eq!(page.views.len(), 100);
+    assert!(page.views.iter().all(|view| !view.contains("theirs")), "no other owner's run in a page");
+}
