@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -14,8 +15,8 @@ use agent_runs_shared::api::{
     asks_for_event_stream,
 };
 use bytes::Bytes;
-use futures_util::StreamExt;
-use http::{Request, Response, header};
+use futures_util::{FutureExt, StreamExt};
+use http::{Method, Request, Response, header};
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited, StreamBody};
 use hyper::body::Frame;
 use hyper::body::Incoming;
@@ -192,13 +193,18 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimit
             if asks_for_event_stream(request.headers()) {
                 request.extensions_mut().insert(CanStream);
             }
-            // Its own task: a client that goes away mid-request must not cut
-            // an operation off between its writes (a create stored but not
-            // yet queued would wait for the sweeper); a panic is a 500.
-            let mut response = match tokio::spawn(async move { api.handle(request).await }).await {
-                Ok(response) => response,
-                Err(_) => ApiError::Internal("the request's task panicked".into()).into_response(),
+            // A change gets its own task: a client that goes away mid-request
+            // must not cut an operation off between its writes (a create
+            // stored but not yet queued would wait for the sweeper). A read
+            // writes nothing, so it is answered in place, sparing the move
+            // of its future into a task. Either way a panic is a 500.
+            let answered = if matches!(*request.method(), Method::GET | Method::HEAD) {
+                AssertUnwindSafe(api.handle(request)).catch_unwind().await.ok()
+            } else {
+                tokio::spawn(async move { api.handle(request).await }).await.ok()
             };
+            let mut response =
+                answered.unwrap_or_else(|| ApiError::Internal("the request's task panicked".into()).into_response());
             // Taken out, so what the stream holds is given back with its body.
             let stream = response.extensions_mut().remove::<EventStream>();
             let mut response = response.map(|body| match stream {

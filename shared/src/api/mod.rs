@@ -28,6 +28,8 @@ pub mod routes;
 mod webhooks;
 
 use crate::receipts::{JWKS_PATH, PublishedKeys, jwks};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -321,34 +323,46 @@ impl Api {
         if !run_id.is_empty() {
             tracing::Span::current().record("run_id", tracing::field::display(run_id));
         }
-        match route.operation {
-            Operation::Create => create::handle(self, &principal, &request).await,
-            Operation::List => list::handle(self.runs.as_ref(), owner, request.uri().query()).await,
-            Operation::Get => get::handle(self.runs.as_ref(), owner, run_id).await,
-            Operation::Cancel => cancel::handle(self, owner, run_id, &request).await,
-            Operation::Decide => decide::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
-            Operation::Extend => extend::handle(self, &principal, run_id, params.get("approval_id"), &request).await,
-            Operation::Events => events::handle(self, owner, run_id, &request).await,
-            Operation::Inbox => inbox::handle(self.runs.as_ref(), owner, request.uri().query()).await,
-            Operation::DecideBatch => batch::handle(self, &principal, &request).await,
-            Operation::CreateWebhook => webhooks::create(self, owner, &request).await,
-            Operation::ListWebhooks => webhooks::list(self, owner, request.uri().query()).await,
-            Operation::GetWebhook => webhooks::get(self, owner, params.get("webhook_id"), request.uri().query()).await,
+        // Each operation's future in a box of its own: held inline, every
+        // request's future would be as large as the largest operation's,
+        // and moved whole (several KB) at each step up to the connection.
+        let handled: Pin<Box<dyn Future<Output = Result<ApiResponse, ApiError>> + Send + '_>> = match route.operation {
+            Operation::Create => Box::pin(create::handle(self, &principal, &request)),
+            Operation::List => Box::pin(list::handle(self.runs.as_ref(), owner, request.uri().query())),
+            Operation::Get => Box::pin(get::handle(self.runs.as_ref(), owner, run_id)),
+            Operation::Cancel => Box::pin(cancel::handle(self, owner, run_id, &request)),
+            Operation::Decide => {
+                Box::pin(decide::handle(self, &principal, run_id, params.get("approval_id"), &request))
+            }
+            Operation::Extend => {
+                Box::pin(extend::handle(self, &principal, run_id, params.get("approval_id"), &request))
+            }
+            Operation::Events => Box::pin(events::handle(self, owner, run_id, &request)),
+            Operation::Inbox => Box::pin(inbox::handle(self.runs.as_ref(), owner, request.uri().query())),
+            Operation::DecideBatch => Box::pin(batch::handle(self, &principal, &request)),
+            Operation::CreateWebhook => Box::pin(webhooks::create(self, owner, &request)),
+            Operation::ListWebhooks => Box::pin(webhooks::list(self, owner, request.uri().query())),
+            Operation::GetWebhook => {
+                Box::pin(webhooks::get(self, owner, params.get("webhook_id"), request.uri().query()))
+            }
             Operation::DeleteWebhook => {
-                webhooks::delete(self, owner, params.get("webhook_id"), request.uri().query()).await
+                Box::pin(webhooks::delete(self, owner, params.get("webhook_id"), request.uri().query()))
             }
             Operation::RotateWebhookSecret => {
-                webhooks::rotate_secret(self, owner, params.get("webhook_id"), &request).await
+                Box::pin(webhooks::rotate_secret(self, owner, params.get("webhook_id"), &request))
             }
             Operation::ListWebhookDeliveries => {
-                webhooks::deliveries(self, owner, params.get("webhook_id"), request.uri().query()).await
+                Box::pin(webhooks::deliveries(self, owner, params.get("webhook_id"), request.uri().query()))
             }
-            Operation::GetPolicy => policies::get(self.policies.as_ref(), &principal, &request).await,
-            Operation::PutPolicy => policies::put(self.policies.as_ref(), &principal, self.clock.now(), &request).await,
-            Operation::TestPolicy => policies::test(self.policies.as_ref(), &principal, &request).await,
-            Operation::ListKeys => keys::list(self.auth.keys(), &principal, request.uri().query()).await,
-            Operation::GetAgent => agents::get(&self.agents, params.get("agent"), request.uri().query()).await,
-        }
+            Operation::GetPolicy => Box::pin(policies::get(self.policies.as_ref(), &principal, &request)),
+            Operation::PutPolicy => {
+                Box::pin(policies::put(self.policies.as_ref(), &principal, self.clock.now(), &request))
+            }
+            Operation::TestPolicy => Box::pin(policies::test(self.policies.as_ref(), &principal, &request)),
+            Operation::ListKeys => Box::pin(keys::list(self.auth.keys(), &principal, request.uri().query())),
+            Operation::GetAgent => Box::pin(agents::get(&self.agents, params.get("agent"), request.uri().query())),
+        };
+        handled.await
     }
 
     /// The request's key, to be checked again while the request is held.

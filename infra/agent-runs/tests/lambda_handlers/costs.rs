@@ -24,9 +24,13 @@ struct Step {
     /// An API request (API Gateway bills it), or a function fed by AWS.
     api: bool,
     /// The function's billed duration (assumed: docs/operations.md,
-    /// "Durations") and memory.
+    /// "Durations") and memory, for each of its invocations.
     seconds: f64,
     gigabytes: f64,
+    invocations: f64,
+    /// Messages sent in `SendMessageBatch` calls (each received and
+    /// deleted by Lambda's poller, as each `SendMessage`'s is).
+    batched_messages: f64,
 }
 
 /// Parts of a run's cost that no handler here makes, from the code
@@ -44,7 +48,15 @@ impl Aws {
     fn step(&self, name: &'static str, api: bool, seconds: f64, gigabytes: f64) -> Step {
         let calls = self.calls.take();
         let units = self.units.as_ref().expect("a metered Aws").take();
-        Step { name, calls, units, api, seconds, gigabytes }
+        Step { name, calls, units, api, seconds, gigabytes, invocations: 1.0, batched_messages: 0.0 }
+    }
+}
+
+impl Step {
+    /// The step was `invocations` invocations of its function, which sent
+    /// `batched_messages` in batches.
+    fn of(self, invocations: f64, batched_messages: f64) -> Step {
+        Step { invocations, batched_messages, ..self }
     }
 }
 
@@ -88,9 +100,12 @@ fn cost_tables(steps: &[Step], from_code: &[FromCode]) -> String {
     table.push_str(&format!("| **per run** | | **{writes}** | **{reads}** |\n\n"));
 
     let count = |name: &str| steps.iter().flat_map(|step| &step.calls).filter(|call| *call == name).count() as f64;
-    let messages = count("SendMessage");
-    let invocations = steps.len() as f64 + from_code.iter().map(|part| part.invocations).sum::<f64>();
-    let gigabyte_seconds = steps.iter().map(|step| step.seconds * step.gigabytes).sum::<f64>()
+    let messages = count("SendMessage") + steps.iter().map(|step| step.batched_messages).sum::<f64>();
+    let sqs_requests =
+        3.0 * messages - steps.iter().map(|step| step.batched_messages).sum::<f64>() + count("SendMessageBatch");
+    let invocations = steps.iter().map(|step| step.invocations).sum::<f64>()
+        + from_code.iter().map(|part| part.invocations).sum::<f64>();
+    let gigabyte_seconds = steps.iter().map(|step| step.seconds * step.gigabytes * step.invocations).sum::<f64>()
         + from_code.iter().map(|part| part.gigabyte_seconds).sum::<f64>();
     let api_requests = steps.iter().filter(|step| step.api).count() as f64;
     let lines = [
@@ -98,8 +113,8 @@ fn cost_tables(steps: &[Step], from_code: &[FromCode]) -> String {
         ("DynamoDB reads", format!("{reads} RRU"), reads * READ_UNIT),
         (
             "SQS",
-            format!("{} requests: each message sent, received, deleted", 3.0 * messages),
-            3.0 * messages * SQS_REQUEST,
+            format!("{sqs_requests} requests: each message sent (alone or in a batch), received, deleted"),
+            sqs_requests * SQS_REQUEST,
         ),
         ("Lambda requests", format!("{invocations} invocations"), invocations * LAMBDA_REQUEST),
         ("Lambda duration", format!("{gigabyte_seconds:.4} GB-s"), gigabyte_seconds * LAMBDA_GB_SECOND),
@@ -209,4 +224,70 @@ pub(super) async fn each_runs_cost_is_computed_from_its_calls() {
     let poll = aws.step("poll", true, 0.006, 0.25);
     let defined = [create, first, decided, second, poll];
     generated_in_docs("a defined-agent run", &cost_tables(&defined, &not_handled_here(4.0, (1.5, 1.5))));
+
+    let webhook = an_endpoint_for_every_event(&aws).await;
+    generated_in_docs("a webhook endpoint for every event of an echo run", &cost_tables(&webhook, &[]));
+}
+
+/// What one endpoint taking every event adds to an echo run, at low
+/// traffic: the notifier invoked once per event, and `deliver` once per
+/// delivery, each answered `2xx` at its first attempt. A first run warms
+/// the functions (the endpoint's secret read once); the second is measured.
+async fn an_endpoint_for_every_event(aws: &Aws) -> Vec<Step> {
+    use agent_runs_shared::lambda::{handle_deliveries, handle_stream};
+    use aws_lambda_events::event::dynamodb::Event as StreamEvent;
+
+    let receiver = Arc::new(tokio::task::spawn_blocking(support::receiver::Receiver::start).await.unwrap());
+    let body = json!({"url": receiver.url("costs"), "events": ["*"]});
+    let (status, endpoint) = aws.invoke(Operation::CreateWebhook, "POST", "/v1/webhooks", Some(body)).await;
+    assert_eq!(status, 201, "{endpoint}");
+    let (settings, configured) = (json!({"secrets": [endpoint["secret"]]}), receiver.clone());
+    tokio::task::spawn_blocking(move || configured.configure("costs", settings)).await.unwrap();
+    let queue = aws.services.webhook_queue.clone().expect("aws-setup names the delivery queue");
+    let engine = aws.services.services.webhook_engine(None);
+    let mut steps = Vec::new();
+    for _ in 0..2 {
+        let (_, run) = aws.invoke(Operation::Create, "POST", "/v1/agent/runs", Some(json!({"input": "hooked"}))).await;
+        assert!(aws.deliver().await.1.is_empty());
+        aws.step("the run", false, 0.0, 0.0);
+        let pk = format!("RUN#{}", id(&run));
+        let events: Vec<_> = webhooks::stream_event(aws)
+            .await
+            .records
+            .into_iter()
+            .filter(|record| {
+                let keys = serde_json::to_value(&record.change.keys).unwrap();
+                keys["pk"]["S"] == pk.as_str() && keys["sk"]["S"].as_str().is_some_and(|sk| sk.starts_with("EV#"))
+            })
+            .collect();
+        assert_eq!(events.len(), 3, "created, started, succeeded");
+        for record in events {
+            let mut one = StreamEvent::default();
+            one.records.push(record);
+            let handled = handle_stream(&aws.services.store, &queue, one);
+            assert!(FUNCTION.scope("notifier", handled).await.batch_item_failures.is_empty());
+        }
+        let notifier = aws.step("notifier: an invocation per event", false, 0.010, 0.25).of(3.0, 3.0);
+        let mut delivered = 0;
+        while delivered < 3 {
+            let event = webhooks::delivery_event(aws, &aws.webhook_queue_url).await;
+            assert!(!event.records.is_empty(), "a message per event was queued");
+            for record in event.records {
+                let handle = record.receipt_handle.clone().unwrap();
+                let mut one = SqsEvent::default();
+                one.records.push(record);
+                let handled = handle_deliveries(&engine, &aws.services.store, &queue, one);
+                assert!(FUNCTION.scope("deliver", handled).await.batch_item_failures.is_empty());
+                // As Lambda's poller does after a batch without failures.
+                aws.sqs.delete_message().queue_url(&aws.webhook_queue_url).receipt_handle(handle).send().await.unwrap();
+                delivered += 1;
+            }
+        }
+        let deliver = aws.step("deliver: an invocation per delivery", false, 0.120, 0.25).of(3.0, 0.0);
+        steps = vec![notifier, deliver];
+    }
+    let received = tokio::task::spawn_blocking(move || receiver.received("costs")).await.unwrap();
+    assert_eq!(received.len(), 6, "each event of both runs delivered once");
+    assert!(received.iter().all(|delivery| delivery["verified_by"] == json!([0])), "{received:#?}");
+    steps
 }

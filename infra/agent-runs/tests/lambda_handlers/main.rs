@@ -61,8 +61,12 @@ fn granted(function: &str, operation: &str) -> bool {
 }
 
 /// The IAM actions that allow `operation` with this request body: a
-/// transaction is allowed by each of its items' actions.
+/// transaction is allowed by each of its items' actions, an SQS batch by
+/// the action of one message (`sqs:SendMessage` allows `SendMessageBatch`).
 fn iam_actions(operation: &str, body: Option<&[u8]>) -> Vec<String> {
+    if let Some(one) = operation.strip_suffix("Batch").filter(|_| operation != "BatchGetItem") {
+        return vec![one.to_owned()];
+    }
     if operation != "TransactWriteItems" {
         return vec![operation.to_owned()];
     }
@@ -148,10 +152,12 @@ impl Aws {
         Self::with(plan, error, &[]).await
     }
 
-    /// With a [`UnitMeter`] on the DynamoDB client, and one item of the
-    /// active-run count (a limit of 8), so that every create finds it in use.
+    /// With a [`UnitMeter`] on the DynamoDB client, one item of the
+    /// active-run count (a limit of 8), so that every create finds it in
+    /// use, and webhook endpoints on this machine allowed.
     async fn metered() -> Aws {
-        Self::build(Arc::new(Healthy), AwsError::Throttling, &[("AGENT_RUNS_MAX_ACTIVE_RUNS", "8")], true).await
+        let settings = [("AGENT_RUNS_MAX_ACTIVE_RUNS", "8"), ("AGENT_RUNS_WEBHOOK_ALLOW_PRIVATE", "true")];
+        Self::build(Arc::new(Healthy), AwsError::Throttling, &settings, true).await
     }
 
     /// With more configuration.
