@@ -97,6 +97,12 @@ drain() {
 
 # Sections 3 and 4: the Lambda functions (run last, or alone with --lambda-only).
 lambda_sections() {
+echo "== 3a. Lambda init alone: each function started 5 times with nothing else running (exec to its first request for work; no AWS call is made in init)"
+for fn in $functions; do
+  env AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true \
+    AWS_ENDPOINT_URL=http://127.0.0.1:9 AGENT_RUNS_TABLE=bench-runs AGENT_RUNS_QUEUE_URL=http://127.0.0.1:9/runs \
+    AGENT_RUNS_WEBHOOK_QUEUE_URL=http://127.0.0.1:9/deliveries "$bin/lambda-cold-start" --init-only 5 "$bin/$fn"
+done
 echo "== 3. Lambda functions: init and invocations (Runtime API stand-in, AWS API emulator)"
 source infra/moto.sh
 install_moto

@@ -3,7 +3,10 @@
 //! measure exec -> first `GET /runtime/invocation/next` (init: SDK clients
 //! built, connections warmed), then the first invocation and warm ones.
 //! Usage: lambda-cold-start BINARY EVENT_JSON_FILE [WARM_INVOCATIONS]
-//! (the AWS and AGENT_RUNS_* variables are passed through from the caller).
+//! (the AWS and AGENT_RUNS_* variables are passed through from the caller);
+//! `lambda-cold-start --init-only STARTS BINARY` starts it STARTS times,
+//! one after another, each stopped at its first request for work, and
+//! prints the median, least and most init.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -18,6 +21,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+
+/// What one start of the function showed.
+struct Started {
+    init: Option<Duration>,
+    durations: Vec<Duration>,
+    errors: Vec<String>,
+}
 
 struct State {
     started: Instant,
@@ -84,17 +94,54 @@ async fn handle(state: Arc<Mutex<State>>, request: http::Request<Incoming>) -> h
 
 #[tokio::main]
 async fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.next_if_eq("--init-only").is_some() {
+        let starts: usize = args.next().expect("STARTS").parse().expect("a number");
+        let binary = args.next().expect("BINARY");
+        let mut inits = Vec::new();
+        for _ in 0..starts {
+            inits.push(start(&binary, Bytes::new(), 0).await.init.unwrap_or_default());
+        }
+        inits.sort();
+        let name = std::path::Path::new(&binary).file_name().unwrap().to_string_lossy().into_owned();
+        println!(
+            "{name:<12} init alone: median {:>9}  least {:>9}  most {:>9}  ({starts} starts)",
+            millis(percentile(&inits, 50.0)),
+            millis(inits.first().copied().unwrap_or_default()),
+            millis(inits.last().copied().unwrap_or_default()),
+        );
+        return;
+    }
     let binary = args.next().expect("BINARY");
     let event = std::fs::read(args.next().expect("EVENT_JSON_FILE")).expect("read event");
     let warm: usize = args.next().map_or(100, |n| n.parse().expect("a number"));
+    let state = start(&binary, Bytes::from(event), 1 + warm).await;
+    let name = std::path::Path::new(&binary).file_name().unwrap().to_string_lossy().into_owned();
+    if !state.errors.is_empty() {
+        eprintln!("{name}: errors: {:?}", &state.errors[..state.errors.len().min(3)]);
+        std::process::exit(1);
+    }
+    let mut warm_durations = state.durations.iter().skip(1).copied().collect::<Vec<_>>();
+    warm_durations.sort();
+    println!(
+        "{name:<8} init {:>9}  first invocation {:>9}  warm p50 {:>9}  p99 {:>9}",
+        millis(state.init.unwrap_or_default()),
+        millis(state.durations.first().copied().unwrap_or_default()),
+        millis(percentile(&warm_durations, 50.0)),
+        millis(percentile(&warm_durations, 99.0)),
+    );
+}
+
+/// Starts the function, hands it `invocations` times the event, and stops
+/// it once it asks for more (at its first request when `invocations` is 0).
+async fn start(binary: &str, event: Bytes, invocations: usize) -> Started {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = listener.local_addr().unwrap().to_string();
     let done = Arc::new(Notify::new());
     let state = Arc::new(Mutex::new(State {
         started: Instant::now(),
-        event: Bytes::from(event),
-        invocations: 1 + warm,
+        event,
+        invocations,
         sent: 0,
         init: None,
         delivered_at: None,
@@ -103,7 +150,7 @@ async fn main() {
         done: done.clone(),
     }));
     let server_state = state.clone();
-    tokio::spawn(async move {
+    let server = tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
             let state = server_state.clone();
@@ -135,18 +182,11 @@ async fn main() {
     }
     let _ = child.kill();
     let _ = child.wait();
-    let state = state.lock().unwrap();
-    if !state.errors.is_empty() {
-        eprintln!("{name}: errors: {:?}", &state.errors[..state.errors.len().min(3)]);
-        std::process::exit(1);
+    server.abort();
+    let mut state = state.lock().unwrap();
+    Started {
+        init: state.init,
+        durations: std::mem::take(&mut state.durations),
+        errors: std::mem::take(&mut state.errors),
     }
-    let mut warm_durations = state.durations.iter().skip(1).copied().collect::<Vec<_>>();
-    warm_durations.sort();
-    println!(
-        "{name:<8} init {:>9}  first invocation {:>9}  warm p50 {:>9}  p99 {:>9}",
-        millis(state.init.unwrap_or_default()),
-        millis(state.durations.first().copied().unwrap_or_default()),
-        millis(percentile(&warm_durations, 50.0)),
-        millis(percentile(&warm_durations, 99.0)),
-    );
 }
