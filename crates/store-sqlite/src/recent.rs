@@ -61,8 +61,9 @@ struct ListPages {
     /// The last generation given: unique across owners and time, so an
     /// owner forgotten and listed again never matches a read begun before.
     last_generation: u64,
-    /// The JSON kept in pages (runs shared with `runs` counted again).
+    /// What the kept pages take, as [`page_bytes`] counts it.
     bytes: usize,
+    limits: PageLimits,
 }
 
 struct OwnerPages {
@@ -70,15 +71,79 @@ struct OwnerPages {
     pages: HashMap<ListRequest, ViewPage>,
 }
 
-/// What pages may hold, and the owners whose generations are kept; past
-/// either, everything is forgotten (a forgotten page is read from SQLite).
-const LIST_PAGES_MAX_BYTES: usize = 32 * 1024 * 1024;
-const LIST_PAGE_OWNERS: usize = 16_384;
+/// Past `bytes` or `owners`, every page and generation is forgotten (a
+/// forgotten page is read from SQLite); past `pages_per_owner`, the owner's.
+#[derive(Clone, Copy)]
+struct PageLimits {
+    bytes: usize,
+    owners: usize,
+    pages_per_owner: usize,
+}
+
+impl Default for PageLimits {
+    fn default() -> Self {
+        PageLimits { bytes: 32 * 1024 * 1024, owners: 16_384, pages_per_owner: 64 }
+    }
+}
+
+/// What a kept page is counted as beyond its JSON: its key, its entry and
+/// the vector of its runs, so that empty pages count too.
+const PAGE_OVERHEAD_BYTES: usize = 256;
+
+fn page_bytes(page: &ViewPage) -> usize {
+    PAGE_OVERHEAD_BYTES + page.views.iter().map(|view| view.len() + 16).sum::<usize>()
+}
 
 impl ListPages {
     fn next_generation(&mut self) -> u64 {
         self.last_generation += 1;
         self.last_generation
+    }
+
+    fn forget_everything(&mut self) {
+        self.owners = HashMap::new();
+        self.bytes = 0;
+    }
+
+    fn owner_wrote(&mut self, owner: &Owner) {
+        let generation = self.next_generation();
+        if let Some(kept) = self.owners.get_mut(owner) {
+            kept.generation = generation;
+            self.bytes -= std::mem::take(&mut kept.pages).values().map(page_bytes).sum::<usize>();
+        }
+    }
+
+    fn page(&mut self, owner: &Owner, request: &ListRequest) -> Result<ViewPage, u64> {
+        if let Some(kept) = self.owners.get(owner) {
+            return kept.pages.get(request).cloned().ok_or(kept.generation);
+        }
+        if self.owners.len() >= self.limits.owners {
+            self.forget_everything();
+        }
+        let generation = self.next_generation();
+        self.owners.insert(owner.clone(), OwnerPages { generation, pages: HashMap::new() });
+        Err(generation)
+    }
+
+    fn keep_page(&mut self, owner: &Owner, request: ListRequest, generation: u64, page: &ViewPage) {
+        let bytes = page_bytes(page);
+        // A page larger than an eighth of the whole is read each time.
+        if bytes > self.limits.bytes / 8 {
+            return;
+        }
+        let Some(kept) = self.owners.get_mut(owner).filter(|kept| kept.generation == generation) else {
+            return;
+        };
+        if kept.pages.len() >= self.limits.pages_per_owner && !kept.pages.contains_key(&request) {
+            self.bytes -= std::mem::take(&mut kept.pages).values().map(page_bytes).sum::<usize>();
+        }
+        if let Some(replaced) = kept.pages.insert(request, page.clone()) {
+            self.bytes -= page_bytes(&replaced);
+        }
+        self.bytes += bytes;
+        if self.bytes > self.limits.bytes {
+            self.forget_everything();
+        }
     }
 }
 
@@ -89,7 +154,7 @@ impl RecentRuns {
 
     /// Called on the writer's thread, after the commit, in commit order.
     pub(crate) fn written(&self, run: Run, encoded_len: usize) {
-        self.owner_wrote(&run.owner);
+        crate::lock(&self.pages).owner_wrote(&run.owner);
         let mut runs = crate::lock(&self.runs);
         let key = run.id;
         if encoded_len > RECENT_RUN_MAX_BYTES {
@@ -112,60 +177,104 @@ impl RecentRuns {
 
     /// Called on the writer's thread, after the commit of a removal.
     pub(crate) fn removed(&self, owner: &Owner, run_id: RunId) {
-        self.owner_wrote(owner);
+        crate::lock(&self.pages).owner_wrote(owner);
         let mut runs = crate::lock(&self.runs);
         if runs.get(&run_id).is_some_and(|cached| cached.run.owner == *owner) {
             runs.remove(&run_id);
         }
     }
 
-    fn owner_wrote(&self, owner: &Owner) {
-        let mut guard = crate::lock(&self.pages);
-        let pages = &mut *guard;
-        let generation = pages.next_generation();
-        if let Some(kept) = pages.owners.get_mut(owner) {
-            kept.generation = generation;
-            let freed: usize = kept.pages.drain().map(|(_, page)| page_bytes(&page)).sum();
-            pages.bytes -= freed;
-        }
-    }
-
     /// The page as kept since the owner's last write, or the generation
     /// to read it at and hand back to [`RecentRuns::keep_page`].
     pub(crate) fn page(&self, owner: &Owner, request: &ListRequest) -> Result<ViewPage, u64> {
-        let mut pages = crate::lock(&self.pages);
-        if let Some(kept) = pages.owners.get(owner) {
-            return kept.pages.get(request).cloned().ok_or(kept.generation);
-        }
-        if pages.owners.len() >= LIST_PAGE_OWNERS {
-            pages.owners.clear();
-            pages.bytes = 0;
-        }
-        let generation = pages.next_generation();
-        pages.owners.insert(owner.clone(), OwnerPages { generation, pages: HashMap::new() });
-        Err(generation)
+        crate::lock(&self.pages).page(owner, request)
     }
 
     /// Keeps a page read at `generation`, unless a write of the owner's
     /// runs came since.
     pub(crate) fn keep_page(&self, owner: &Owner, request: ListRequest, generation: u64, page: &ViewPage) {
-        let bytes = page_bytes(page);
-        let mut guard = crate::lock(&self.pages);
-        let pages = &mut *guard;
-        if pages.bytes + bytes > LIST_PAGES_MAX_BYTES {
-            pages.owners.values_mut().for_each(|kept| kept.pages.clear());
-            pages.bytes = 0;
-        }
-        let Some(kept) = pages.owners.get_mut(owner).filter(|kept| kept.generation == generation) else {
-            return;
-        };
-        if let Some(replaced) = kept.pages.insert(request, page.clone()) {
-            pages.bytes -= page_bytes(&replaced);
-        }
-        pages.bytes += bytes;
+        crate::lock(&self.pages).keep_page(owner, request, generation, page);
     }
 }
 
-fn page_bytes(page: &ViewPage) -> usize {
-    page.views.iter().map(|view| view.len()).sum()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(name: &str) -> Owner {
+        Owner::parse(name).unwrap()
+    }
+
+    fn request(limit: u32) -> ListRequest {
+        ListRequest { status: None, thread: None, before: None, limit }
+    }
+
+    fn page(text: &str) -> ViewPage {
+        ViewPage { views: vec![Arc::from(text)], last: None, has_more: false }
+    }
+
+    fn shown(found: Result<ViewPage, u64>) -> Result<String, u64> {
+        found.map(|page| page.views.concat())
+    }
+
+    #[test]
+    fn a_page_is_answered_until_its_owners_next_write_and_never_kept_across_one() {
+        let mut pages = ListPages::default();
+        let (ada, bob) = (owner("ada"), owner("bob"));
+        let read_at = pages.page(&ada, &request(20)).unwrap_err();
+        pages.keep_page(&ada, request(20), read_at, &page("one"));
+        assert_eq!(shown(pages.page(&ada, &request(20))), Ok("one".into()));
+        assert!(pages.page(&ada, &request(5)).is_err(), "another request is another page");
+        pages.owner_wrote(&bob);
+        assert_eq!(shown(pages.page(&ada, &request(20))), Ok("one".into()), "another owner's write");
+        pages.owner_wrote(&ada);
+        let read_at = pages.page(&ada, &request(20)).unwrap_err();
+        // A write between the start of a read and its keeping: not kept.
+        pages.owner_wrote(&ada);
+        pages.keep_page(&ada, request(20), read_at, &page("stale"));
+        assert!(pages.page(&ada, &request(20)).is_err());
+        assert_eq!(pages.bytes, 0);
+    }
+
+    #[test]
+    fn an_owner_forgotten_and_listed_again_never_takes_a_page_read_before() {
+        let mut pages = ListPages { limits: PageLimits { owners: 2, ..PageLimits::default() }, ..Default::default() };
+        let ada = owner("ada");
+        let read_at = pages.page(&ada, &request(20)).unwrap_err();
+        // Two more owners forget every generation; ada's write then finds
+        // no entry, and ada is listed again.
+        pages.page(&owner("bob"), &request(20)).unwrap_err();
+        pages.page(&owner("cy"), &request(20)).unwrap_err();
+        pages.owner_wrote(&ada);
+        let again = pages.page(&ada, &request(5)).unwrap_err();
+        assert_ne!(again, read_at);
+        pages.keep_page(&ada, request(20), read_at, &page("stale"));
+        assert!(pages.page(&ada, &request(20)).is_err(), "the read begun before is not kept");
+    }
+
+    #[test]
+    fn kept_pages_stay_within_their_limits() {
+        let limits = PageLimits { bytes: 8 * 1024, owners: 16, pages_per_owner: 4 };
+        let mut pages = ListPages { limits, ..Default::default() };
+        let ada = owner("ada");
+        for limit in 1..=10 {
+            let read_at = pages.page(&ada, &request(limit)).unwrap_err();
+            pages.keep_page(&ada, request(limit), read_at, &page(""));
+            assert!(pages.owners[&ada].pages.len() <= 4, "empty pages count too");
+        }
+        let counted: usize = pages.owners.values().flat_map(|kept| kept.pages.values()).map(page_bytes).sum();
+        assert_eq!(pages.bytes, counted);
+        // Too large for an eighth of the whole: read each time.
+        let read_at = pages.page(&ada, &request(50)).unwrap_err();
+        pages.keep_page(&ada, request(50), read_at, &page(&"x".repeat(2 * 1024)));
+        assert!(pages.page(&ada, &request(50)).is_err());
+        // Past the bytes, everything is forgotten, generations included.
+        for (index, name) in ["b", "c", "d", "e", "f", "g", "h", "i"].iter().enumerate() {
+            let who = owner(name);
+            let read_at = pages.page(&who, &request(20)).unwrap_err();
+            pages.keep_page(&who, request(20), read_at, &page(&"y".repeat(700)));
+            assert!(pages.bytes <= limits.bytes, "after owner {index}");
+        }
+        assert!(pages.owners.len() < 9);
+    }
 }

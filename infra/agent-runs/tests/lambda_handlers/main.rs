@@ -64,7 +64,7 @@ fn granted(function: &str, operation: &str) -> bool {
 /// transaction is allowed by each of its items' actions, an SQS batch by
 /// the action of one message (`sqs:SendMessage` allows `SendMessageBatch`).
 fn iam_actions(operation: &str, body: Option<&[u8]>) -> Vec<String> {
-    if let Some(one) = operation.strip_suffix("Batch").filter(|_| operation != "BatchGetItem") {
+    if let Some(one) = operation.strip_suffix("Batch") {
         return vec![one.to_owned()];
     }
     if operation != "TransactWriteItems" {

@@ -99,11 +99,18 @@ async fn main() {
         let starts: usize = args.next().expect("STARTS").parse().expect("a number");
         let binary = args.next().expect("BINARY");
         let mut inits = Vec::new();
+        let name = std::path::Path::new(&binary).file_name().unwrap().to_string_lossy().into_owned();
         for _ in 0..starts {
-            inits.push(start(&binary, Bytes::new(), 0).await.init.unwrap_or_default());
+            let started = start(&binary, Bytes::new(), 0).await;
+            match started.init {
+                Some(init) if started.errors.is_empty() => inits.push(init),
+                _ => {
+                    eprintln!("{name}: did not ask for work: {:?}", &started.errors[..started.errors.len().min(3)]);
+                    std::process::exit(1);
+                }
+            }
         }
         inits.sort();
-        let name = std::path::Path::new(&binary).file_name().unwrap().to_string_lossy().into_owned();
         println!(
             "{name:<12} init alone: median {:>9}  least {:>9}  most {:>9}  ({starts} starts)",
             millis(percentile(&inits, 50.0)),
@@ -166,7 +173,7 @@ async fn start(binary: &str, event: Bytes, invocations: usize) -> Started {
 
     let name = std::path::Path::new(&binary).file_name().unwrap().to_string_lossy().into_owned();
     state.lock().unwrap().started = Instant::now();
-    let mut child = std::process::Command::new(&binary)
+    let mut child = std::process::Command::new(binary)
         .env("AWS_LAMBDA_RUNTIME_API", &api)
         .env("AWS_LAMBDA_FUNCTION_NAME", &name)
         .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
