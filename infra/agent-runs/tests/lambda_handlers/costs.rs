@@ -100,9 +100,9 @@ fn cost_tables(steps: &[Step], from_code: &[FromCode]) -> String {
     table.push_str(&format!("| **per run** | | **{writes}** | **{reads}** |\n\n"));
 
     let count = |name: &str| steps.iter().flat_map(|step| &step.calls).filter(|call| *call == name).count() as f64;
-    let messages = count("SendMessage") + steps.iter().map(|step| step.batched_messages).sum::<f64>();
-    let sqs_requests =
-        3.0 * messages - steps.iter().map(|step| step.batched_messages).sum::<f64>() + count("SendMessageBatch");
+    // Each message is sent (alone, or in a batch of one request), received and deleted.
+    let batched = steps.iter().map(|step| step.batched_messages).sum::<f64>();
+    let sqs_requests = 3.0 * count("SendMessage") + count("SendMessageBatch") + 2.0 * batched;
     let invocations = steps.iter().map(|step| step.invocations).sum::<f64>()
         + from_code.iter().map(|part| part.invocations).sum::<f64>();
     let gigabyte_seconds = steps.iter().map(|step| step.seconds * step.gigabytes * step.invocations).sum::<f64>()

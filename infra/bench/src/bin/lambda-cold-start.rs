@@ -22,6 +22,11 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
+/// The function's name, as its binary's file name.
+fn function_name(binary: &str) -> String {
+    std::path::Path::new(binary).file_name().unwrap().to_string_lossy().into_owned()
+}
+
 /// What one start of the function showed.
 struct Started {
     init: Option<Duration>,
@@ -99,7 +104,7 @@ async fn main() {
         let starts: usize = args.next().expect("STARTS").parse().expect("a number");
         let binary = args.next().expect("BINARY");
         let mut inits = Vec::new();
-        let name = std::path::Path::new(&binary).file_name().unwrap().to_string_lossy().into_owned();
+        let name = function_name(&binary);
         for _ in 0..starts {
             let started = start(&binary, Bytes::new(), 0).await;
             match started.init {
@@ -123,7 +128,7 @@ async fn main() {
     let event = std::fs::read(args.next().expect("EVENT_JSON_FILE")).expect("read event");
     let warm: usize = args.next().map_or(100, |n| n.parse().expect("a number"));
     let state = start(&binary, Bytes::from(event), 1 + warm).await;
-    let name = std::path::Path::new(&binary).file_name().unwrap().to_string_lossy().into_owned();
+    let name = function_name(&binary);
     if !state.errors.is_empty() {
         eprintln!("{name}: errors: {:?}", &state.errors[..state.errors.len().min(3)]);
         std::process::exit(1);
@@ -171,7 +176,7 @@ async fn start(binary: &str, event: Bytes, invocations: usize) -> Started {
         }
     });
 
-    let name = std::path::Path::new(&binary).file_name().unwrap().to_string_lossy().into_owned();
+    let name = function_name(binary);
     state.lock().unwrap().started = Instant::now();
     let mut child = std::process::Command::new(binary)
         .env("AWS_LAMBDA_RUNTIME_API", &api)
