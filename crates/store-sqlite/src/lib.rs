@@ -177,7 +177,7 @@ impl SqliteStore {
             .map_err(unavailable)?;
         let inner = Inner {
             path: path.to_path_buf(),
-            writer: Writer::start(writer).map_err(io_error)?,
+            writer: Writer::start(writer, open_connection(path, durability).map_err(unavailable)?).map_err(io_error)?,
             readers,
             recent: serving.then(RecentRuns::default),
             _owner_lock: owner_lock,

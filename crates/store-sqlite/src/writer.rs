@@ -11,7 +11,18 @@
 //! its own: one whose condition fails is rolled back alone. A write is
 //! answered only after its group committed, so an answer still means it
 //! is durable.
+//!
+//! Checkpoints (copying the WAL's pages back into the database file, each
+//! with an fsync) are not the writer's: SQLite's own runs inside the commit
+//! that crossed its threshold and held every write behind it for the
+//! fsync's time (a fifth of the writer's time under creates). A thread of
+//! its own checkpoints once the WAL holds [`CHECKPOINT_AFTER_PAGES`]; the
+//! writer checkpoints only past [`WRITER_CHECKPOINTS_PAST_PAGES`], between
+//! groups, because the WAL starts over from its beginning only at a write
+//! that finds every frame copied back, which a checkpoint racing a steady
+//! stream of groups never leaves: the WAL's size stays bounded.
 
+use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
 
@@ -22,6 +33,28 @@ use agent_runs_shared::store::StoreError;
 
 /// The most writes committed together.
 const MAX_GROUP: usize = 256;
+
+/// SQLite's own threshold (`wal_autocheckpoint`'s default).
+const CHECKPOINT_AFTER_PAGES: i32 = 1000;
+/// About 40 MB of WAL with 4 KiB pages.
+const WRITER_CHECKPOINTS_PAST_PAGES: i32 = 10 * CHECKPOINT_AFTER_PAGES;
+
+thread_local! {
+    /// The WAL's pages after the last commit on this thread (the writer's).
+    static WAL_PAGES: Cell<i32> = const { Cell::new(0) };
+}
+
+fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.set(pages);
+    Ok(())
+}
+
+fn checkpoint(connection: &Connection) {
+    // PASSIVE: copies what no reader still needs, never waits for anyone.
+    if let Err(error) = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::warn!(error = %agent_runs_shared::error_chain(&error), "a checkpoint of the WAL failed");
+    }
+}
 
 /// What a write does once its group committed, in commit order (cache
 /// updates, wake-ups): never for a write that was not committed.
@@ -111,9 +144,21 @@ fn stopped() -> StoreError {
 }
 
 impl Writer {
-    pub(super) fn start(connection: Connection) -> std::io::Result<Writer> {
+    /// Starts the writer on `connection` and the checkpoints on
+    /// `checkpoints` (another connection to the same file).
+    pub(super) fn start(connection: Connection, checkpoints: Connection) -> std::io::Result<Writer> {
+        // Replaces SQLite's automatic checkpoints (themselves a WAL hook).
+        connection.wal_hook(Some(note_wal_pages));
+        let (wake, woken) = mpsc::sync_channel::<()>(1);
+        std::thread::Builder::new().name("sqlite-checkpoint".into()).spawn(move || {
+            while woken.recv().is_ok() {
+                checkpoint(&checkpoints);
+            }
+        })?;
         let (jobs, queue) = mpsc::channel();
-        std::thread::Builder::new().name("sqlite-writer".into()).spawn(move || write_groups(connection, queue))?;
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || write_groups(connection, queue, wake))?;
         Ok(Writer { jobs })
     }
 
@@ -132,7 +177,11 @@ impl Writer {
     }
 }
 
-fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
+fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>, checkpoints: mpsc::SyncSender<()>) {
+    // The WAL's pages when a checkpoint was last asked for: one is asked
+    // for each CHECKPOINT_AFTER_PAGES more, as SQLite's own would run
+    // (more often copies the pages every group changes more often).
+    let mut asked_at = 0;
     while let Ok(first) = queue.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -153,6 +202,16 @@ fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
         }
         for job in group {
             job.answer();
+        }
+        let pages = WAL_PAGES.get();
+        if pages < asked_at {
+            // The WAL started over.
+            asked_at = 0;
+        }
+        if pages >= WRITER_CHECKPOINTS_PAST_PAGES {
+            checkpoint(&connection);
+        } else if pages - asked_at >= CHECKPOINT_AFTER_PAGES && checkpoints.try_send(()).is_ok() {
+            asked_at = pages;
         }
     }
 }
@@ -190,7 +249,7 @@ mod tests {
         let connection = Connection::open(&path).unwrap();
         connection.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)").unwrap();
         let reader = Connection::open(&path).unwrap();
-        (dir, Writer::start(connection).unwrap(), reader)
+        (dir, Writer::start(connection, Connection::open(&path).unwrap()).unwrap(), reader)
     }
 
     fn insert(k: String) -> impl FnOnce(&Connection, &mut Committed) -> Result<(), StoreError> + Send {
@@ -269,6 +328,56 @@ mod tests {
             .await;
         assert!(effect_panics.is_ok(), "committed, so answered Ok");
         writer.write(insert("d".into())).await.expect("the writer goes on after a panicking effect");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn checkpoints_run_beside_the_writer_and_the_wal_stays_bounded_under_steady_writes() {
+        let (dir, writer, _reader) = writer();
+        let writer = std::sync::Arc::new(writer);
+        writer
+            .write(|connection, _| {
+                connection.execute_batch("CREATE TABLE b (k INTEGER PRIMARY KEY, v BLOB)").map_err(unavailable)
+            })
+            .await
+            .unwrap();
+        let (wal, database) = (dir.path().join("w.db-wal"), dir.path().join("w.db"));
+        let size = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |metadata| metadata.len());
+        // 16 pages a write, from 8 writers at once: groups back to back.
+        let write_all = |from: i64, to: i64| {
+            let writers: Vec<_> = (0..8)
+                .map(|lane| {
+                    let writer = writer.clone();
+                    tokio::spawn(async move {
+                        for k in (from..to).filter(|k| k % 8 == lane) {
+                            writer
+                                .write(move |connection, _| {
+                                    connection
+                                        .execute("INSERT INTO b (k, v) VALUES (?1, zeroblob(65536))", [k])
+                                        .map_err(unavailable)?;
+                                    Ok(())
+                                })
+                                .await
+                                .unwrap();
+                        }
+                    })
+                })
+                .collect();
+            futures_join(writers)
+        };
+        // About 6,000 pages: over the checkpoint's threshold, under the writer's.
+        write_all(0, 375).await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(size(&database) > 16 << 20, "pages were copied into the database file: {} bytes", size(&database));
+        // About 48,000 pages more.
+        write_all(375, 3375).await;
+        let bound = (WRITER_CHECKPOINTS_PAST_PAGES as u64 + 2 * 16 * 256) * 4096;
+        assert!(size(&wal) <= bound, "the WAL is {} bytes, over {bound}", size(&wal));
+    }
+
+    async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
+        for task in tasks {
+            task.await.unwrap();
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

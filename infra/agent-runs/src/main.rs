@@ -15,6 +15,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+// The embedded server allocates a few dozen times per request on two
+// threads and the store's writer: glibc's malloc took an eighth of a
+// create's time (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "agent-runs", version, about = "The Agent Runs service: embedded server and admin tools")]
 struct Cli {
