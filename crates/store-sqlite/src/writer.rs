@@ -24,7 +24,7 @@
 
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -53,6 +53,69 @@ fn checkpoint(connection: &Connection) {
     // PASSIVE: copies what no reader still needs, never waits for anyone.
     if let Err(error) = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
         tracing::warn!(error = %agent_runs_shared::error_chain(&error), "a checkpoint of the WAL failed");
+    }
+}
+
+/// The checkpoint thread, as the writer sees it.
+struct Checkpoints {
+    wake: Option<mpsc::SyncSender<()>>,
+    /// Held by whoever checkpoints: the writer past its threshold waits for
+    /// the thread's checkpoint rather than be refused as busy and go on
+    /// growing the WAL.
+    running: Arc<Mutex<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The WAL's pages when a checkpoint was last asked for: one is asked
+    /// for each CHECKPOINT_AFTER_PAGES more, as SQLite's own would run
+    /// (more often copies the pages every group changes more often).
+    asked_at: i32,
+}
+
+impl Checkpoints {
+    fn start(connection: Connection) -> std::io::Result<Checkpoints> {
+        let (wake, woken) = mpsc::sync_channel::<()>(1);
+        let running = Arc::new(Mutex::new(()));
+        let held = running.clone();
+        let thread = std::thread::Builder::new().name("sqlite-checkpoint".into()).spawn(move || {
+            while woken.recv().is_ok() {
+                let _running = crate::lock(&held);
+                checkpoint(&connection);
+            }
+        })?;
+        Ok(Checkpoints { wake: Some(wake), running, thread: Some(thread), asked_at: 0 })
+    }
+
+    /// After a commit that left the WAL with `pages`.
+    fn committed(&mut self, writer: &Connection, pages: i32) {
+        if pages < self.asked_at {
+            // The WAL started over.
+            self.asked_at = 0;
+        }
+        if pages >= WRITER_CHECKPOINTS_PAST_PAGES {
+            let _running = crate::lock(&self.running);
+            checkpoint(writer);
+        } else if pages - self.asked_at >= CHECKPOINT_AFTER_PAGES {
+            match self.wake.as_ref().map(|wake| wake.try_send(())) {
+                Some(Err(mpsc::TrySendError::Full(()))) => {}
+                Some(Ok(())) => self.asked_at = pages,
+                // The thread is gone: the writer checkpoints as SQLite would.
+                Some(Err(mpsc::TrySendError::Disconnected(()))) | None => {
+                    checkpoint(writer);
+                    self.asked_at = pages;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Checkpoints {
+    /// Ends the thread before the writer's connection closes, so the last
+    /// connection to close is the writer's (which checkpoints the whole WAL
+    /// and removes it).
+    fn drop(&mut self) {
+        self.wake.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -149,16 +212,12 @@ impl Writer {
     pub(super) fn start(connection: Connection, checkpoints: Connection) -> std::io::Result<Writer> {
         // Replaces SQLite's automatic checkpoints (themselves a WAL hook).
         connection.wal_hook(Some(note_wal_pages));
-        let (wake, woken) = mpsc::sync_channel::<()>(1);
-        std::thread::Builder::new().name("sqlite-checkpoint".into()).spawn(move || {
-            while woken.recv().is_ok() {
-                checkpoint(&checkpoints);
-            }
-        })?;
+        let checkpoints = Checkpoints::start(checkpoints)?;
         let (jobs, queue) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("sqlite-writer".into())
-            .spawn(move || write_groups(connection, queue, wake))?;
+        std::thread::Builder::new().name("sqlite-writer".into()).spawn(move || {
+            write_groups(&connection, queue, checkpoints);
+            drop(connection);
+        })?;
         Ok(Writer { jobs })
     }
 
@@ -177,11 +236,7 @@ impl Writer {
     }
 }
 
-fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>, checkpoints: mpsc::SyncSender<()>) {
-    // The WAL's pages when a checkpoint was last asked for: one is asked
-    // for each CHECKPOINT_AFTER_PAGES more, as SQLite's own would run
-    // (more often copies the pages every group changes more often).
-    let mut asked_at = 0;
+fn write_groups(connection: &Connection, queue: mpsc::Receiver<Box<dyn Job>>, mut checkpoints: Checkpoints) {
     while let Ok(first) = queue.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -190,7 +245,7 @@ fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>, che
                 Err(_) => break,
             }
         }
-        let written = write_group(&connection, &mut group);
+        let written = write_group(connection, &mut group);
         if let Err(error) = &written {
             tracing::error!(error = %agent_runs_shared::error_chain(error), writes = group.len(), "a group of writes was not committed");
             if !connection.is_autocommit() {
@@ -203,16 +258,7 @@ fn write_groups(connection: Connection, queue: mpsc::Receiver<Box<dyn Job>>, che
         for job in group {
             job.answer();
         }
-        let pages = WAL_PAGES.get();
-        if pages < asked_at {
-            // The WAL started over.
-            asked_at = 0;
-        }
-        if pages >= WRITER_CHECKPOINTS_PAST_PAGES {
-            checkpoint(&connection);
-        } else if pages - asked_at >= CHECKPOINT_AFTER_PAGES && checkpoints.try_send(()).is_ok() {
-            asked_at = pages;
-        }
+        checkpoints.committed(connection, WAL_PAGES.get());
     }
 }
 
@@ -366,11 +412,17 @@ mod tests {
         };
         // About 6,000 pages: over the checkpoint's threshold, under the writer's.
         write_all(0, 375).await;
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while size(&database) <= 16 << 20 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         assert!(size(&database) > 16 << 20, "pages were copied into the database file: {} bytes", size(&database));
         // About 48,000 pages more.
         write_all(375, 3375).await;
-        let bound = (WRITER_CHECKPOINTS_PAST_PAGES as u64 + 2 * 16 * 256) * 4096;
+        // A frame is a page and its 24-byte header; the writer may pass its
+        // threshold by the group that crossed it (8 writes of 16 pages and
+        // the b-tree pages they change).
+        let bound = (WRITER_CHECKPOINTS_PAST_PAGES as u64 + 8 * 20) * (4096 + 24) + 32;
         assert!(size(&wal) <= bound, "the WAL is {} bytes, over {bound}", size(&wal));
     }
 
