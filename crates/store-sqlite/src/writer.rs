@@ -108,9 +108,8 @@ impl Checkpoints {
 }
 
 impl Drop for Checkpoints {
-    /// Ends the thread before the writer's connection closes, so the last
-    /// connection to close is the writer's (which checkpoints the whole WAL
-    /// and removes it).
+    /// Ends the thread (its checkpoint in flight done) before the writer's
+    /// connection closes.
     fn drop(&mut self) {
         self.wake.take();
         if let Some(thread) = self.thread.take() {
