@@ -71,6 +71,14 @@ struct OwnerPages {
     pages: HashMap<ListRequest, ViewPage>,
 }
 
+impl OwnerPages {
+    /// Drops every page (freeing the map's memory, not only emptying it)
+    /// and says how many bytes they were counted as.
+    fn drop_pages(&mut self) -> usize {
+        std::mem::take(&mut self.pages).values().map(page_bytes).sum()
+    }
+}
+
 /// Past `bytes` or `owners`, every page and generation is forgotten (a
 /// forgotten page is read from SQLite); past `pages_per_owner`, the owner's.
 #[derive(Clone, Copy)]
@@ -109,7 +117,7 @@ impl ListPages {
         let generation = self.next_generation();
         if let Some(kept) = self.owners.get_mut(owner) {
             kept.generation = generation;
-            self.bytes -= std::mem::take(&mut kept.pages).values().map(page_bytes).sum::<usize>();
+            self.bytes -= kept.drop_pages();
         }
     }
 
@@ -135,7 +143,7 @@ impl ListPages {
             return;
         };
         if kept.pages.len() >= self.limits.pages_per_owner && !kept.pages.contains_key(&request) {
-            self.bytes -= std::mem::take(&mut kept.pages).values().map(page_bytes).sum::<usize>();
+            self.bytes -= kept.drop_pages();
         }
         if let Some(replaced) = kept.pages.insert(request, page.clone()) {
             self.bytes -= page_bytes(&replaced);
