@@ -5,7 +5,9 @@
 #      `agent-runs serve` (release build), and the same load against a
 #      minimal hyper server answering a fixed JSON body: the ceiling (one
 #      run), and the list ceiling (the 20-run page the service answered).
-#      Under both wrk settings: 1 thread and 16 connections, 2 and 32.
+#      Under both wrk settings: 1 thread and 16 connections, 2 and 32. Get
+#      and list alternate with their ceilings in three rounds of a third of
+#      a load run each; their figures are the rounds' medians.
 #   1b. optional: the same get, list and create against the LangGraph dev
 #      server (the nearest peer), when LANGGRAPH_VENV names a venv with it,
 #      under both settings.
@@ -77,6 +79,14 @@ wrk_run() {
 
 # Section 1's wrk settings, THREADSxCONNECTIONS; use_setting S makes S the one wrk_run uses.
 settings="1x16 2x32"
+# Section 1's reads and their ceilings run in rounds of a third of a load run.
+rounds=3
+round_secs=$(( (secs + rounds - 1) / rounds ))
+# median_of_rounds NAME: NAME.rps becomes the median of NAME-<round>.rps.
+median_of_rounds() {
+  cat "$work/$1"-[0-9]*.rps | sort -g | sed -n "$(( (rounds + 1) / 2 ))p" > "$work/$1.rps"
+  printf "%-16s %10.0f req/s, the median of %d rounds\n" "$1" "$(cat "$work/$1.rps")" "$rounds"
+}
 use_setting() {
   threads=${1%x*} connections=${1#*x}
   echo "-- wrk -t$threads -c$connections"
@@ -213,20 +223,36 @@ fixed_list=$(addr_of "$work/fixed-list.out")
 echo "== 1. throughput and latency under load (the page: $(wc -c < "$work/page.json") bytes)"
 for setting in $settings; do
   use_setting "$setting"
-  wrk_run "fixed-json-$setting" "http://$fixed/"
-  wrk_run "fixed-list-$setting" "http://$fixed_list/"
   # The run a client polls is one it started: created now, not one the
   # creates of the setting before may have pushed out of the server's
   # cache of recent runs (which reads never fill).
   curl -s -X POST "http://$serve/v1/agent/runs" -H "$auth" -H 'Content-Type: application/json' -d '{"input": "polled"}' > "$work/polled.json"
   polled=$(sed -n 's/.*"id":"\(run_[^"]*\)".*/\1/p' "$work/polled.json")
-  wrk_run "get-$setting" "http://$serve/v1/agent/runs/$polled" -H "$auth"
-  wrk_run "list-$setting" "http://$serve/v1/agent/runs?limit=20" -H "$auth"
+  # Each read alternates with its ceiling in short rounds, so that both see
+  # the machine as it is then (a shared machine's speed drifts by a fifth
+  # within a minute); a figure is the median of its rounds.
+  for round in $(seq "$rounds"); do
+    secs=$round_secs wrk_run "fixed-json-$setting-$round" "http://$fixed/"
+    secs=$round_secs wrk_run "get-$setting-$round" "http://$serve/v1/agent/runs/$polled" -H "$auth"
+    secs=$round_secs wrk_run "fixed-list-$setting-$round" "http://$fixed_list/"
+    secs=$round_secs wrk_run "list-$setting-$round" "http://$serve/v1/agent/runs?limit=20" -H "$auth"
+  done
+  for name in fixed-json get fixed-list list; do median_of_rounds "$name-$setting"; done
   wrk_run "inbox-$setting" "http://$serve/v1/approvals?limit=20" -H "$auth"
   wrk_run "create-$setting" "http://$serve/v1/agent/runs" -H "$auth" -s "$work/create.lua"
+  for op in get:fixed-json list:fixed-list; do
+    for round in $(seq "$rounds"); do
+      awk -v rps="$(cat "$work/${op%%:*}-$setting-$round.rps")" -v c="$(cat "$work/${op#*:}-$setting-$round.rps")" \
+        'BEGIN { printf "%.4f\n", rps / c }'
+    done | sort -g | sed -n "$(( (rounds + 1) / 2 ))p" > "$work/${op%%:*}-$setting.ratio"
+  done
+  for op in inbox:fixed-list create:fixed-json; do
+    awk -v rps="$(cat "$work/${op%%:*}-$setting.rps")" -v c="$(cat "$work/${op#*:}-$setting.rps")" \
+      'BEGIN { printf "%.4f\n", rps / c }' > "$work/${op%%:*}-$setting.ratio"
+  done
   for op in get:fixed-json list:fixed-list inbox:fixed-list create:fixed-json; do
-    awk -v op="${op%%:*}" -v ceiling="${op#*:}" -v rps="$(cat "$work/${op%%:*}-$setting.rps")" \
-      -v c="$(cat "$work/${op#*:}-$setting.rps")" 'BEGIN { printf "%-8s %5.1f%% of the %s ceiling\n", op, 100 * rps / c, ceiling }'
+    awk -v op="${op%%:*}" -v ceiling="${op#*:}" -v ratio="$(cat "$work/${op%%:*}-$setting.ratio")" \
+      'BEGIN { printf "%-8s %5.1f%% of the %s ceiling\n", op, 100 * ratio, ceiling }'
   done
   # Let the workers finish the created runs (the backlog of the create run):
   # how long that takes is the workers' throughput.
