@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use super::{ApprovalId, InboxPosition, KeyId, PolicyMatch, Run, RunId, RunStatus, Timestamp};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ApprovalStatus {
     Pending,
     Approved,
@@ -43,7 +43,7 @@ impl ApprovalStatus {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ApprovalKind {
     /// A line of the script agent: words only.
     Action,

@@ -25,7 +25,7 @@ pub struct Cursor {
 }
 
 /// Where an inbox page ends: its entries are ordered by these, newest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct InboxPosition {
     pub requested_at: Timestamp,
     pub run_id: RunId,

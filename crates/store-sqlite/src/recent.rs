@@ -1,16 +1,18 @@
 //! What the serving process keeps of its own writes: runs as last written,
-//! and pages of lists read since their owner's last write.
+//! and pages of lists and of the approvals inbox read since their owner's
+//! last write.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use agent_runs_shared::domain::{Owner, RunId};
-use agent_runs_shared::store::{ListRequest, Run, StoreError, ViewPage, run_view_json};
+use agent_runs_shared::store::{InboxPage, InboxRequest, ListRequest, Run, StoreError, ViewPage, run_view_json};
 use agent_runs_shared::views::Shown;
 
 /// Runs as this process last wrote them, so a get or a worker's read needs
-/// neither SQLite nor a JSON decode, and the pages of lists read since
-/// their owner's runs last changed. Only writes fill the runs and only
+/// neither SQLite nor a JSON decode, and the pages of lists and of the
+/// inbox read since their owner's runs last changed (approvals change only
+/// with their run). Only writes fill the runs and only
 /// writes invalidate the pages, each on the writer's thread right after its
 /// commit (in commit order) and before it is answered, so neither misses an
 /// answered write: sound only while no other process writes runs, which
@@ -21,7 +23,8 @@ use agent_runs_shared::views::Shown;
 pub(crate) struct RecentRuns {
     /// By id alone (ids are unique across owners), so a lookup makes no key.
     runs: Mutex<HashMap<RunId, Arc<CachedRun>>>,
-    pages: Mutex<ListPages>,
+    pages: Mutex<KeptPages<ListRequest, ViewPage>>,
+    inbox: Mutex<KeptPages<InboxRequest, InboxPage>>,
 }
 
 /// A run as last written, and its JSON as clients see it, made when first
@@ -50,32 +53,39 @@ impl CachedRun {
 const RECENT_RUNS: usize = 16_384;
 const RECENT_RUN_MAX_BYTES: usize = 6 * 1024;
 
-/// Pages of lists, per owner, each kept with the generation of the owner's
-/// runs it was read at. A write of any of the owner's runs gives the owner
-/// a new generation and drops their pages; a page read while a write was
-/// committed is kept only if no write came between the start of its read
-/// and its keeping, so a kept page is never older than the last answered write.
-#[derive(Default)]
-struct ListPages {
-    owners: HashMap<Owner, OwnerPages>,
+/// Pages of one kind, per owner and request, each kept with the generation
+/// of the owner's runs it was read at. A write of any of the owner's runs
+/// gives the owner a new generation and drops their pages; a page read
+/// while a write was committed is kept only if no write came between the
+/// start of its read and its keeping, so a kept page is never older than
+/// the last answered write.
+struct KeptPages<R, P> {
+    owners: HashMap<Owner, OwnerPages<R, P>>,
     /// The last generation given: unique across owners and time, so an
     /// owner forgotten and listed again never matches a read begun before.
     last_generation: u64,
-    /// What the kept pages take, as [`page_bytes`] counts it.
+    /// What the kept pages take, as their keepers counted them.
     bytes: usize,
     limits: PageLimits,
 }
 
-struct OwnerPages {
-    generation: u64,
-    pages: HashMap<ListRequest, ViewPage>,
+impl<R, P> Default for KeptPages<R, P> {
+    fn default() -> Self {
+        KeptPages { owners: HashMap::new(), last_generation: 0, bytes: 0, limits: PageLimits::default() }
+    }
 }
 
-impl OwnerPages {
+struct OwnerPages<R, P> {
+    generation: u64,
+    /// Each page with the bytes it is counted as.
+    pages: HashMap<R, (P, usize)>,
+}
+
+impl<R, P> OwnerPages<R, P> {
     /// Drops every page (freeing the map's memory, not only emptying it)
     /// and says how many bytes they were counted as.
     fn drop_pages(&mut self) -> usize {
-        std::mem::take(&mut self.pages).values().map(page_bytes).sum()
+        std::mem::take(&mut self.pages).values().map(|(_, bytes)| bytes).sum()
     }
 }
 
@@ -94,15 +104,15 @@ impl Default for PageLimits {
     }
 }
 
-/// What a kept page is counted as beyond its JSON: its key, its entry and
-/// the vector of its runs, so that empty pages count too.
-const PAGE_OVERHEAD_BYTES: usize = 256;
+/// What a kept page is counted as beyond its content: its key, its entry
+/// and the vector of its items, so that empty pages count too.
+pub(crate) const PAGE_OVERHEAD_BYTES: usize = 256;
 
 fn page_bytes(page: &ViewPage) -> usize {
     PAGE_OVERHEAD_BYTES + page.views.iter().map(|view| view.len() + 16).sum::<usize>()
 }
 
-impl ListPages {
+impl<R: std::hash::Hash + Eq, P: Clone> KeptPages<R, P> {
     fn next_generation(&mut self) -> u64 {
         self.last_generation += 1;
         self.last_generation
@@ -121,9 +131,9 @@ impl ListPages {
         }
     }
 
-    fn page(&mut self, owner: &Owner, request: &ListRequest) -> Result<ViewPage, u64> {
+    fn page(&mut self, owner: &Owner, request: &R) -> Result<P, u64> {
         if let Some(kept) = self.owners.get(owner) {
-            return kept.pages.get(request).cloned().ok_or(kept.generation);
+            return kept.pages.get(request).map(|(page, _)| page.clone()).ok_or(kept.generation);
         }
         if self.owners.len() >= self.limits.owners {
             self.forget_everything();
@@ -133,8 +143,7 @@ impl ListPages {
         Err(generation)
     }
 
-    fn keep_page(&mut self, owner: &Owner, request: ListRequest, generation: u64, page: &ViewPage) {
-        let bytes = page_bytes(page);
+    fn keep_page(&mut self, owner: &Owner, request: R, generation: u64, page: &P, bytes: usize) {
         // A page larger than an eighth of the whole is read each time.
         if bytes > self.limits.bytes / 8 {
             return;
@@ -145,8 +154,8 @@ impl ListPages {
         if kept.pages.len() >= self.limits.pages_per_owner && !kept.pages.contains_key(&request) {
             self.bytes -= kept.drop_pages();
         }
-        if let Some(replaced) = kept.pages.insert(request, page.clone()) {
-            self.bytes -= page_bytes(&replaced);
+        if let Some((_, replaced)) = kept.pages.insert(request, (page.clone(), bytes)) {
+            self.bytes -= replaced;
         }
         self.bytes += bytes;
         if self.bytes > self.limits.bytes {
@@ -162,7 +171,7 @@ impl RecentRuns {
 
     /// Called on the writer's thread, after the commit, in commit order.
     pub(crate) fn written(&self, run: Run, encoded_len: usize) {
-        crate::lock(&self.pages).owner_wrote(&run.owner);
+        self.owner_wrote(&run.owner);
         let mut runs = crate::lock(&self.runs);
         let key = run.id;
         if encoded_len > RECENT_RUN_MAX_BYTES {
@@ -185,11 +194,16 @@ impl RecentRuns {
 
     /// Called on the writer's thread, after the commit of a removal.
     pub(crate) fn removed(&self, owner: &Owner, run_id: RunId) {
-        crate::lock(&self.pages).owner_wrote(owner);
+        self.owner_wrote(owner);
         let mut runs = crate::lock(&self.runs);
         if runs.get(&run_id).is_some_and(|cached| cached.run.owner == *owner) {
             runs.remove(&run_id);
         }
+    }
+
+    fn owner_wrote(&self, owner: &Owner) {
+        crate::lock(&self.pages).owner_wrote(owner);
+        crate::lock(&self.inbox).owner_wrote(owner);
     }
 
     /// The page as kept since the owner's last write, or the generation
@@ -201,13 +215,36 @@ impl RecentRuns {
     /// Keeps a page read at `generation`, unless a write of the owner's
     /// runs came since.
     pub(crate) fn keep_page(&self, owner: &Owner, request: ListRequest, generation: u64, page: &ViewPage) {
-        crate::lock(&self.pages).keep_page(owner, request, generation, page);
+        crate::lock(&self.pages).keep_page(owner, request, generation, page, page_bytes(page));
+    }
+
+    /// As [`RecentRuns::page`], for the inbox.
+    pub(crate) fn inbox_page(&self, owner: &Owner, request: &InboxRequest) -> Result<InboxPage, u64> {
+        crate::lock(&self.inbox).page(owner, request)
+    }
+
+    /// As [`RecentRuns::keep_page`], for an inbox page counted as `bytes`.
+    pub(crate) fn keep_inbox_page(
+        &self,
+        owner: &Owner,
+        request: InboxRequest,
+        generation: u64,
+        page: &InboxPage,
+        bytes: usize,
+    ) {
+        crate::lock(&self.inbox).keep_page(owner, request, generation, page, bytes);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    type ListPages = KeptPages<ListRequest, ViewPage>;
+
+    fn keep(pages: &mut ListPages, owner: &Owner, request: ListRequest, generation: u64, page: &ViewPage) {
+        pages.keep_page(owner, request, generation, page, page_bytes(page));
+    }
 
     fn owner(name: &str) -> Owner {
         Owner::parse(name).unwrap()
@@ -230,7 +267,7 @@ mod tests {
         let mut pages = ListPages::default();
         let (ada, bob) = (owner("ada"), owner("bob"));
         let read_at = pages.page(&ada, &request(20)).unwrap_err();
-        pages.keep_page(&ada, request(20), read_at, &page("one"));
+        keep(&mut pages, &ada, request(20), read_at, &page("one"));
         assert_eq!(shown(pages.page(&ada, &request(20))), Ok("one".into()));
         assert!(pages.page(&ada, &request(5)).is_err(), "another request is another page");
         pages.owner_wrote(&bob);
@@ -239,7 +276,7 @@ mod tests {
         let read_at = pages.page(&ada, &request(20)).unwrap_err();
         // A write between the start of a read and its keeping: not kept.
         pages.owner_wrote(&ada);
-        pages.keep_page(&ada, request(20), read_at, &page("stale"));
+        keep(&mut pages, &ada, request(20), read_at, &page("stale"));
         assert!(pages.page(&ada, &request(20)).is_err());
         assert_eq!(pages.bytes, 0);
     }
@@ -256,7 +293,7 @@ mod tests {
         pages.owner_wrote(&ada);
         let again = pages.page(&ada, &request(5)).unwrap_err();
         assert_ne!(again, read_at);
-        pages.keep_page(&ada, request(20), read_at, &page("stale"));
+        keep(&mut pages, &ada, request(20), read_at, &page("stale"));
         assert!(pages.page(&ada, &request(20)).is_err(), "the read begun before is not kept");
     }
 
@@ -267,20 +304,21 @@ mod tests {
         let ada = owner("ada");
         for limit in 1..=10 {
             let read_at = pages.page(&ada, &request(limit)).unwrap_err();
-            pages.keep_page(&ada, request(limit), read_at, &page(""));
+            keep(&mut pages, &ada, request(limit), read_at, &page(""));
             assert!(pages.owners[&ada].pages.len() <= 4, "empty pages count too");
         }
-        let counted: usize = pages.owners.values().flat_map(|kept| kept.pages.values()).map(page_bytes).sum();
+        let counted: usize =
+            pages.owners.values().flat_map(|kept| kept.pages.values()).map(|(page, _)| page_bytes(page)).sum();
         assert_eq!(pages.bytes, counted);
         // Too large for an eighth of the whole: read each time.
         let read_at = pages.page(&ada, &request(50)).unwrap_err();
-        pages.keep_page(&ada, request(50), read_at, &page(&"x".repeat(2 * 1024)));
+        keep(&mut pages, &ada, request(50), read_at, &page(&"x".repeat(2 * 1024)));
         assert!(pages.page(&ada, &request(50)).is_err());
         // Past the bytes, everything is forgotten, generations included.
         for (index, name) in ["b", "c", "d", "e", "f", "g", "h", "i"].iter().enumerate() {
             let who = owner(name);
             let read_at = pages.page(&who, &request(20)).unwrap_err();
-            pages.keep_page(&who, request(20), read_at, &page(&"y".repeat(700)));
+            keep(&mut pages, &who, request(20), read_at, &page(&"y".repeat(700)));
             assert!(pages.bytes <= limits.bytes, "after owner {index}");
         }
         assert!(pages.owners.len() < 9);

@@ -118,7 +118,7 @@ pub struct ListRequest {
 }
 
 /// Approvals across an owner's runs, newest `requested_at` first.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct InboxRequest {
     pub status: ApprovalStatus,
     pub agent: Option<String>,
@@ -129,7 +129,7 @@ pub struct InboxRequest {
     pub limit: u32,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct InboxPage {
     pub entries: Vec<InboxEntry>,
     pub has_more: bool,
