@@ -36,8 +36,9 @@ use agent_runs_shared::domain::{
 use agent_runs_shared::store::record::StoredRun;
 use agent_runs_shared::store::{
     AgentStore, BatchWriteError, DueRun, EventBody, EventFormat, EventLog, EventPage, IdempotencyClaim,
-    IdempotencyRecord, InboxEntry, InboxPage, InboxRequest, InsertOutcome, KeyStore, ListPage, ListRequest, Run,
-    RunKey, RunLists, RunStore, Settled, StoreError, StoredEvent, StoredKey, Upkeep, ViewPage, run_view_json,
+    IdempotencyRecord, InboxEntry, InboxPage, InboxRequest, InboxViewPage, InsertOutcome, KeyStore, ListPage,
+    ListRequest, Run, RunKey, RunLists, RunStore, Settled, StoreError, StoredEvent, StoredKey, Upkeep, ViewPage,
+    inbox_views_of, run_view_json,
 };
 use agent_runs_shared::views::Shown;
 

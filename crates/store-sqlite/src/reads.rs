@@ -1,7 +1,6 @@
 //! Lists, events and the sweeper's reads.
 
 use super::*;
-use crate::recent::PAGE_OVERHEAD_BYTES;
 
 #[async_trait]
 impl RunLists for SqliteStore {
@@ -75,23 +74,20 @@ impl RunLists for SqliteStore {
     }
 
     /// A page read since the owner's last write is answered as kept.
-    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
+    async fn inbox_views(&self, owner: &Owner, request: InboxRequest) -> Result<InboxViewPage, StoreError> {
         let Some(recent) = &self.inner.recent else {
-            return Ok(self.read_inbox(owner, request).await?.0);
+            return inbox_views_of(self.inbox(owner, request).await?);
         };
         let generation = match recent.inbox_page(owner, &request) {
             Ok(page) => return Ok(page),
             Err(generation) => generation,
         };
-        let (page, bytes) = self.read_inbox(owner, request.clone()).await?;
-        recent.keep_inbox_page(owner, request, generation, &page, bytes);
+        let page = inbox_views_of(self.inbox(owner, request.clone()).await?)?;
+        recent.keep_inbox_page(owner, request, generation, &page);
         Ok(page)
     }
-}
 
-impl SqliteStore {
-    /// The inbox page read from SQLite, and the bytes it is kept as.
-    async fn read_inbox(&self, owner: &Owner, request: InboxRequest) -> Result<(InboxPage, usize), StoreError> {
+    async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
         let owner = owner.to_string();
         self.read(move |connection| {
             // Every position sorts below this, so "no cursor" needs no second query shape.
@@ -137,10 +133,7 @@ impl SqliteStore {
             .map_err(unavailable)?;
             let has_more = rows.len() > request.limit as usize;
             let mut entries = Vec::with_capacity(rows.len());
-            // An entry holds a part of its run: the run's JSON bounds it.
-            let mut bytes = PAGE_OVERHEAD_BYTES;
             for (approval_id, body) in rows.iter().take(request.limit as usize) {
-                bytes += body.len();
                 let run = decode_run(body)?;
                 let approval_id =
                     approval_id.parse().map_err(|_| StoreError::Defect("malformed approval id in the inbox".into()))?;
@@ -151,7 +144,7 @@ impl SqliteStore {
                     None => tracing::error!(run_id = %run.id, %approval_id, "an inbox row disagrees with its run"),
                 }
             }
-            Ok((InboxPage { entries, has_more, resume_after: None }, bytes))
+            Ok(InboxPage { entries, has_more, resume_after: None })
         })
         .await
     }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use agent_runs_shared::domain::{Owner, RunId};
-use agent_runs_shared::store::{InboxPage, InboxRequest, ListRequest, Run, StoreError, ViewPage, run_view_json};
+use agent_runs_shared::store::{InboxRequest, InboxViewPage, ListRequest, Run, StoreError, ViewPage, run_view_json};
 use agent_runs_shared::views::Shown;
 
 /// Runs as this process last wrote them, so a get or a worker's read needs
@@ -24,7 +24,7 @@ pub(crate) struct RecentRuns {
     /// By id alone (ids are unique across owners), so a lookup makes no key.
     runs: Mutex<HashMap<RunId, Arc<CachedRun>>>,
     pages: Mutex<KeptPages<ListRequest, ViewPage>>,
-    inbox: Mutex<KeptPages<InboxRequest, InboxPage>>,
+    inbox: Mutex<KeptPages<InboxRequest, InboxViewPage>>,
 }
 
 /// A run as last written, and its JSON as clients see it, made when first
@@ -64,7 +64,7 @@ struct KeptPages<R, P> {
     /// The last generation given: unique across owners and time, so an
     /// owner forgotten and listed again never matches a read begun before.
     last_generation: u64,
-    /// What the kept pages take, as their keepers counted them.
+    /// What the kept pages take, as [`page_bytes`] counts them.
     bytes: usize,
     limits: PageLimits,
 }
@@ -104,15 +104,32 @@ impl Default for PageLimits {
     }
 }
 
-/// What a kept page is counted as beyond its content: its key, its entry
-/// and the vector of its items, so that empty pages count too.
-pub(crate) const PAGE_OVERHEAD_BYTES: usize = 256;
-
-fn page_bytes(page: &ViewPage) -> usize {
-    PAGE_OVERHEAD_BYTES + page.views.iter().map(|view| view.len() + 16).sum::<usize>()
+/// A page kept as the JSON of its items.
+trait Views: Clone {
+    fn views(&self) -> &[Arc<str>];
 }
 
-impl<R: std::hash::Hash + Eq, P: Clone> KeptPages<R, P> {
+impl Views for ViewPage {
+    fn views(&self) -> &[Arc<str>] {
+        &self.views
+    }
+}
+
+impl Views for InboxViewPage {
+    fn views(&self) -> &[Arc<str>] {
+        &self.views
+    }
+}
+
+/// What a kept page is counted as beyond its JSON: its key, its entry and
+/// the vector of its items, so that empty pages count too.
+const PAGE_OVERHEAD_BYTES: usize = 256;
+
+fn page_bytes(page: &impl Views) -> usize {
+    PAGE_OVERHEAD_BYTES + page.views().iter().map(|view| view.len() + 16).sum::<usize>()
+}
+
+impl<R: std::hash::Hash + Eq, P: Views> KeptPages<R, P> {
     fn next_generation(&mut self) -> u64 {
         self.last_generation += 1;
         self.last_generation
@@ -143,7 +160,8 @@ impl<R: std::hash::Hash + Eq, P: Clone> KeptPages<R, P> {
         Err(generation)
     }
 
-    fn keep_page(&mut self, owner: &Owner, request: R, generation: u64, page: &P, bytes: usize) {
+    fn keep_page(&mut self, owner: &Owner, request: R, generation: u64, page: &P) {
+        let bytes = page_bytes(page);
         // A page larger than an eighth of the whole is read each time.
         if bytes > self.limits.bytes / 8 {
             return;
@@ -215,24 +233,17 @@ impl RecentRuns {
     /// Keeps a page read at `generation`, unless a write of the owner's
     /// runs came since.
     pub(crate) fn keep_page(&self, owner: &Owner, request: ListRequest, generation: u64, page: &ViewPage) {
-        crate::lock(&self.pages).keep_page(owner, request, generation, page, page_bytes(page));
+        crate::lock(&self.pages).keep_page(owner, request, generation, page);
     }
 
     /// As [`RecentRuns::page`], for the inbox.
-    pub(crate) fn inbox_page(&self, owner: &Owner, request: &InboxRequest) -> Result<InboxPage, u64> {
+    pub(crate) fn inbox_page(&self, owner: &Owner, request: &InboxRequest) -> Result<InboxViewPage, u64> {
         crate::lock(&self.inbox).page(owner, request)
     }
 
-    /// As [`RecentRuns::keep_page`], for an inbox page counted as `bytes`.
-    pub(crate) fn keep_inbox_page(
-        &self,
-        owner: &Owner,
-        request: InboxRequest,
-        generation: u64,
-        page: &InboxPage,
-        bytes: usize,
-    ) {
-        crate::lock(&self.inbox).keep_page(owner, request, generation, page, bytes);
+    /// As [`RecentRuns::keep_page`], for the inbox.
+    pub(crate) fn keep_inbox_page(&self, owner: &Owner, request: InboxRequest, generation: u64, page: &InboxViewPage) {
+        crate::lock(&self.inbox).keep_page(owner, request, generation, page);
     }
 }
 
@@ -241,10 +252,6 @@ mod tests {
     use super::*;
 
     type ListPages = KeptPages<ListRequest, ViewPage>;
-
-    fn keep(pages: &mut ListPages, owner: &Owner, request: ListRequest, generation: u64, page: &ViewPage) {
-        pages.keep_page(owner, request, generation, page, page_bytes(page));
-    }
 
     fn owner(name: &str) -> Owner {
         Owner::parse(name).unwrap()
@@ -267,7 +274,7 @@ mod tests {
         let mut pages = ListPages::default();
         let (ada, bob) = (owner("ada"), owner("bob"));
         let read_at = pages.page(&ada, &request(20)).unwrap_err();
-        keep(&mut pages, &ada, request(20), read_at, &page("one"));
+        pages.keep_page(&ada, request(20), read_at, &page("one"));
         assert_eq!(shown(pages.page(&ada, &request(20))), Ok("one".into()));
         assert!(pages.page(&ada, &request(5)).is_err(), "another request is another page");
         pages.owner_wrote(&bob);
@@ -276,7 +283,7 @@ mod tests {
         let read_at = pages.page(&ada, &request(20)).unwrap_err();
         // A write between the start of a read and its keeping: not kept.
         pages.owner_wrote(&ada);
-        keep(&mut pages, &ada, request(20), read_at, &page("stale"));
+        pages.keep_page(&ada, request(20), read_at, &page("stale"));
         assert!(pages.page(&ada, &request(20)).is_err());
         assert_eq!(pages.bytes, 0);
     }
@@ -293,7 +300,7 @@ mod tests {
         pages.owner_wrote(&ada);
         let again = pages.page(&ada, &request(5)).unwrap_err();
         assert_ne!(again, read_at);
-        keep(&mut pages, &ada, request(20), read_at, &page("stale"));
+        pages.keep_page(&ada, request(20), read_at, &page("stale"));
         assert!(pages.page(&ada, &request(20)).is_err(), "the read begun before is not kept");
     }
 
@@ -304,7 +311,7 @@ mod tests {
         let ada = owner("ada");
         for limit in 1..=10 {
             let read_at = pages.page(&ada, &request(limit)).unwrap_err();
-            keep(&mut pages, &ada, request(limit), read_at, &page(""));
+            pages.keep_page(&ada, request(limit), read_at, &page(""));
             assert!(pages.owners[&ada].pages.len() <= 4, "empty pages count too");
         }
         let counted: usize =
@@ -312,13 +319,13 @@ mod tests {
         assert_eq!(pages.bytes, counted);
         // Too large for an eighth of the whole: read each time.
         let read_at = pages.page(&ada, &request(50)).unwrap_err();
-        keep(&mut pages, &ada, request(50), read_at, &page(&"x".repeat(2 * 1024)));
+        pages.keep_page(&ada, request(50), read_at, &page(&"x".repeat(2 * 1024)));
         assert!(pages.page(&ada, &request(50)).is_err());
         // Past the bytes, everything is forgotten, generations included.
         for (index, name) in ["b", "c", "d", "e", "f", "g", "h", "i"].iter().enumerate() {
             let who = owner(name);
             let read_at = pages.page(&who, &request(20)).unwrap_err();
-            keep(&mut pages, &who, request(20), read_at, &page(&"y".repeat(700)));
+            pages.keep_page(&who, request(20), read_at, &page(&"y".repeat(700)));
             assert!(pages.bytes <= limits.bytes, "after owner {index}");
         }
         assert!(pages.owners.len() < 9);

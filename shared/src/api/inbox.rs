@@ -1,14 +1,11 @@
 //! `GET /v1/approvals`: approvals across the owner's runs, newest
 //! `requested_at` first, with the list's cursor rules.
 
-use http::StatusCode;
-
 use super::query::{page_size, parameters};
-use super::response::json_response;
+use super::response::page_response;
 use super::{ApiError, ApiResponse};
 use crate::domain::{ApprovalKind, ApprovalStatus, InboxCursor, Owner, valid_agent_name};
 use crate::store::{InboxRequest, RunLists};
-use crate::views::{InboxEntryView, PageView};
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 100;
@@ -40,10 +37,11 @@ pub(super) async fn handle(runs: &dyn RunLists, owner: &Owner, query: Option<&st
         .transpose()
         .map_err(|error| ApiError::invalid("cursor", error.to_string()))?
         .map(|cursor| cursor.last);
-    let page = runs.inbox(owner, InboxRequest { status, agent: agent.clone(), kind, after, limit }).await?;
-    let last = page.resume_after.or_else(|| page.entries.last().map(|entry| entry.position()));
-    let next_cursor =
-        page.has_more.then_some(last).flatten().map(|last| InboxCursor { status, agent, kind, last }.encode(owner));
-    let view = PageView { data: page.entries.iter().map(InboxEntryView::from).collect(), next_cursor };
-    Ok(json_response(StatusCode::OK, &view))
+    let page = runs.inbox_views(owner, InboxRequest { status, agent: agent.clone(), kind, after, limit }).await?;
+    let next_cursor = page
+        .has_more
+        .then_some(page.last)
+        .flatten()
+        .map(|last| InboxCursor { status, agent, kind, last }.encode(owner));
+    Ok(page_response(&page.views, next_cursor))
 }

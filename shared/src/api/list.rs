@@ -1,9 +1,7 @@
 //! `GET /v1/agent/runs`: newest first, a status filter, keyset cursors.
 
-use http::StatusCode;
-
 use super::query::{page_size, parameters};
-use super::response::json_bytes_response;
+use super::response::page_response;
 use super::{ApiError, ApiResponse, run_id_of};
 use crate::domain::{Cursor, Owner, RunId, RunStatus};
 use crate::store::{ListRequest, RunLists};
@@ -51,18 +49,5 @@ pub(super) async fn handle(runs: &dyn RunLists, owner: &Owner, query: Option<&st
         .then_some(page.last)
         .flatten()
         .map(|last| Cursor { status: query.status, thread: query.thread, last }.encode(owner));
-    // `{"data": [<each run's JSON>], "next_cursor": ...}`, the runs spliced
-    // in as the store gave them.
-    let mut body = String::with_capacity(page.views.iter().map(|view| view.len() + 1).sum::<usize>() + 64);
-    body.push_str("{\"data\":[");
-    for (index, view) in page.views.iter().enumerate() {
-        if index > 0 {
-            body.push(',');
-        }
-        body.push_str(view);
-    }
-    body.push_str("],\"next_cursor\":");
-    body.push_str(&serde_json::to_string(&next_cursor).unwrap_or_else(|_| "null".to_owned()));
-    body.push('}');
-    Ok(json_bytes_response(StatusCode::OK, body.into()))
+    Ok(page_response(&page.views, next_cursor))
 }

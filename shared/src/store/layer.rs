@@ -8,8 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    BatchWriteError, DueRun, EventLog, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InsertOutcome, ListPage,
-    ListRequest, RunLists, RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage,
+    BatchWriteError, DueRun, EventLog, EventPage, IdempotencyClaim, InboxPage, InboxRequest, InboxViewPage,
+    InsertOutcome, ListPage, ListRequest, RunLists, RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage,
 };
 use crate::domain::{Owner, Run, RunId, Timestamp};
 
@@ -205,6 +205,10 @@ impl<S: RunLists + ?Sized, H: Hooks> RunLists for Layered<S, H> {
 
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {
         self.read(Call::Inbox, self.inner.inbox(owner, request)).await
+    }
+
+    async fn inbox_views(&self, owner: &Owner, request: InboxRequest) -> Result<InboxViewPage, StoreError> {
+        self.read(Call::Inbox, self.inner.inbox_views(owner, request)).await
     }
 }
 

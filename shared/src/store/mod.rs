@@ -107,6 +107,15 @@ pub struct ViewPage {
     pub has_more: bool,
 }
 
+/// A page of the approvals inbox as clients see it: each entry's JSON, and
+/// the position of the last (where the next page starts).
+#[derive(Debug, Clone)]
+pub struct InboxViewPage {
+    pub views: Vec<std::sync::Arc<str>>,
+    pub last: Option<InboxPosition>,
+    pub has_more: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ListRequest {
     pub status: Option<RunStatus>,
@@ -129,7 +138,7 @@ pub struct InboxRequest {
     pub limit: u32,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct InboxPage {
     pub entries: Vec<InboxEntry>,
     pub has_more: bool,
@@ -254,6 +263,12 @@ pub trait RunLists: Send + Sync + 'static {
     /// The owner's approvals with the request's status (and agent), newest
     /// `requested_at` first, each as its run holds it now.
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError>;
+
+    /// [`RunLists::inbox`] as clients see each entry (its JSON); a store
+    /// that keeps pages answers one without reading and encoding it.
+    async fn inbox_views(&self, owner: &Owner, request: InboxRequest) -> Result<InboxViewPage, StoreError> {
+        inbox_views_of(self.inbox(owner, request).await?)
+    }
 }
 
 /// The events of runs, as their writes committed them.
@@ -300,6 +315,21 @@ pub fn views_of(page: ListPage, shown: Shown) -> Result<ViewPage, StoreError> {
     let views = page.runs.iter().map(|run| run_view_json(run, shown)).collect::<Result<_, _>>()?;
     let last = page.resume_after.or_else(|| page.runs.last().map(|run| run.id));
     Ok(ViewPage { views, last, has_more: page.has_more })
+}
+
+/// An inbox page as clients see it, from a [`RunLists::inbox`].
+pub fn inbox_views_of(page: InboxPage) -> Result<InboxViewPage, StoreError> {
+    let views = page
+        .entries
+        .iter()
+        .map(|entry| {
+            serde_json::to_string(&crate::views::InboxEntryView::from(entry))
+                .map(std::sync::Arc::from)
+                .map_err(|error| StoreError::Defect(format!("cannot encode an inbox entry: {error}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let last = page.resume_after.or_else(|| page.entries.last().map(InboxEntry::position));
+    Ok(InboxViewPage { views, last, has_more: page.has_more })
 }
 
 /// An API key as stored: never the key itself, only its SHA-256 hash.

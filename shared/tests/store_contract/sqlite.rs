@@ -267,8 +267,15 @@ pub(super) async fn sqlite_inbox_pages_follow_every_write_under_concurrent_reads
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open_for_serving(dir.path().join("runs.db"), Durability::Process).unwrap();
     let request = |status| InboxRequest { status, agent: None, kind: None, after: None, limit: 5 };
-    let run_ids =
-        |page: agent_runs_shared::store::InboxPage| page.entries.iter().map(|entry| entry.run_id).collect::<Vec<_>>();
+    let run_ids = |page: agent_runs_shared::store::InboxViewPage| {
+        page.views
+            .iter()
+            .map(|view| {
+                let json: serde_json::Value = serde_json::from_str(view).unwrap();
+                json["run_id"].as_str().unwrap().parse::<RunId>().unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
     let writing = Arc::new(AtomicBool::new(true));
     // The newest run whose approval was answered: every run up to it is
     // approved, so no page read after shows one of them pending.
@@ -280,10 +287,12 @@ pub(super) async fn sqlite_inbox_pages_follow_every_write_under_concurrent_reads
                 let mut reads = 0;
                 while writing.load(Ordering::Relaxed) {
                     let floor = approved.load(Ordering::SeqCst);
-                    let pending =
-                        run_ids(store.inbox(&owner("inbox-pages"), request(ApprovalStatus::Pending)).await.unwrap());
-                    let newest_approved =
-                        run_ids(store.inbox(&owner("inbox-pages"), request(ApprovalStatus::Approved)).await.unwrap());
+                    let pending = run_ids(
+                        store.inbox_views(&owner("inbox-pages"), request(ApprovalStatus::Pending)).await.unwrap(),
+                    );
+                    let newest_approved = run_ids(
+                        store.inbox_views(&owner("inbox-pages"), request(ApprovalStatus::Approved)).await.unwrap(),
+                    );
                     if floor > 0 {
                         let floor = new_run("inbox-pages", floor, 1).id;
                         assert!(pending.iter().all(|run_id| *run_id > floor), "{pending:?} holds an approved run");
@@ -300,21 +309,31 @@ pub(super) async fn sqlite_inbox_pages_follow_every_write_under_concurrent_reads
     let approve = DecisionRequest { decision: Decision::Approve, comment: None, seen_sha256: None, decided_by: None };
     for i in 1..=100u64 {
         let mut run = awaiting(&store, "inbox-pages", "echo", i * 10, 1).await;
-        let pending = run_ids(store.inbox(&owner("inbox-pages"), request(ApprovalStatus::Pending)).await.unwrap());
+        let pending =
+            run_ids(store.inbox_views(&owner("inbox-pages"), request(ApprovalStatus::Pending)).await.unwrap());
         assert_eq!(pending.first(), Some(&run.id), "the inbox after park {i}");
         run.decide(run.approvals[0].id, approve.clone(), Timestamp::from_millis((T0 + i * 10 + 1) as i64), &policy)
             .unwrap();
         store.update(&mut run).await.unwrap();
         approved.store(i * 10, Ordering::SeqCst);
         let newest_approved =
-            run_ids(store.inbox(&owner("inbox-pages"), request(ApprovalStatus::Approved)).await.unwrap());
+            run_ids(store.inbox_views(&owner("inbox-pages"), request(ApprovalStatus::Approved)).await.unwrap());
         assert_eq!(newest_approved.first(), Some(&run.id), "the approved inbox after approval {i}");
+        // A kept page is the page a read from SQLite makes.
+        for status in [ApprovalStatus::Pending, ApprovalStatus::Approved] {
+            let kept = store.inbox_views(&owner("inbox-pages"), request(status)).await.unwrap();
+            let read = agent_runs_shared::store::inbox_views_of(
+                store.inbox(&owner("inbox-pages"), request(status)).await.unwrap(),
+            )
+            .unwrap();
+            assert_eq!((kept.views, kept.last, kept.has_more), (read.views, read.last, read.has_more));
+        }
         if i % 10 == 0 {
             // Another owner's park leaves this owner's pages as they are,
             // and shows in their own.
             let theirs = awaiting(&store, "inbox-others", "echo", i * 10 + 5, 1).await;
             let their_pending =
-                run_ids(store.inbox(&owner("inbox-others"), request(ApprovalStatus::Pending)).await.unwrap());
+                run_ids(store.inbox_views(&owner("inbox-others"), request(ApprovalStatus::Pending)).await.unwrap());
             assert_eq!(their_pending.first(), Some(&theirs.id));
         }
     }
@@ -322,6 +341,6 @@ pub(super) async fn sqlite_inbox_pages_follow_every_write_under_concurrent_reads
     for reader in readers {
         assert!(reader.await.unwrap() > 0);
     }
-    let pending = run_ids(store.inbox(&owner("inbox-pages"), request(ApprovalStatus::Pending)).await.unwrap());
+    let pending = run_ids(store.inbox_views(&owner("inbox-pages"), request(ApprovalStatus::Pending)).await.unwrap());
     assert!(pending.is_empty(), "no other owner's approval in a page: {pending:?}");
 }
