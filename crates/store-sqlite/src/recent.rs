@@ -82,10 +82,12 @@ struct OwnerPages<R, P> {
 }
 
 impl<R, P> OwnerPages<R, P> {
-    /// Drops every page (freeing the map's memory, not only emptying it)
+    /// Takes every page (the map's memory with them, not only emptying it)
     /// and says how many bytes they were counted as.
-    fn drop_pages(&mut self) -> usize {
-        std::mem::take(&mut self.pages).values().map(|(_, bytes)| bytes).sum()
+    fn take_pages(&mut self) -> (HashMap<R, (P, usize)>, usize) {
+        let pages = std::mem::take(&mut self.pages);
+        let bytes = pages.values().map(|(_, bytes)| bytes).sum();
+        (pages, bytes)
     }
 }
 
@@ -140,12 +142,16 @@ impl<R: std::hash::Hash + Eq, P: Views> KeptPages<R, P> {
         self.bytes = 0;
     }
 
-    fn owner_wrote(&mut self, owner: &Owner) {
+    /// Gives back the owner's pages, for the caller to free outside the lock.
+    fn owner_wrote(&mut self, owner: &Owner) -> HashMap<R, (P, usize)> {
         let generation = self.next_generation();
-        if let Some(kept) = self.owners.get_mut(owner) {
-            kept.generation = generation;
-            self.bytes -= kept.drop_pages();
-        }
+        let Some(kept) = self.owners.get_mut(owner) else {
+            return HashMap::new();
+        };
+        kept.generation = generation;
+        let (pages, bytes) = kept.take_pages();
+        self.bytes -= bytes;
+        pages
     }
 
     fn page(&mut self, owner: &Owner, request: &R) -> Result<P, u64> {
@@ -170,7 +176,7 @@ impl<R: std::hash::Hash + Eq, P: Views> KeptPages<R, P> {
             return;
         };
         if kept.pages.len() >= self.limits.pages_per_owner && !kept.pages.contains_key(&request) {
-            self.bytes -= kept.drop_pages();
+            self.bytes -= kept.take_pages().1;
         }
         if let Some((_, replaced)) = kept.pages.insert(request, (page.clone(), bytes)) {
             self.bytes -= replaced;
@@ -220,8 +226,10 @@ impl RecentRuns {
     }
 
     fn owner_wrote(&self, owner: &Owner) {
-        crate::lock(&self.pages).owner_wrote(owner);
-        crate::lock(&self.inbox).owner_wrote(owner);
+        let pages = crate::lock(&self.pages).owner_wrote(owner);
+        let inbox = crate::lock(&self.inbox).owner_wrote(owner);
+        // Freed with neither lock held, so reads are not held up by it.
+        drop((pages, inbox));
     }
 
     /// The page as kept since the owner's last write, or the generation

@@ -328,6 +328,11 @@ pub(super) async fn sqlite_inbox_pages_follow_every_write_under_concurrent_reads
             .unwrap();
             assert_eq!((kept.views, kept.last, kept.has_more), (read.views, read.last, read.has_more));
         }
+        // With no write between two reads, the second answers the page the
+        // first kept (or found): the same entries, not encoded again.
+        let first = store.inbox_views(&owner("inbox-pages"), request(ApprovalStatus::Approved)).await.unwrap();
+        let second = store.inbox_views(&owner("inbox-pages"), request(ApprovalStatus::Approved)).await.unwrap();
+        assert!(Arc::ptr_eq(&first.views[0], &second.views[0]), "the second read is answered as kept");
         if i % 10 == 0 {
             // Another owner's park leaves this owner's pages as they are,
             // and shows in their own.
