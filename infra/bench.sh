@@ -82,9 +82,13 @@ settings="1x16 2x32"
 # Section 1's reads and their ceilings run in rounds of a third of a load run.
 rounds=3
 round_secs=$(( (secs + rounds - 1) / rounds ))
+# ratio A B: A.rps over B.rps.
+ratio() { awk -v a="$(cat "$work/$1.rps")" -v b="$(cat "$work/$2.rps")" 'BEGIN { printf "%.4f\n", a / b }'; }
+# median: the middle of the rounds' numbers, one a line on standard input.
+median() { sort -g | sed -n "$(( (rounds + 1) / 2 ))p"; }
 # median_of_rounds NAME: NAME.rps becomes the median of NAME-<round>.rps.
 median_of_rounds() {
-  cat "$work/$1"-[0-9]*.rps | sort -g | sed -n "$(( (rounds + 1) / 2 ))p" > "$work/$1.rps"
+  cat "$work/$1"-[0-9]*.rps | median > "$work/$1.rps"
   printf "%-16s %10.0f req/s, the median of %d rounds\n" "$1" "$(cat "$work/$1.rps")" "$rounds"
 }
 use_setting() {
@@ -242,13 +246,11 @@ for setting in $settings; do
   wrk_run "create-$setting" "http://$serve/v1/agent/runs" -H "$auth" -s "$work/create.lua"
   for op in get:fixed-json list:fixed-list; do
     for round in $(seq "$rounds"); do
-      awk -v rps="$(cat "$work/${op%%:*}-$setting-$round.rps")" -v c="$(cat "$work/${op#*:}-$setting-$round.rps")" \
-        'BEGIN { printf "%.4f\n", rps / c }'
-    done | sort -g | sed -n "$(( (rounds + 1) / 2 ))p" > "$work/${op%%:*}-$setting.ratio"
+      ratio "${op%%:*}-$setting-$round" "${op#*:}-$setting-$round"
+    done | median > "$work/${op%%:*}-$setting.ratio"
   done
   for op in inbox:fixed-list create:fixed-json; do
-    awk -v rps="$(cat "$work/${op%%:*}-$setting.rps")" -v c="$(cat "$work/${op#*:}-$setting.rps")" \
-      'BEGIN { printf "%.4f\n", rps / c }' > "$work/${op%%:*}-$setting.ratio"
+    ratio "${op%%:*}-$setting" "${op#*:}-$setting" > "$work/${op%%:*}-$setting.ratio"
   done
   for op in get:fixed-json list:fixed-list inbox:fixed-list create:fixed-json; do
     awk -v op="${op%%:*}" -v ceiling="${op#*:}" -v ratio="$(cat "$work/${op%%:*}-$setting.ratio")" \

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use agent_runs_shared::domain::{Owner, RunId};
+use agent_runs_shared::domain::{InboxPosition, Owner, RunId};
 use agent_runs_shared::store::{InboxRequest, InboxViewPage, ListRequest, Run, StoreError, ViewPage, run_view_json};
 use agent_runs_shared::views::Shown;
 
@@ -23,8 +23,8 @@ use agent_runs_shared::views::Shown;
 pub(crate) struct RecentRuns {
     /// By id alone (ids are unique across owners), so a lookup makes no key.
     runs: Mutex<HashMap<RunId, Arc<CachedRun>>>,
-    pages: Mutex<KeptPages<ListRequest, ViewPage>>,
-    inbox: Mutex<KeptPages<InboxRequest, InboxViewPage>>,
+    pages: Mutex<KeptPages<ListRequest, RunId>>,
+    inbox: Mutex<KeptPages<InboxRequest, InboxPosition>>,
 }
 
 /// A run as last written, and its JSON as clients see it, made when first
@@ -59,8 +59,8 @@ const RECENT_RUN_MAX_BYTES: usize = 6 * 1024;
 /// while a write was committed is kept only if no write came between the
 /// start of its read and its keeping, so a kept page is never older than
 /// the last answered write.
-struct KeptPages<R, P> {
-    owners: HashMap<Owner, OwnerPages<R, P>>,
+struct KeptPages<R, L> {
+    owners: HashMap<Owner, OwnerPages<R, L>>,
     /// The last generation given: unique across owners and time, so an
     /// owner forgotten and listed again never matches a read begun before.
     last_generation: u64,
@@ -69,22 +69,22 @@ struct KeptPages<R, P> {
     limits: PageLimits,
 }
 
-impl<R, P> Default for KeptPages<R, P> {
+impl<R, L> Default for KeptPages<R, L> {
     fn default() -> Self {
         KeptPages { owners: HashMap::new(), last_generation: 0, bytes: 0, limits: PageLimits::default() }
     }
 }
 
-struct OwnerPages<R, P> {
+struct OwnerPages<R, L> {
     generation: u64,
     /// Each page with the bytes it is counted as.
-    pages: HashMap<R, (P, usize)>,
+    pages: HashMap<R, (ViewPage<L>, usize)>,
 }
 
-impl<R, P> OwnerPages<R, P> {
+impl<R, L> OwnerPages<R, L> {
     /// Takes every page (the map's memory with them, not only emptying it)
     /// and says how many bytes they were counted as.
-    fn take_pages(&mut self) -> (HashMap<R, (P, usize)>, usize) {
+    fn take_pages(&mut self) -> (HashMap<R, (ViewPage<L>, usize)>, usize) {
         let pages = std::mem::take(&mut self.pages);
         let bytes = pages.values().map(|(_, bytes)| bytes).sum();
         (pages, bytes)
@@ -106,32 +106,15 @@ impl Default for PageLimits {
     }
 }
 
-/// A page kept as the JSON of its items.
-trait Views: Clone {
-    fn views(&self) -> &[Arc<str>];
-}
-
-impl Views for ViewPage {
-    fn views(&self) -> &[Arc<str>] {
-        &self.views
-    }
-}
-
-impl Views for InboxViewPage {
-    fn views(&self) -> &[Arc<str>] {
-        &self.views
-    }
-}
-
 /// What a kept page is counted as beyond its JSON: its key, its entry and
 /// the vector of its items, so that empty pages count too.
 const PAGE_OVERHEAD_BYTES: usize = 256;
 
-fn page_bytes(page: &impl Views) -> usize {
-    PAGE_OVERHEAD_BYTES + page.views().iter().map(|view| view.len() + 16).sum::<usize>()
+fn page_bytes<L>(page: &ViewPage<L>) -> usize {
+    PAGE_OVERHEAD_BYTES + page.views.iter().map(|view| view.len() + 16).sum::<usize>()
 }
 
-impl<R: std::hash::Hash + Eq, P: Views> KeptPages<R, P> {
+impl<R: std::hash::Hash + Eq, L: Clone> KeptPages<R, L> {
     fn next_generation(&mut self) -> u64 {
         self.last_generation += 1;
         self.last_generation
@@ -143,7 +126,7 @@ impl<R: std::hash::Hash + Eq, P: Views> KeptPages<R, P> {
     }
 
     /// Gives back the owner's pages, for the caller to free outside the lock.
-    fn owner_wrote(&mut self, owner: &Owner) -> HashMap<R, (P, usize)> {
+    fn owner_wrote(&mut self, owner: &Owner) -> HashMap<R, (ViewPage<L>, usize)> {
         let generation = self.next_generation();
         let Some(kept) = self.owners.get_mut(owner) else {
             return HashMap::new();
@@ -154,7 +137,7 @@ impl<R: std::hash::Hash + Eq, P: Views> KeptPages<R, P> {
         pages
     }
 
-    fn page(&mut self, owner: &Owner, request: &R) -> Result<P, u64> {
+    fn page(&mut self, owner: &Owner, request: &R) -> Result<ViewPage<L>, u64> {
         if let Some(kept) = self.owners.get(owner) {
             return kept.pages.get(request).map(|(page, _)| page.clone()).ok_or(kept.generation);
         }
@@ -166,7 +149,7 @@ impl<R: std::hash::Hash + Eq, P: Views> KeptPages<R, P> {
         Err(generation)
     }
 
-    fn keep_page(&mut self, owner: &Owner, request: R, generation: u64, page: &P) {
+    fn keep_page(&mut self, owner: &Owner, request: R, generation: u64, page: &ViewPage<L>) {
         let bytes = page_bytes(page);
         // A page larger than an eighth of the whole is read each time.
         if bytes > self.limits.bytes / 8 {
@@ -259,7 +242,7 @@ impl RecentRuns {
 mod tests {
     use super::*;
 
-    type ListPages = KeptPages<ListRequest, ViewPage>;
+    type ListPages = KeptPages<ListRequest, RunId>;
 
     fn owner(name: &str) -> Owner {
         Owner::parse(name).unwrap()

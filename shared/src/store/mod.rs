@@ -98,23 +98,18 @@ pub struct ListPage {
     pub resume_after: Option<RunId>,
 }
 
-/// A page of a list as clients see it: each run's JSON, and the id of the
-/// last (where the next page starts).
+/// A page of a list as clients see it: each item's JSON, and where the
+/// last is (where the next page starts): a run's id, unless said otherwise.
 #[derive(Debug, Clone)]
-pub struct ViewPage {
+pub struct ViewPage<Last = RunId> {
     pub views: Vec<std::sync::Arc<str>>,
-    pub last: Option<RunId>,
+    pub last: Option<Last>,
     pub has_more: bool,
 }
 
 /// A page of the approvals inbox as clients see it: each entry's JSON, and
 /// the position of the last (where the next page starts).
-#[derive(Debug, Clone)]
-pub struct InboxViewPage {
-    pub views: Vec<std::sync::Arc<str>>,
-    pub last: Option<InboxPosition>,
-    pub has_more: bool,
-}
+pub type InboxViewPage = ViewPage<InboxPosition>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ListRequest {
