@@ -60,10 +60,10 @@ impl RunLists for SqliteStore {
             last = Some(id);
         }
         let page = ViewPage { views, last, has_more };
-        if let (Some(recent), Some(generation)) = (&self.inner.recent, generation) {
-            recent.keep_page(owner, request, generation, &page);
-        }
-        Ok(page)
+        Ok(match (&self.inner.recent, generation) {
+            (Some(recent), Some(generation)) => recent.keep_page(owner, request, generation, page),
+            _ => page,
+        })
     }
 
     async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<Arc<str>>, StoreError> {
@@ -83,8 +83,7 @@ impl RunLists for SqliteStore {
             Err(generation) => generation,
         };
         let page = inbox_views_of(self.inbox(owner, request.clone()).await?)?;
-        recent.keep_inbox_page(owner, request, generation, &page);
-        Ok(page)
+        Ok(recent.keep_inbox_page(owner, request, generation, page))
     }
 
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {

@@ -149,25 +149,28 @@ impl<R: std::hash::Hash + Eq, L: Clone> KeptPages<R, L> {
         Err(generation)
     }
 
-    fn keep_page(&mut self, owner: &Owner, request: R, generation: u64, page: &ViewPage<L>) {
+    /// Keeps a page read at `generation`, or gives back the page another
+    /// read kept at the same generation first (the same runs, so every
+    /// reader answers one page and one copy is held).
+    fn keep_page(&mut self, owner: &Owner, request: R, generation: u64, page: &ViewPage<L>) -> Option<ViewPage<L>> {
         let bytes = page_bytes(page);
         // A page larger than an eighth of the whole is read each time.
         if bytes > self.limits.bytes / 8 {
-            return;
+            return None;
         }
-        let Some(kept) = self.owners.get_mut(owner).filter(|kept| kept.generation == generation) else {
-            return;
-        };
-        if kept.pages.len() >= self.limits.pages_per_owner && !kept.pages.contains_key(&request) {
+        let kept = self.owners.get_mut(owner).filter(|kept| kept.generation == generation)?;
+        if let Some((first, _)) = kept.pages.get(&request) {
+            return Some(first.clone());
+        }
+        if kept.pages.len() >= self.limits.pages_per_owner {
             self.bytes -= kept.take_pages().1;
         }
-        if let Some((_, replaced)) = kept.pages.insert(request, (page.clone(), bytes)) {
-            self.bytes -= replaced;
-        }
+        kept.pages.insert(request, (page.clone(), bytes));
         self.bytes += bytes;
         if self.bytes > self.limits.bytes {
             self.forget_everything();
         }
+        None
     }
 }
 
@@ -222,9 +225,11 @@ impl RecentRuns {
     }
 
     /// Keeps a page read at `generation`, unless a write of the owner's
-    /// runs came since.
-    pub(crate) fn keep_page(&self, owner: &Owner, request: ListRequest, generation: u64, page: &ViewPage) {
-        crate::lock(&self.pages).keep_page(owner, request, generation, page);
+    /// runs came since, and gives back the page to answer: this one, or
+    /// the one another read kept first at the same generation.
+    pub(crate) fn keep_page(&self, owner: &Owner, request: ListRequest, generation: u64, page: ViewPage) -> ViewPage {
+        let first = crate::lock(&self.pages).keep_page(owner, request, generation, &page);
+        first.unwrap_or(page)
     }
 
     /// As [`RecentRuns::page`], for the inbox.
@@ -233,8 +238,15 @@ impl RecentRuns {
     }
 
     /// As [`RecentRuns::keep_page`], for the inbox.
-    pub(crate) fn keep_inbox_page(&self, owner: &Owner, request: InboxRequest, generation: u64, page: &InboxViewPage) {
-        crate::lock(&self.inbox).keep_page(owner, request, generation, page);
+    pub(crate) fn keep_inbox_page(
+        &self,
+        owner: &Owner,
+        request: InboxRequest,
+        generation: u64,
+        page: InboxViewPage,
+    ) -> InboxViewPage {
+        let first = crate::lock(&self.inbox).keep_page(owner, request, generation, &page);
+        first.unwrap_or(page)
     }
 }
 
@@ -277,6 +289,13 @@ mod tests {
         pages.keep_page(&ada, request(20), read_at, &page("stale"));
         assert!(pages.page(&ada, &request(20)).is_err());
         assert_eq!(pages.bytes, 0);
+        // Two reads at one generation: the first kept is the one answered.
+        let (one, two) = (pages.page(&ada, &request(20)).unwrap_err(), pages.page(&ada, &request(20)).unwrap_err());
+        assert!(pages.keep_page(&ada, request(20), one, &page("first")).is_none());
+        let answered = pages.keep_page(&ada, request(20), two, &page("second")).unwrap();
+        assert_eq!(answered.views.concat(), "first");
+        assert_eq!(shown(pages.page(&ada, &request(20))), Ok("first".into()));
+        assert_eq!(pages.bytes, page_bytes(&page("first")));
     }
 
     #[test]
