@@ -5,9 +5,10 @@
 #      `agent-runs serve` (release build), and the same load against a
 #      minimal hyper server answering a fixed JSON body: the ceiling (one
 #      run), and the list ceiling (the 20-run page the service answered).
-#      Under both wrk settings: 1 thread and 16 connections, 2 and 32. Get
-#      and list alternate with their ceilings in three rounds of a third of
-#      a load run each; their figures are the rounds' medians.
+#      Under both wrk settings: 1 thread and 16 connections, 2 and 32. Get,
+#      list and inbox alternate with their ceilings in three rounds of a
+#      third of a load run each; their figures are the rounds' medians (the
+#      inbox's beside the list's ceiling of its round). Create runs once.
 #   1b. optional: the same get, list and create against the LangGraph dev
 #      server (the nearest peer), when LANGGRAPH_VENV names a venv with it,
 #      under both settings.
@@ -240,18 +241,16 @@ for setting in $settings; do
     secs=$round_secs wrk_run "get-$setting-$round" "http://$serve/v1/agent/runs/$polled" -H "$auth"
     secs=$round_secs wrk_run "fixed-list-$setting-$round" "http://$fixed_list/"
     secs=$round_secs wrk_run "list-$setting-$round" "http://$serve/v1/agent/runs?limit=20" -H "$auth"
+    secs=$round_secs wrk_run "inbox-$setting-$round" "http://$serve/v1/approvals?limit=20" -H "$auth"
   done
-  for name in fixed-json get fixed-list list; do median_of_rounds "$name-$setting"; done
-  wrk_run "inbox-$setting" "http://$serve/v1/approvals?limit=20" -H "$auth"
+  for name in fixed-json get fixed-list list inbox; do median_of_rounds "$name-$setting"; done
   wrk_run "create-$setting" "http://$serve/v1/agent/runs" -H "$auth" -s "$work/create.lua"
-  for op in get:fixed-json list:fixed-list; do
+  for op in get:fixed-json list:fixed-list inbox:fixed-list; do
     for round in $(seq "$rounds"); do
       ratio "${op%%:*}-$setting-$round" "${op#*:}-$setting-$round"
     done | median > "$work/${op%%:*}-$setting.ratio"
   done
-  for op in inbox:fixed-list create:fixed-json; do
-    ratio "${op%%:*}-$setting" "${op#*:}-$setting" > "$work/${op%%:*}-$setting.ratio"
-  done
+  ratio "create-$setting" "fixed-json-$setting" > "$work/create-$setting.ratio"
   for op in get:fixed-json list:fixed-list inbox:fixed-list create:fixed-json; do
     awk -v op="${op%%:*}" -v ceiling="${op#*:}" -v ratio="$(cat "$work/${op%%:*}-$setting.ratio")" \
       'BEGIN { printf "%-8s %5.1f%% of the %s ceiling\n", op, 100 * ratio, ceiling }'

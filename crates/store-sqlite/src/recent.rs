@@ -150,8 +150,10 @@ impl<R: std::hash::Hash + Eq, L: Clone> KeptPages<R, L> {
     }
 
     /// Keeps a page read at `generation`, or gives back the page another
-    /// read kept at the same generation first (the same runs, so every
-    /// reader answers one page and one copy is held).
+    /// read kept first at the same generation, so that every reader until
+    /// the owner's next write answers one page and one copy is held. (Two
+    /// reads at one generation may differ only by a write committed but
+    /// not yet answered, which either may show.)
     fn keep_page(&mut self, owner: &Owner, request: R, generation: u64, page: &ViewPage<L>) -> Option<ViewPage<L>> {
         let bytes = page_bytes(page);
         // A page larger than an eighth of the whole is read each time.

@@ -151,14 +151,17 @@ pub(super) async fn sqlite_views_follow_every_write_under_concurrent_gets() {
             let (store, writing, run_id) = (store.clone(), writing.clone(), run.id);
             tokio::spawn(async move {
                 let (mut seen, mut reads) = (0, 0);
-                while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                // At least one read each, however late its task starts.
+                loop {
                     let view = store.view(&owner("follow"), run_id).await.unwrap().expect("the run is there");
                     let now = tokens(&view);
                     assert!(now >= seen, "a get went back from {seen} tokens to {now}");
                     (seen, reads) = (now, reads + 1);
                     tokio::task::yield_now().await;
+                    if !writing.load(std::sync::atomic::Ordering::Relaxed) {
+                        break reads;
+                    }
                 }
-                reads
             })
         })
         .collect();
@@ -199,7 +202,8 @@ pub(super) async fn sqlite_list_pages_follow_every_write_under_concurrent_lists(
             let (store, writing, answered) = (store.clone(), writing.clone(), answered.clone());
             tokio::spawn(async move {
                 let mut reads = 0;
-                while writing.load(Ordering::Relaxed) {
+                // At least one read each, however late its task starts.
+                loop {
                     for (answered, request) in answered.iter().zip([all, canceled]) {
                         let floor = answered.load(Ordering::SeqCst);
                         let page = store.list_views(&owner("pages"), request).await.unwrap();
@@ -214,8 +218,10 @@ pub(super) async fn sqlite_list_pages_follow_every_write_under_concurrent_lists(
                         reads += 1;
                     }
                     tokio::task::yield_now().await;
+                    if !writing.load(Ordering::Relaxed) {
+                        break reads;
+                    }
                 }
-                reads
             })
         })
         .collect();
@@ -285,7 +291,8 @@ pub(super) async fn sqlite_inbox_pages_follow_every_write_under_concurrent_reads
             let (store, writing, approved) = (store.clone(), writing.clone(), approved.clone());
             tokio::spawn(async move {
                 let mut reads = 0;
-                while writing.load(Ordering::Relaxed) {
+                // At least one read each, however late its task starts.
+                loop {
                     let floor = approved.load(Ordering::SeqCst);
                     let pending = run_ids(
                         store.inbox_views(&owner("inbox-pages"), request(ApprovalStatus::Pending)).await.unwrap(),
@@ -300,8 +307,10 @@ pub(super) async fn sqlite_inbox_pages_follow_every_write_under_concurrent_reads
                     }
                     reads += 1;
                     tokio::task::yield_now().await;
+                    if !writing.load(Ordering::Relaxed) {
+                        break reads;
+                    }
                 }
-                reads
             })
         })
         .collect();
