@@ -34,7 +34,10 @@ pub struct AwsServices {
 
 impl AwsServices {
     pub async fn from_env() -> Result<Self, SetupError> {
-        let config = Config::from_env()?;
+        Self::from_config(Config::from_env()?).await
+    }
+
+    pub async fn from_config(config: Config) -> Result<Self, SetupError> {
         let sdk = sdk_config().await;
         let mut aws = Self::new(config, (&sdk).into(), (&sdk).into())?.signing_with((&sdk).into());
         aws.services = aws.services.with_sdk_config(sdk);

@@ -91,6 +91,17 @@ impl Services {
         self
     }
 
+    /// Publishes the receipt key's public part where its signer does (a KMS
+    /// key: once per process, into the table the JWKS is read from); a
+    /// failure is logged and tried again at the next call.
+    pub async fn publish_signing_key(&self) {
+        if let Some(receipts) = &self.receipts
+            && let Err(error) = receipts.signer.public_key().await
+        {
+            tracing::warn!(%error, "the receipt key's public part could not be published");
+        }
+    }
+
     /// The API serves `keys` as its JWKS.
     pub fn with_signing_keys(mut self, keys: Arc<dyn PublishedKeys>) -> Self {
         self.signing_keys = Some(keys);

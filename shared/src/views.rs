@@ -80,6 +80,9 @@ pub struct ApprovalView<'a> {
     tool_changed: bool,
     /// When a pending approval is approved by `timeout` (a veto window).
     auto_approves_at: Option<String>,
+    /// Only in `approval.decided`: approve, edit, reject, answer or timeout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decision: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -130,6 +133,7 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
             answer: approval.answer.as_ref().map(canonical),
             tool_changed: approval.tool_changed,
             auto_approves_at: rfc3339(approval.auto_approves_at),
+            decision: None,
         }
     }
 }
@@ -157,6 +161,7 @@ impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
             answer: None,
             tool_changed: approval.tool_changed,
             auto_approves_at: rfc3339(approval.auto_approves_at),
+            decision: None,
         }
     }
 }
@@ -299,12 +304,12 @@ pub fn event_data_json(data: &EventData, shown: Shown) -> String {
             serde_json::to_string(&serde_json::json!({ "approval_ids": approval_ids }))
         }
         EventData::RunResumed | EventData::RunRequeued => Ok("{}".to_owned()),
+        EventData::ApprovalDecided(approval) => approval_in_event(approval, approval.decision()),
         EventData::ApprovalRequested(approval)
-        | EventData::ApprovalDecided(approval)
         | EventData::ApprovalExpiring(approval)
         | EventData::ApprovalExtended(approval)
         | EventData::ApprovalExpired(approval)
-        | EventData::ApprovalCanceled(approval) => approval_in_event(approval),
+        | EventData::ApprovalCanceled(approval) => approval_in_event(approval, None),
         EventData::OutputAppended { text } => {
             serde_json::to_string(&serde_json::json!({ "text": text.text, "truncated": text.truncated }))
         }
@@ -376,10 +381,11 @@ fn run_in_event(run: &RunSnapshot, shown: Shown) -> serde_json::Result<String> {
     flagged(view, run.truncated())
 }
 
-fn approval_in_event(approval: &Approval) -> serde_json::Result<String> {
+fn approval_in_event(approval: &Approval, decision: Option<&'static str>) -> serde_json::Result<String> {
     let action = EventText::new(&approval.action);
     let mut view = ApprovalView::from(approval);
     view.action = &action.text;
+    view.decision = decision;
     flagged(view, action.truncated)
 }
 

@@ -311,6 +311,19 @@ impl Approval {
         self.call.as_ref().map(|call| sha256_hex(canonical_json(&call.arguments).as_bytes()))
     }
 
+    /// How it was decided, as its `approval.decided` event and its receipt
+    /// name it; `None` while pending and for a cancel or an expiry.
+    pub fn decision(&self) -> Option<&'static str> {
+        match self.status {
+            ApprovalStatus::Approved if matches!(self.resolved_by, Some(Resolver::Timeout)) => Some("timeout"),
+            ApprovalStatus::Approved if self.edited_arguments.is_some() => Some("edit"),
+            ApprovalStatus::Approved => Some("approve"),
+            ApprovalStatus::Rejected => Some("reject"),
+            ApprovalStatus::Answered => Some("answer"),
+            ApprovalStatus::Pending | ApprovalStatus::Canceled | ApprovalStatus::Expired => None,
+        }
+    }
+
     /// The arguments the call is made with once approved: the edited ones
     /// when a person edited them.
     pub fn arguments_to_use(&self) -> Option<&Value> {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use agent_runs_shared::api::routes::{self, Resolved};
 use agent_runs_shared::api::{Api, Operation};
 use agent_runs_shared::aws::AwsServices;
+use agent_runs_shared::config::Config;
 use agent_runs_shared::lambda::{from_api_response, handle_batch, into_api_request};
 use agent_runs_shared::sdk::sdk_config;
 use aws_lambda_events::event::sqs::SqsEvent;
@@ -196,7 +197,11 @@ async fn poll(
 }
 
 pub async fn run(args: GatewayArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), Error> {
-    let aws = Arc::new(AwsServices::from_env().await?);
+    let listener = TcpListener::bind(args.addr).await?;
+    let mut config = Config::from_env()?;
+    // Receipts name this gateway's URL, as the stack's name its API's.
+    config.issuer.get_or_insert(crate::http_server::base_url(listener.local_addr()?));
+    let aws = Arc::new(AwsServices::from_config(config).await?);
     let queue_url = aws.services.config.queue_url.clone().ok_or("AGENT_RUNS_QUEUE_URL is not set")?;
     let sqs = aws_sdk_sqs::Client::new(&sdk_config().await);
     let (stop_sender, stop) = watch::channel(false);
@@ -205,6 +210,7 @@ pub async fn run(args: GatewayArgs, shutdown: impl std::future::Future<Output = 
         tasks.spawn(poll(aws.clone(), sqs.clone(), queue_url.clone(), args.visibility_secs, stop.clone()));
     }
     let sweeper = aws.services.sweeper();
+    let sweeping = aws.clone();
     let mut sweep_stop = stop.clone();
     let sweep_every = Duration::from_millis(args.sweep_ms.max(10));
     tasks.spawn(async move {
@@ -213,6 +219,7 @@ pub async fn run(args: GatewayArgs, shutdown: impl std::future::Future<Output = 
             tokio::select! {
                 _ = sweep_stop.changed() => return,
                 _ = ticks.tick() => {
+                    sweeping.services.publish_signing_key().await;
                     if let Err(error) = sweeper.sweep().await {
                         tracing::warn!(error = %error_chain(&error), "sweep failed");
                     }
@@ -222,7 +229,6 @@ pub async fn run(args: GatewayArgs, shutdown: impl std::future::Future<Output = 
     });
 
     let api = Arc::new(aws.services.api());
-    let listener = TcpListener::bind(args.addr).await?;
     println!("Listening on http://{} (Lambda handlers on table {})", listener.local_addr()?, aws.store.table());
     std::io::Write::flush(&mut std::io::stdout())?;
     let counter = Arc::new(AtomicU64::new(0));

@@ -171,6 +171,12 @@ async fn into_api_request(request: Request<Incoming>, timeout: Duration) -> Requ
     Request::from_parts(parts, bytes.unwrap_or_default())
 }
 
+/// The URL the service bound to `addr` is known by (bound to every
+/// address, by this machine's name for itself).
+pub fn base_url(addr: std::net::SocketAddr) -> String {
+    if addr.ip().is_unspecified() { format!("http://localhost:{}", addr.port()) } else { format!("http://{addr}") }
+}
+
 /// Serves the embedded API.
 pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: ConnectionLimits, shutdown: impl Future<Output = ()>) {
     // Event streams never end by themselves while their run goes on: on

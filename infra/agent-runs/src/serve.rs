@@ -136,9 +136,7 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let addr = listener.local_addr()?;
     // Approval receipts are signed with a key kept beside the database.
     let key = Arc::new(LocalKey::open_or_create(&db.with_extension("signing-key")).map_err(|error| error.0)?);
-    // Bound to every address, the service is known by this machine's.
-    let base = if addr.ip().is_unspecified() { format!("localhost:{}", addr.port()) } else { addr.to_string() };
-    let issuer = config.issuer.clone().unwrap_or_else(|| format!("http://{base}"));
+    let issuer = config.issuer.clone().unwrap_or_else(|| crate::http_server::base_url(addr));
     let receipts = Receipts { signer: key.clone(), issuer };
     let services = Services::new(config, adapters, CacheDefaults::LOCAL).with_receipts(receipts).with_signing_keys(key);
     let api = Arc::new(services.api());

@@ -57,6 +57,7 @@ pub enum Trigger {
 }
 
 const RUN_QUEUE_URL: (&str, &str) = ("AGENT_RUNS_QUEUE_URL", "!Ref RunQueue");
+const RECEIPT_KEY_ID: (&str, &str) = ("AGENT_RUNS_RECEIPT_KEY_ID", "!Ref ReceiptSigningKey");
 const WEBHOOK_QUEUE_URL: (&str, &str) = ("AGENT_RUNS_WEBHOOK_QUEUE_URL", "!Ref WebhookDeliveryQueue");
 /// What changing a run takes: the read, the Query of its last event (when
 /// its count fell behind its log) and the conditional transaction.
@@ -183,7 +184,7 @@ pub const FUNCTIONS: [Function; 18] = [
         // Approval receipts: signed by the KMS key, naming the API as issuer.
         environment: &[
             RUN_QUEUE_URL,
-            ("AGENT_RUNS_RECEIPT_KEY_ID", "!Ref ReceiptSigningKey"),
+            RECEIPT_KEY_ID,
             ("AGENT_RUNS_ISSUER", "!Sub \"https://${Api}.execute-api.${AWS::Region}.${AWS::URLSuffix}\""),
         ],
         grants: &[CHANGE_RUNS, SEND_RUNS, Grant::Bedrock, Grant::SigningKey(&["Sign", "GetPublicKey"])],
@@ -207,13 +208,16 @@ pub const FUNCTIONS: [Function; 18] = [
         timeout: Some(60),
         memory: None,
         extra: "",
-        environment: &[RUN_QUEUE_URL],
+        // The receipt key: the sweeper publishes its public part, so the
+        // JWKS shows it a minute after a deploy, before any receipt.
+        environment: &[RUN_QUEUE_URL, RECEIPT_KEY_ID],
         // BatchGetItem: the runs an item of an active-run count holds
         // places for, at its recount.
         grants: &[
             Grant::Table(&["GetItem", "BatchGetItem", "Query", "PutItem", "UpdateItem", "DeleteItem"]),
             Grant::Indexes(&["gsi2"]),
             SEND_RUNS,
+            Grant::SigningKey(&["GetPublicKey"]),
         ],
         trigger: Trigger::Events(
             "EveryMinute:

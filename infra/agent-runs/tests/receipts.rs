@@ -12,6 +12,8 @@ use std::process::Command;
 use serde_json::{Value, json};
 use support::{Server, Target};
 
+/// The issuer the embedded server is configured with; the Lambda path
+/// takes its default, the gateway's URL.
 const ISSUER: &str = "https://runs.example.test";
 
 /// What a receipt checker printed.
@@ -26,8 +28,8 @@ fn embedded_an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify() {
     an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(Target::Embedded);
 }
 
-/// Signed by a KMS key (the emulator's), published by the worker, served
-/// by the `$default` route.
+/// Signed by a KMS key (the emulator's), published by the sweeper before
+/// any receipt, served by the `$default` route.
 #[test]
 fn lambda_an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify() {
     if support::without_emulator("lambda_an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify") {
@@ -43,8 +45,30 @@ fn an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(target: Target)
         stand_in::tool_call("call_1", "delete_branch", r#"{"branch":"old"}"#),
         stand_in::text("Deleted older."),
     ]);
-    let server = Server::start_on(target, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0"), ("AGENT_RUNS_ISSUER", ISSUER)]);
+    let server = match target {
+        Target::Embedded => {
+            Server::start_on(target, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0"), ("AGENT_RUNS_ISSUER", ISSUER)])
+        }
+        Target::Lambda => Server::start_on(target, &[("AGENT_RUNS_AGENT_CACHE_SECS", "0")]),
+    };
+    let issuer = if target == Target::Embedded { ISSUER.to_owned() } else { server.base.clone() };
     let key = server.dev_key.clone().unwrap();
+    // The keys, to anyone (no Authorization), before any receipt: on AWS
+    // the sweeper publishes the key at its first pass.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let jwks = loop {
+        let jwks = server.send(server.request("GET", "/.well-known/jwks.json"));
+        assert_eq!(jwks.status, 200);
+        if jwks.body["keys"].as_array().is_some_and(|keys| !keys.is_empty()) || std::time::Instant::now() > deadline {
+            break jwks;
+        }
+        assert_eq!(jwks.headers["cache-control"], "no-store", "an empty set is not cached");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(jwks.body["keys"].as_array().map(Vec::len), Some(1), "{}", jwks.body);
+    assert_eq!(jwks.headers["cache-control"], "public, max-age=300");
+    let unknown = server.send(server.request("GET", "/.well-known/jwks.json?kid=x"));
+    assert_eq!((unknown.status, &unknown.body["error"]["param"]), (400, &json!("kid")), "{}", unknown.body);
 
     let file = server.dir.path().join("janitor.toml");
     std::fs::write(&file, support::janitor_definition(&model.url, "")).unwrap();
@@ -59,11 +83,8 @@ fn an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(target: Target)
 
     let calls = model.tool_calls();
     assert_eq!(calls.len(), 1);
-    // The keys, to anyone (no Authorization); on AWS, published by the
-    // worker as it first signed.
-    let jwks = server.send(server.request("GET", "/.well-known/jwks.json"));
-    assert_eq!(jwks.status, 200);
-    assert_eq!(jwks.body["keys"].as_array().map(Vec::len), Some(1), "{}", jwks.body);
+    let after = server.send(server.request("GET", "/.well-known/jwks.json"));
+    assert_eq!(after.body, jwks.body, "the key that signed is the one published before");
     let jwk = &jwks.body["keys"][0];
     assert_eq!(
         (jwk["kty"].as_str(), jwk["crv"].as_str(), jwk["use"].as_str()),
@@ -78,13 +99,13 @@ fn an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(target: Target)
     let python = std::env::var("AGENT_RUNS_TEST_PYTHON")
         .expect("AGENT_RUNS_TEST_PYTHON names a Python with pyjwt[crypto] (bash infra/test.sh sets it up)");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../receipt_check.py");
-    let by_python = checked(&python, &[script, &jwks_url, &receipt, &audience, ISSUER]);
+    let by_python = checked(&python, &[script, &jwks_url, &receipt, &audience, &issuer]);
     let node_dir = std::env::var("AGENT_RUNS_TEST_NODE_DIR")
         .expect("AGENT_RUNS_TEST_NODE_DIR names a folder with npm's jose installed (bash infra/test.sh sets it up)");
     // Run from beside its node_modules, where `jose` resolves.
     let node_script = std::path::Path::new(&node_dir).join("receipt_check.mjs");
     std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../receipt_check.mjs"), &node_script).unwrap();
-    let by_node = checked("node", &[node_script.to_str().unwrap(), &jwks_url, &receipt, &audience, ISSUER]);
+    let by_node = checked("node", &[node_script.to_str().unwrap(), &jwks_url, &receipt, &audience, &issuer]);
 
     for (checker, result, refusals) in [
         ("PyJWT", &by_python, ["InvalidSignatureError", "InvalidAudienceError", "ExpiredSignatureError"]),
@@ -95,7 +116,7 @@ fn an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(target: Target)
         ),
     ] {
         let claims = &result["claims"];
-        assert_eq!(claims["iss"], ISSUER, "{checker}: {claims}");
+        assert_eq!(claims["iss"], issuer.as_str(), "{checker}: {claims}");
         assert_eq!(claims["aud"], audience.as_str(), "{checker}: the tool's URL as written");
         assert_eq!(claims["sub"], approval["id"], "{checker}");
         assert_eq!(claims["jti"], approval["id"], "{checker}");

@@ -267,6 +267,7 @@ impl Api {
             if request.method() != Method::GET {
                 return Err(ApiError::MethodNotAllowed { allow: "GET".into() });
             }
+            query::no_query(request.uri().query())?;
             let mut response = http::Response::new(self.openapi.clone());
             response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
             return Ok(response);
@@ -276,12 +277,16 @@ impl Api {
             if request.method() != Method::GET {
                 return Err(ApiError::MethodNotAllowed { allow: "GET".into() });
             }
+            query::no_query(request.uri().query())?;
             let keys = match &self.signing_keys {
                 Some(keys) => keys.keys().await.map_err(|error| ApiError::Unavailable(Box::new(error)))?,
                 None => Vec::new(),
             };
             let mut response = response::json_response(http::StatusCode::OK, &jwks(&keys));
-            response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=300"));
+            // No key yet (on AWS, until the sweeper or a worker publishes
+            // it): nothing for a cache to keep.
+            let cache = if keys.is_empty() { "no-store" } else { "public, max-age=300" };
+            response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
             return Ok(response);
         }
         let principal = self.authenticate(&request).await?;

@@ -10,12 +10,15 @@ pub async fn run_sweeper() -> Result<(), super::Error> {
     super::init_logging();
     let aws = AwsServices::from_env().await?;
     let sweeper = aws.services.sweeper();
-    let sweeper = &sweeper;
+    let (aws, sweeper) = (&aws, &sweeper);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| async move {
         // Stop in time to answer; the next invocation goes on from there.
         let left = event.context.deadline().duration_since(std::time::SystemTime::now()).unwrap_or_default();
         let invocation_ends = event.context.deadline();
         let deadline = std::time::Instant::now() + left.saturating_sub(SWEEP_DEADLINE_MARGIN);
+        // So the JWKS shows the key from a minute after a deploy, not only
+        // once a worker first signs (one KMS call per process).
+        aws.services.publish_signing_key().await;
         let report = sweeper.sweep_until(Some(deadline)).await;
         crate::telemetry::flush(Some(invocation_ends)).await;
         let report = report?;

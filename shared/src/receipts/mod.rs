@@ -22,7 +22,7 @@ use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::domain::{Approval, Resolver, Timestamp, canonical_json};
+use crate::domain::{Approval, Timestamp, canonical_json};
 
 /// Where the keys are served, to anyone.
 pub const JWKS_PATH: &str = "/.well-known/jwks.json";
@@ -261,11 +261,7 @@ impl Receipts {
         call: &Call<'_>,
         now: Timestamp,
     ) -> Result<String, SignError> {
-        let decision = match (&approval.resolved_by, &approval.edited_arguments) {
-            (Some(Resolver::Timeout), _) => "timeout",
-            (_, Some(_)) => "edit",
-            _ => "approve",
-        };
+        let decision = approval.decision().unwrap_or("approve");
         let iat = now.millis().div_euclid(1_000);
         let claims = Claims {
             iss: &self.issuer,

@@ -87,6 +87,7 @@ pub(super) async fn rules_decide_calls_without_a_person_and_say_so_on_the_record
     );
     let decided = &log.iter().find(|(kind, _)| kind == "approval.decided").unwrap().1;
     assert_eq!(decided["policy"], json!({"rule": "protect-main", "effect": "deny", "mode": "enforce", "version": 1}));
+    assert_eq!(decided["decision"], "reject", "a deny rule's decision");
     assert!(!log.iter().any(|(kind, _)| kind == "run.awaiting_approval"));
 }
 

@@ -152,6 +152,7 @@ pub(super) async fn an_edited_call_runs_once_with_the_edited_arguments_and_the_m
     assert_eq!(completed.1["arguments"], json!({"branch": "old"}));
     let decided = log.iter().find(|(kind, _)| kind == "approval.decided").unwrap();
     assert_eq!(decided.1["edited_arguments"], json!({"branch": "old"}));
+    assert_eq!(decided.1["decision"], "edit");
     assert_eq!(decided.1["arguments"], json!({"branch": "main"}));
 }
 

@@ -42,7 +42,7 @@ async fn nobody_objects_and_the_sweeper_approves_the_call_when_the_window_ends()
         .map(|e| e.1)
         .collect();
     assert_eq!(decided.len(), 1);
-    assert_eq!(decided[0]["resolved_by"], "timeout");
+    assert_eq!((&decided[0]["resolved_by"], &decided[0]["decision"]), (&json!("timeout"), &json!("timeout")));
 
     assert_eq!(receiver.receive().await.unwrap(), message);
     assert_eq!(fixture.process(&message).await, Outcome::Succeeded);

@@ -150,6 +150,10 @@ fn parse_condition(index: usize, number: usize, condition: &Value) -> Result<Con
         .get("op")
         .and_then(Value::as_str)
         .ok_or_else(|| refused("op", format!("is required: one of {}", OPS.join(", "))))?;
+    // An unknown op is named as such, whatever else the condition lacks.
+    if !OPS.contains(&op) {
+        return Err(refused("op", format!("must be one of {}", OPS.join(", "))));
+    }
     let value = condition.get("value").ok_or_else(|| refused("value", "is required".into()))?;
     let op = Op::parse(op, value).map_err(|(field, problem)| refused(field, problem))?;
     Ok(Condition { path, op, value: value.clone() })

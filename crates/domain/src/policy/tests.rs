@@ -46,6 +46,12 @@ fn malformed_rules_name_the_rule_and_the_field() {
             Some(0),
             "rules[0].when[0].op",
         ),
+        (json!([{"id": "a", "effect": "allow", "when": [{"path": "/n", "op": "~"}]}]), Some(0), "rules[0].when[0].op"),
+        (
+            json!([{"id": "a", "effect": "allow", "when": [{"path": "/n", "op": "=="}]}]),
+            Some(0),
+            "rules[0].when[0].value",
+        ),
         (
             json!([{"id": "a", "effect": "allow", "when": [{"path": "/n", "op": "<", "value": "1"}]}]),
             Some(0),

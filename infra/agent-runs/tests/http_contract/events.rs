@@ -108,6 +108,7 @@ pub(super) fn events_tell_what_happened_to_a_run_in_order(target: Target) {
     assert_eq!(event_types(&woken).first().map(String::as_str), Some("approval.decided"), "{woken}");
     assert_eq!(woken["data"][0]["data"]["status"], "approved");
     assert_eq!(woken["data"][0]["data"]["comment"], "go");
+    assert_eq!(woken["data"][0]["data"]["decision"], "approve");
 
     let done = server.wait_for_status(&key, id, "succeeded");
     let rest = server.get(&key, &format!("{events}?after=5&limit=3")).expect_status(200).clone();

@@ -81,5 +81,9 @@ pub(super) fn a_script_asks_and_a_person_answers_or_declines(target: Target) {
     assert_eq!(decided[0]["data"]["kind"], "input");
     assert_eq!(decided[0]["data"]["action"], "Which environment?");
     assert_eq!(decided[0]["data"]["answer"], "staging");
-    assert_eq!(decided[1]["data"]["status"], "rejected");
+    assert_eq!(decided[0]["data"]["decision"], "answer");
+    assert_eq!(
+        (&decided[1]["data"]["status"], &decided[1]["data"]["decision"]),
+        (&json!("rejected"), &json!("reject"))
+    );
 }

@@ -19,6 +19,7 @@ use crate::domain::{
     MAX_METADATA_VALUE_CHARS, MAX_RULES, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER,
     RETRY_DELAYS, RunStatus,
 };
+use crate::receipts::JWKS_PATH;
 
 pub const PATH: &str = "/v1/openapi.json";
 
@@ -519,7 +520,44 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
                 "operationId": "getOpenApi",
                 "summary": "This document",
                 "security": [],
-                "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object", "additionalProperties": true}}}}}
+                "responses": {
+                    "200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object", "additionalProperties": true}}}},
+                    "400": {"$ref": "#/components/responses/InvalidRequest"}
+                }
+            }
+        }),
+    );
+    let jwk = json!({
+        "type": "object",
+        "required": ["kty", "crv", "x", "y", "kid", "use", "alg"],
+        "properties": {
+            "kty": {"type": "string", "enum": ["EC"]},
+            "crv": {"type": "string", "enum": ["P-256"]},
+            "x": {"type": "string", "description": "base64url, 32 bytes"},
+            "y": {"type": "string", "description": "base64url, 32 bytes"},
+            "kid": {"type": "string", "description": "the key's RFC 7638 thumbprint"},
+            "use": {"type": "string", "enum": ["sig"]},
+            "alg": {"type": "string", "enum": ["ES256"]}
+        }
+    });
+    paths.insert(
+        JWKS_PATH.into(),
+        json!({
+            "get": {
+                "operationId": "getSigningKeys",
+                "summary": "The public keys approval receipts are signed with (RFC 7517)",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "The key signing now first, then keys retired within the last 7 days. Cached for 5 minutes; an empty set is not cached.",
+                        "content": {"application/json": {"schema": {
+                            "type": "object",
+                            "required": ["keys"],
+                            "properties": {"keys": {"type": "array", "items": jwk}}
+                        }}}
+                    },
+                    "400": {"$ref": "#/components/responses/InvalidRequest"}
+                }
             }
         }),
     );
