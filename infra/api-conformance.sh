@@ -73,10 +73,16 @@ PY
   --report har --report-har-path "$work/scoped.har" > "$work/scoped.log" 2>&1 || { cat "$work/scoped.log"; exit 1; }
 
 .venv-api/bin/python - "$work/valid.har" "$work/invalid.har" "$work/scoped.har" "$reader" "$schema" <<'PY'
-import collections, json, re, sys, urllib.request
+import collections, json, re, sys, urllib.parse, urllib.request
+
+# The document and the receipt keys need no key: not judged as operations.
+KEYLESS = {"/v1/openapi.json", "/.well-known/jwks.json"}
 
 def entries(path):
-    return [e for e in json.load(open(path))["log"]["entries"] if not e["request"]["url"].endswith("/v1/openapi.json")]
+    return [
+        e for e in json.load(open(path))["log"]["entries"]
+        if urllib.parse.urlsplit(e["request"]["url"]).path not in KEYLESS
+    ]
 
 valid = entries(sys.argv[1])
 statuses = collections.Counter(e["response"]["status"] for e in valid)

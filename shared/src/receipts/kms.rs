@@ -1,7 +1,9 @@
 //! Receipts signed by an AWS KMS key (`ECC_NIST_P256`, `SIGN_VERIFY`): the
 //! private key never leaves KMS. Its public key is read once per process
-//! (`kms:GetPublicKey`) and published where the API's JWKS reads it (the
-//! worker alone may call KMS).
+//! (`kms:GetPublicKey`) and published where the API's JWKS reads it, again
+//! each [`REPUBLISH_AFTER`] (the worker signs; the sweeper only publishes).
+
+use std::time::{Duration, SystemTime};
 
 use std::sync::Arc;
 
@@ -22,6 +24,20 @@ pub struct KmsKey {
     key_id: String,
     publisher: Arc<dyn KeyPublisher>,
     public: tokio::sync::OnceCell<PublicKey>,
+    /// When this process last published the key.
+    published_at: std::sync::Mutex<Option<SystemTime>>,
+}
+
+/// A process publishes its key again after this: the JWKS shows a key for
+/// 7 days after its last publication, and lists the latest published
+/// first, so a long-lived process keeps its key there, and after a
+/// rotation the key signing now is back in front within this time. (Wall
+/// time: a frozen Lambda's monotonic clock may not move.)
+const REPUBLISH_AFTER: Duration = Duration::from_secs(3600);
+
+fn publication_due(last: Option<SystemTime>, now: SystemTime) -> bool {
+    // A clock set back counts as due: a publication too many is harmless.
+    last.is_none_or(|at| now.duration_since(at).map_or(true, |since| since >= REPUBLISH_AFTER))
 }
 
 const MAX_RAW_MESSAGE_BYTES: usize = 4_096;
@@ -72,7 +88,7 @@ pub fn raw_signature(der: &[u8]) -> Option<Vec<u8>> {
 
 impl KmsKey {
     pub fn new(client: aws_sdk_kms::Client, key_id: String, publisher: Arc<dyn KeyPublisher>) -> Self {
-        KmsKey { client, key_id, publisher, public: tokio::sync::OnceCell::new() }
+        KmsKey { client, key_id, publisher, public: tokio::sync::OnceCell::new(), published_at: Default::default() }
     }
 }
 
@@ -83,8 +99,11 @@ fn kms_failed(what: &str, error: impl std::error::Error) -> SignError {
 
 #[async_trait]
 impl Signer for KmsKey {
+    /// The key, published before it is first given (a receipt is never
+    /// signed by a key the JWKS does not show), then again when due.
     async fn public_key(&self) -> Result<PublicKey, SignError> {
-        self.public
+        let key = self
+            .public
             .get_or_try_init(|| async {
                 let output = self
                     .client
@@ -94,13 +113,19 @@ impl Signer for KmsKey {
                     .await
                     .map_err(|error| kms_failed("GetPublicKey", error))?;
                 let der = output.public_key.ok_or_else(|| SignError("KMS gave no public key".into()))?;
-                let key = point_of_spki(der.as_ref())
-                    .ok_or_else(|| SignError("the KMS key is not an ECC_NIST_P256 key".into()))?;
-                self.publisher.publish(&key).await?;
-                Ok(key)
+                point_of_spki(der.as_ref()).ok_or_else(|| SignError("the KMS key is not an ECC_NIST_P256 key".into()))
             })
-            .await
-            .cloned()
+            .await?;
+        let last = *crate::lock(&self.published_at);
+        if publication_due(last, SystemTime::now()) {
+            match self.publisher.publish(key).await {
+                Ok(()) => *crate::lock(&self.published_at) = Some(SystemTime::now()),
+                // Shown for days since its last publication: signing goes on.
+                Err(error) if last.is_some() => tracing::warn!(%error, "the receipt key could not be published again"),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(key.clone())
     }
 
     async fn sign(&self, message: &[u8]) -> Result<Vec<u8>, SignError> {
@@ -128,6 +153,15 @@ impl Signer for KmsKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_published_first_then_again_each_hour() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        assert!(publication_due(None, at));
+        assert!(!publication_due(Some(at), at + Duration::from_secs(3599)));
+        assert!(publication_due(Some(at), at + REPUBLISH_AFTER));
+        assert!(publication_due(Some(at + Duration::from_secs(60)), at), "a clock set back");
+    }
 
     #[test]
     fn der_signatures_become_fixed_width_and_malformed_ones_are_refused() {

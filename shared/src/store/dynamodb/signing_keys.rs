@@ -1,7 +1,8 @@
 //! The public keys approval receipts are signed with, for the JWKS: one
 //! item, `SIGNING_KEYS` / `JWKS`, an attribute `key#<kid>` per key holding
-//! its point and when a worker last started signing with it. The worker
-//! publishes its key when it first signs (only it may call KMS); the API's
+//! its point and when it was last published. The sweeper publishes the
+//! key at its first pass, a worker before it first signs, and each again
+//! hourly (the only functions that may read the KMS key); the API's
 //! `$default` route reads the item. Keys not published for 7 days leave
 //! the JWKS: a receipt lives 5 minutes.
 
