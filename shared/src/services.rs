@@ -92,8 +92,8 @@ impl Services {
     }
 
     /// Publishes the receipt key's public part where its signer does (a KMS
-    /// key: once per process, into the table the JWKS is read from); a
-    /// failure is logged and tried again at the next call.
+    /// key: into the table the JWKS is read from, at a process's first call
+    /// and hourly after); a failure is logged and tried again at the next.
     pub async fn publish_signing_key(&self) {
         if let Some(receipts) = &self.receipts
             && let Err(error) = receipts.signer.public_key().await

@@ -138,8 +138,8 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
     }
 }
 
-/// An approval inside a run's event: named by its digest, its arguments
-/// left to its own events.
+/// An approval inside a run's event: a call named by its digest, its
+/// arguments left to its own events.
 impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
     fn from(approval: &'a ApprovalSummary) -> Self {
         ApprovalView {
@@ -157,8 +157,8 @@ impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
             resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             edited_arguments: None,
             policy: approval.policy.as_ref().map(PolicyView::from),
-            input_schema: None,
-            answer: None,
+            input_schema: approval.input_schema.as_ref().map(canonical),
+            answer: approval.answer.as_ref().map(canonical),
             tool_changed: approval.tool_changed,
             auto_approves_at: rfc3339(approval.auto_approves_at),
             decision: None,

@@ -119,7 +119,9 @@ pub struct RunSnapshot {
     pub trace_id: u128,
 }
 
-/// An approval inside a [`RunSnapshot`]: everything but the arguments.
+/// An approval inside a [`RunSnapshot`]: everything but a call's arguments
+/// (a question's schema and answer are kept: what a person was asked and
+/// said is the run's as it ended).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApprovalSummary {
     pub id: ApprovalId,
@@ -136,6 +138,8 @@ pub struct ApprovalSummary {
     pub policy: Option<PolicyMatch>,
     pub tool_changed: bool,
     pub auto_approves_at: Option<Timestamp>,
+    pub input_schema: Option<serde_json::Value>,
+    pub answer: Option<serde_json::Value>,
 }
 
 impl RunSnapshot {
@@ -186,6 +190,8 @@ impl ApprovalSummary {
             policy: approval.policy.clone(),
             tool_changed: approval.tool_changed,
             auto_approves_at: approval.auto_approves_at,
+            input_schema: approval.input_schema.clone(),
+            answer: approval.answer.clone(),
         }
     }
 }

@@ -21,7 +21,7 @@ use super::StoreError;
 use super::record::{StoredApproval, StoredBudget, StoredPolicyMatch, StoredThread, StoredUsage, at, millis};
 use crate::domain::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalSummary, EventData, EventText, RunSnapshot, RunStatus, ThreadLink,
-    Timestamp, ToolCompleted,
+    Timestamp, ToolCompleted, canonical_json,
 };
 use crate::views::{Shown, event_data_json};
 
@@ -302,6 +302,11 @@ struct StoredSummary {
     tool_changed: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     auto_approves_at: Option<i64>,
+    /// A question's schema and answer, as canonical JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    input_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    answer: Option<String>,
 }
 
 impl From<&RunSnapshot> for StoredSnapshot {
@@ -369,6 +374,8 @@ impl From<&ApprovalSummary> for StoredSummary {
             policy: approval.policy.as_ref().map(StoredPolicyMatch::from),
             tool_changed: approval.tool_changed,
             auto_approves_at: approval.auto_approves_at.map(millis),
+            input_schema: approval.input_schema.as_ref().map(canonical_json),
+            answer: approval.answer.as_ref().map(canonical_json),
         }
     }
 }
@@ -392,6 +399,8 @@ impl TryFrom<StoredSummary> for ApprovalSummary {
             policy: stored.policy.map(StoredPolicyMatch::read).transpose()?,
             tool_changed: stored.tool_changed,
             auto_approves_at: at(stored.auto_approves_at),
+            input_schema: stored.input_schema.map(|text| read(&text)).transpose()?,
+            answer: stored.answer.map(|text| read(&text)).transpose()?,
         })
     }
 }
@@ -542,6 +551,18 @@ mod tests {
         }));
         let stored = r#"{"id":"run_01M806T4VB0000000000000001","status":"succeeded","agent":"ops","input":{"text":"hi"},"output":null,"error":null,"approvals":[],"metadata":{"ticket":"OPS-1"},"created_by":"key_01M806T4VB0000000000000007","created_at":1795303478123,"started_at":1795303478001,"completed_at":1795303478004,"usage":{"input_tokens":3,"output_tokens":4,"total_tokens":7,"tool_calls":1},"budget":{"max_total_tokens":100},"trace_id":"00000000000000000000000000000abc"}"#;
         assert_eq!(encode_event(&data), stored);
+        // A question in a run keeps its schema and answer; a record
+        // written before they were kept reads them as none.
+        let asked = EventData::RunCanceled(Box::new(RunSnapshot {
+            approvals: vec![ApprovalSummary::of(&question())],
+            ..RunSnapshot::of(&run())
+        }));
+        let kept = r#","input_schema":"{\"enum\":[\"staging\",\"prod\"]}","answer":"\"prod\""}"#;
+        let stored = encode_event(&asked);
+        assert!(stored.contains(kept), "{stored}");
+        let before = EventBody::stored(EVENT_FORMAT, stored.replace(kept, "}"));
+        let shown = before.render("run.canceled", Shown::default()).unwrap();
+        assert!(shown.contains(r#""input_schema":null,"answer":null"#), "{shown}");
         let approval = encode_event(&EventData::ApprovalDecided(approval(2, true)));
         assert_eq!(
             approval,

@@ -74,8 +74,10 @@ pub(super) fn a_script_asks_and_a_person_answers_or_declines(target: Target) {
     let answered = server.get(&key, "/v1/approvals?status=answered&kind=input").expect_status(200).clone();
     assert_eq!(answered["data"][0]["answer"], "staging");
 
-    // The log tells the question and the answer.
+    // The log tells the question and the answer, and ends with the run as
+    // it ended, the question's schema and answer included.
     let events = server.get(&key, &format!("{}/events", run_path(&run))).expect_status(200).clone();
+    assert_eq!(events["data"].as_array().unwrap().last().unwrap()["data"], done);
     let decided: Vec<&Value> =
         events["data"].as_array().unwrap().iter().filter(|e| e["type"] == "approval.decided").collect();
     assert_eq!(decided[0]["data"]["kind"], "input");
