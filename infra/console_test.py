@@ -292,7 +292,9 @@ try:
     assert driver.find_element(By.CSS_SELECTOR, "#detail .approval").text.count("Approve") == 0
     fields = {label.find_element(By.CSS_SELECTOR, "span").text.split(" ")[0]: label
               for label in form.find_elements(By.CSS_SELECTOR, ".answer-field")}
-    assert sorted(fields) == ["count", "env", "notes", "urgent"], sorted(fields)
+    assert sorted(fields) == ["count", "env", "notes", "priority", "urgent"], sorted(fields)
+    # An enum of numbers is a select too; the number chosen is sent as one.
+    fields["priority"].find_element(By.CSS_SELECTOR, "select").send_keys("2")
     assert fields["env"].find_elements(By.CSS_SELECTOR, "select"), "an enum is a select"
     assert fields["notes"].find_elements(By.CSS_SELECTOR, "textarea"), "long text is a text area"
     assert fields["urgent"].find_element(By.CSS_SELECTOR, "input").get_attribute("type") == "checkbox"

@@ -132,14 +132,15 @@ pub enum RunsCommand {
     },
     /// Answer a run's pending question (the only one, or APPROVAL_ID):
     /// `--text <TEXT>`, or `--json <JSON>` for a question whose schema wants
-    /// more than a string (the JSON follows the ids).
+    /// more than a string (APPROVAL_ID before or after it).
+    #[command(allow_negative_numbers = true)]
     Answer {
         /// The run (run_...).
         run_id: String,
         /// The question's approval (apr_...); needed when the run waits on several.
         approval_id: Option<String>,
-        /// With --json: the answer as JSON (when APPROVAL_ID is left out,
-        /// the argument after RUN_ID).
+        /// With --json: the answer as JSON (`--json` is also the flag for
+        /// JSON output, so its value is read as an argument of its own).
         #[arg(hide = true)]
         answer_json: Option<String>,
         /// The answer as text (a JSON string).
@@ -351,23 +352,27 @@ pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done,
                 body["decision"] = "edit".into();
                 body["arguments"] = arguments;
             }
-            out.run(&decide(&api, &run_id, approval_id, body).await?);
+            out.run(&decide(&api, &run_id, approval_id, PendingKind::Any, body).await?);
         }
         RunsCommand::Answer { run_id, approval_id, answer_json, text, comment } => {
-            // `--json` is also the flag for JSON output: with it, the last
-            // argument after the ids is the answer.
-            let (approval_id, answer) = match (text, answer_json, approval_id) {
-                (Some(text), None, approval_id) => (approval_id, Value::String(text)),
-                (None, Some(json), approval_id) if connection.json => (approval_id, parse_answer(&json)?),
-                (None, None, Some(json)) if connection.json => (None, parse_answer(&json)?),
+            // Besides RUN_ID: the approval's id (apr_...) and, with --json,
+            // the answer, in either order (JSON never reads as `apr_`).
+            let mut given: Vec<String> = [approval_id, answer_json].into_iter().flatten().collect();
+            let approval_id = given.iter().position(|arg| arg.starts_with("apr_")).map(|at| given.remove(at));
+            let answer = match (text, given.as_slice()) {
+                (Some(text), []) => Value::String(text),
+                (None, [json]) if connection.json => parse_answer(json)?,
+                (Some(_), [_, ..]) if connection.json => {
+                    return Err("give the answer with --text or with --json, not both".into());
+                }
                 _ => return Err("give the answer with --text <TEXT> or --json <JSON>".into()),
             };
             let body = json!({"decision": "answer", "answer": answer, "comment": comment});
-            out.run(&decide(&api, &run_id, approval_id, body).await?);
+            out.run(&decide(&api, &run_id, approval_id, PendingKind::Question, body).await?);
         }
         RunsCommand::Reject { run_id, approval_id, comment } => {
             let body = json!({"decision": "reject", "comment": comment});
-            out.run(&decide(&api, &run_id, approval_id, body).await?);
+            out.run(&decide(&api, &run_id, approval_id, PendingKind::Any, body).await?);
         }
         RunsCommand::Cancel { run_id } => {
             out.run(&api.post(&format!("/v1/agent/runs/{}/cancel", path_segment(&run_id)), json!({})).await?)
@@ -396,8 +401,22 @@ fn parse_answer(json: &str) -> Result<Value, Error> {
     serde_json::from_str(json).map_err(|error| format!("the answer after --json is not JSON: {error}").into())
 }
 
-/// Decides `approval_id`, or the run's only pending approval.
-async fn decide(api: &Api, run_id: &str, approval_id: Option<String>, body: Value) -> Result<Value, Error> {
+/// Which pending approvals a decision without an approval id may take.
+#[derive(Clone, Copy, PartialEq)]
+enum PendingKind {
+    Any,
+    /// An answer: only questions (`input`).
+    Question,
+}
+
+/// Decides `approval_id`, or the run's only pending approval of `kind`.
+async fn decide(
+    api: &Api,
+    run_id: &str,
+    approval_id: Option<String>,
+    kind: PendingKind,
+    body: Value,
+) -> Result<Value, Error> {
     let run_path = format!("/v1/agent/runs/{}", path_segment(run_id));
     let approval_id = match approval_id {
         Some(id) => id,
@@ -408,14 +427,16 @@ async fn decide(api: &Api, run_id: &str, approval_id: Option<String>, body: Valu
                 .into_iter()
                 .flatten()
                 .filter(|approval| approval["status"] == "pending")
+                .filter(|approval| kind == PendingKind::Any || approval["kind"] == "input")
                 .filter_map(|approval| approval["id"].as_str())
                 .collect();
+            let what = if kind == PendingKind::Question { "question" } else { "approval" };
             match pending.as_slice() {
                 [only] => (*only).to_owned(),
-                [] => return Err(format!("{run_id} has no pending approval").into()),
+                [] => return Err(format!("{run_id} has no pending {what}").into()),
                 several => {
                     return Err(format!(
-                        "{run_id} has {} pending approvals; name one: {}",
+                        "{run_id} has {} pending {what}s; name one: {}",
                         several.len(),
                         several.join(", ")
                     )

@@ -79,12 +79,11 @@ fn text(value: &Value) -> String {
 
 /// The policy, one rule per line.
 fn policy_table(policy: &Value) -> String {
-    let mut out = format!(
-        "version {}  updated {} by {}\n",
-        policy["version"],
-        text(&policy["updated_at"]),
-        text(&policy["updated_by"])
-    );
+    let mut out = match (&policy["updated_at"], &policy["updated_by"]) {
+        // The default policy: never written.
+        (Value::Null, _) => format!("version {}  (the default: never set)\n", policy["version"]),
+        (at, by) => format!("version {}  updated {} by {}\n", policy["version"], text(at), text(by)),
+    };
     out.push_str(&format!("{:<24} {:<8} {:<9} {:<16} {:<20} WHEN\n", "RULE", "EFFECT", "MODE", "AGENT", "TOOL"));
     for rule in policy["rules"].as_array().into_iter().flatten() {
         let when: Vec<String> = rule["when"]

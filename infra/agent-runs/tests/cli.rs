@@ -175,6 +175,8 @@ fn policies_are_tested_put_and_shown_from_the_command_line() {
     )
     .unwrap();
     let file = file.to_str().unwrap();
+    let default = stdout(&cli(&server, &["policies", "get"]));
+    assert!(default.starts_with("version 0  (the default: never set)\n"), "{default}");
     let tested = cli(&server, &["policies", "test", "--file", file, "--limit", "50"]);
     assert!(tested.status.success(), "{}", stderr(&tested));
     let table = stdout(&tested);
@@ -206,8 +208,12 @@ fn a_person_answers_questions_as_text_and_as_json() {
     let missing = cli(&server, &["runs", "answer", &id]);
     assert_eq!(missing.status.code(), Some(2));
     assert!(stderr(&missing).contains("--text"), "{}", stderr(&missing));
-    // A wrong answer is the API's 400, named; nothing changes.
-    let refused = cli(&server, &["runs", "answer", &id, "--json", "7"]);
+    let both = cli(&server, &["runs", "answer", &id, "--text", "a", "--json", r#""b""#]);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(stderr(&both).contains("not both"), "{}", stderr(&both));
+    // A wrong answer (a negative number is an answer, not a flag) is the
+    // API's 400, named; nothing changes.
+    let refused = cli(&server, &["runs", "answer", &id, "--json", "-7"]);
     assert_eq!(refused.status.code(), Some(2));
     assert!(stderr(&refused).contains("400") && stderr(&refused).contains("string"), "{}", stderr(&refused));
     let answered = cli(&server, &["runs", "answer", &id, "--text", "staging"]);
@@ -218,12 +224,21 @@ fn a_person_answers_questions_as_text_and_as_json() {
         run["status"] == "awaiting_approval" && run["pending_approvals"].as_array().unwrap().len() == 2
     });
     let second = run["pending_approvals"][1]["id"].as_str().unwrap();
-    let answered = cli(&server, &["runs", "answer", &id, second, "--json", r#""three""#]);
+    // The approval's id after the JSON reads as well as before it.
+    let answered = cli(&server, &["runs", "answer", &id, "--json", r#""three""#, second]);
     assert!(answered.status.success(), "{}", stderr(&answered));
     let decided: Value = serde_json::from_str(&stdout(&answered)).unwrap();
     assert_eq!(decided["pending_approvals"][1]["answer"], "three");
     let done = server.wait_for_status(&key, &id, "succeeded");
     assert_eq!(done["output"], "answered: staging\nanswered: three\ndone");
+
+    // Without an id, an answer goes only to a question: not to an action.
+    let action = json(&server, &["runs", "create", "--agent", "script", "--input", "approve Deploy"]);
+    let action_id = action["id"].as_str().unwrap().to_owned();
+    server.wait_for_status(&key, &action_id, "awaiting_approval");
+    let no_question = cli(&server, &["runs", "answer", &action_id, "--text", "yes"]);
+    assert_eq!(no_question.status.code(), Some(2));
+    assert!(stderr(&no_question).contains("has no pending question"), "{}", stderr(&no_question));
 }
 
 /// The help of `args` (a command path).

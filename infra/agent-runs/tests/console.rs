@@ -75,7 +75,8 @@ fn question_schema() -> Value {
         "env": {"enum": ["staging", "prod"]},
         "count": {"type": "integer", "minimum": 1},
         "notes": {"type": "string", "maxLength": 500},
-        "urgent": {"type": "boolean"}
+        "urgent": {"type": "boolean"},
+        "priority": {"enum": [1, 2, 3]}
     }, "required": ["env", "count"]})
 }
 
@@ -176,10 +177,13 @@ fn a_person_decides_in_the_console_in_a_real_browser() {
     assert_eq!(bodies, [r#"{"branch":"first","ratio":5e-7,"retries":2,"tiny":1.5e-300}"#, r#"{"branch":"second"}"#]);
     // The answer the form made is the one recorded, and the model read it.
     let answered = server.wait_for_status(&key, &id(&question_run), "succeeded");
-    assert_eq!(answered["pending_approvals"][0]["answer"], json!({"env": "prod", "count": 2, "urgent": true}));
+    assert_eq!(
+        answered["pending_approvals"][0]["answer"],
+        json!({"env": "prod", "count": 2, "urgent": true, "priority": 2})
+    );
     let requests = model.model_requests();
     let last_message = |request: &Value| request["messages"].as_array().unwrap().last().unwrap()["content"].clone();
-    assert_eq!(last_message(&requests[requests.len() - 3]), r#"{"count":2,"env":"prod","urgent":true}"#);
+    assert_eq!(last_message(&requests[requests.len() - 3]), r#"{"count":2,"env":"prod","priority":2,"urgent":true}"#);
     // The run continued in the console: its model saw the conversation, then the new input.
     let continued = &requests[requests.len() - 2];
     assert_eq!(last_message(continued), "Any tags to tidy too?");

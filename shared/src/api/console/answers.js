@@ -1,6 +1,7 @@
 // The form a person answers a question with, built from the question's
-// JSON Schema: a string (a select when it has `enum`, a text area when it
-// may be long), a number, an integer, a boolean, or an object of those;
+// JSON Schema: a string (a text area when it may be long), a number, an
+// integer, a boolean, a choice among an `enum` of those, or an object of
+// those;
 // raw JSON otherwise. The service checks the answer against the whole
 // schema; this checks what the form can, before sending.
 "use strict";
@@ -8,7 +9,8 @@
 // What the form can show as one field of `schema`, or null.
 function fieldKind(schema) {
   if (!schema || typeof schema !== "object") return null;
-  if (Array.isArray(schema.enum) && schema.enum.length && schema.enum.every((v) => typeof v === "string")) return "choice";
+  const scalar = (value) => ["string", "number", "boolean"].includes(typeof value);
+  if (Array.isArray(schema.enum) && schema.enum.length && schema.enum.every(scalar)) return "choice";
   if (schema.type === "string") return schema.maxLength > 200 ? "long" : "text";
   if (schema.type === "number" || schema.type === "integer" || schema.type === "boolean") return schema.type;
   return null;
@@ -23,7 +25,9 @@ function answerField(schema, label, required) {
   if (kind === "choice") {
     input = el("select", { id });
     if (!required) input.append(el("option", { value: "" }, "—"));
-    for (const option of schema.enum) input.append(el("option", { value: option }, option));
+    // Each option names its place in the enum, whose value (a string, a
+    // number or a boolean) is sent as it is.
+    schema.enum.forEach((option, index) => input.append(el("option", { value: String(index) }, String(option))));
   } else if (kind === "long") {
     input = el("textarea", { id, class: "answer-text" });
   } else if (kind === "boolean") {
@@ -36,6 +40,7 @@ function answerField(schema, label, required) {
   const read = () => {
     if (kind === "boolean") return { value: input.checked };
     const text = input.value;
+    if (kind === "choice" && text !== "") return { value: schema.enum[Number(text)] };
     if (text === "") return required ? { problem: label + " is required." } : { skip: true };
     if (kind === "number" || kind === "integer") {
       const number = Number(text);

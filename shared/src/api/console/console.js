@@ -218,7 +218,11 @@ function renderList() {
 }
 
 function inboxEntry(approval) {
-  const expires = approval.expires_at ? "expires in " + duration(Math.max(0, (Date.parse(approval.expires_at) - Date.now()) / 1000 | 0)) : "";
+  const left = (at) => duration(Math.max(0, (Date.parse(at) - Date.now()) / 1000 | 0));
+  // A veto window ends before any expiry: its end is what to say.
+  const expires = approval.auto_approves_at
+    ? "auto-approves in " + left(approval.auto_approves_at)
+    : approval.expires_at ? "expires in " + left(approval.expires_at) : "";
   return el(
     "li",
     {},
@@ -297,10 +301,10 @@ async function showRun(runId) {
 }
 
 // What decides whether the run's view must be built again: a change of
-// status, output or approvals. Anything else (an expiry warning) leaves
-// what the person is typing alone.
+// status, output or approvals (an extend moves their ends). Anything else
+// (an expiry warning) leaves what the person is typing alone.
 function signature(run) {
-  return JSON.stringify([run.id, run.status, run.output, run.error, run.pending_approvals.map((a) => [a.id, a.status, a.expires_at])]);
+  return JSON.stringify([run.id, run.status, run.output, run.error, run.pending_approvals.map((a) => [a.id, a.status, a.expires_at, a.auto_approves_at])]);
 }
 
 function renderRun(run) {
