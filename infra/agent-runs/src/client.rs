@@ -365,6 +365,9 @@ pub async fn runs(command: RunsCommand, connection: &Connection) -> Result<Done,
                 (Some(_), [_, ..]) if connection.json => {
                     return Err("give the answer with --text or with --json, not both".into());
                 }
+                (_, [other, ..]) if !connection.json => {
+                    return Err(format!("`{other}` is not an approval id (apr_...)").into());
+                }
                 _ => return Err("give the answer with --text <TEXT> or --json <JSON>".into()),
             };
             let body = json!({"decision": "answer", "answer": answer, "comment": comment});

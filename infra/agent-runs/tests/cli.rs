@@ -211,6 +211,9 @@ fn a_person_answers_questions_as_text_and_as_json() {
     let both = cli(&server, &["runs", "answer", &id, "--text", "a", "--json", r#""b""#]);
     assert_eq!(both.status.code(), Some(2));
     assert!(stderr(&both).contains("not both"), "{}", stderr(&both));
+    let typo = cli(&server, &["runs", "answer", &id, "APR_1", "--text", "a"]);
+    assert_eq!(typo.status.code(), Some(2));
+    assert!(stderr(&typo).contains("`APR_1` is not an approval id"), "{}", stderr(&typo));
     // A wrong answer (a negative number is an answer, not a flag) is the
     // API's 400, named; nothing changes.
     let refused = cli(&server, &["runs", "answer", &id, "--json", "-7"]);

@@ -21,7 +21,7 @@ use super::StoreError;
 use super::record::{StoredApproval, StoredBudget, StoredPolicyMatch, StoredThread, StoredUsage, at, millis};
 use crate::domain::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalSummary, EventData, EventText, RunSnapshot, RunStatus, ThreadLink,
-    Timestamp, ToolCompleted, canonical_json,
+    Timestamp, ToolCompleted,
 };
 use crate::views::{Shown, event_data_json};
 
@@ -302,11 +302,12 @@ struct StoredSummary {
     tool_changed: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     auto_approves_at: Option<i64>,
-    /// A question's schema and answer, as canonical JSON text.
+    /// A question's schema and answer, as JSON inside the record (as text
+    /// they would be escaped once more, up to twice their size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    input_schema: Option<String>,
+    input_schema: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    answer: Option<String>,
+    answer: Option<serde_json::Value>,
 }
 
 impl From<&RunSnapshot> for StoredSnapshot {
@@ -374,8 +375,8 @@ impl From<&ApprovalSummary> for StoredSummary {
             policy: approval.policy.as_ref().map(StoredPolicyMatch::from),
             tool_changed: approval.tool_changed,
             auto_approves_at: approval.auto_approves_at.map(millis),
-            input_schema: approval.input_schema.as_ref().map(canonical_json),
-            answer: approval.answer.as_ref().map(canonical_json),
+            input_schema: approval.input_schema.clone(),
+            answer: approval.answer.clone(),
         }
     }
 }
@@ -399,8 +400,8 @@ impl TryFrom<StoredSummary> for ApprovalSummary {
             policy: stored.policy.map(StoredPolicyMatch::read).transpose()?,
             tool_changed: stored.tool_changed,
             auto_approves_at: at(stored.auto_approves_at),
-            input_schema: stored.input_schema.map(|text| read(&text)).transpose()?,
-            answer: stored.answer.map(|text| read(&text)).transpose()?,
+            input_schema: stored.input_schema,
+            answer: stored.answer,
         })
     }
 }
@@ -557,7 +558,7 @@ mod tests {
             approvals: vec![ApprovalSummary::of(&question())],
             ..RunSnapshot::of(&run())
         }));
-        let kept = r#","input_schema":"{\"enum\":[\"staging\",\"prod\"]}","answer":"\"prod\""}"#;
+        let kept = r#","input_schema":{"enum":["staging","prod"]},"answer":"prod"}"#;
         let stored = encode_event(&asked);
         assert!(stored.contains(kept), "{stored}");
         let before = EventBody::stored(EVENT_FORMAT, stored.replace(kept, "}"));

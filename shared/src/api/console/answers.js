@@ -26,8 +26,11 @@ function answerField(schema, label, required) {
     input = el("select", { id });
     if (!required) input.append(el("option", { value: "" }, "—"));
     // Each option names its place in the enum, whose value (a string, a
-    // number or a boolean) is sent as it is.
-    schema.enum.forEach((option, index) => input.append(el("option", { value: String(index) }, String(option))));
+    // number or a boolean) is sent as it is; shown as JSON where its text
+    // alone could be taken for another option's.
+    const mixed = new Set(schema.enum.map((option) => typeof option)).size > 1;
+    const label = (option) => (mixed || option === "" ? JSON.stringify(option) : String(option));
+    schema.enum.forEach((option, index) => input.append(el("option", { value: String(index) }, label(option))));
   } else if (kind === "long") {
     input = el("textarea", { id, class: "answer-text" });
   } else if (kind === "boolean") {
