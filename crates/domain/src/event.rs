@@ -14,6 +14,15 @@ use super::{
 /// to this many bytes, on a character boundary, and flagged.
 pub const EVENT_TEXT_BYTES: usize = 4 * 1024;
 
+/// A run in an event keeps its approvals' texts (actions cut as event
+/// texts, comments, questions' schemas and answers) while together, as
+/// JSON, they take at most this; past it every approval keeps its action
+/// and comment cut to [`SHORT_APPROVAL_TEXT_BYTES`] and no schema or
+/// answer, flagged. So the event that ends a run always fits a store's
+/// item (DynamoDB's 400 KB), whatever texts its 50 approvals had.
+pub const SNAPSHOT_APPROVAL_TEXT_BYTES: usize = 128 * 1024;
+pub const SHORT_APPROVAL_TEXT_BYTES: usize = 128;
+
 /// A text as an event keeps it: at most [`EVENT_TEXT_BYTES`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventText {
@@ -23,12 +32,29 @@ pub struct EventText {
 
 impl EventText {
     pub fn new(text: &str) -> Self {
-        if text.len() <= EVENT_TEXT_BYTES {
+        Self::cut(text, EVENT_TEXT_BYTES)
+    }
+
+    /// `text` cut to at most `bytes`, on a character boundary.
+    fn cut(text: &str, bytes: usize) -> Self {
+        if text.len() <= bytes {
             return EventText { text: text.to_owned(), truncated: false };
         }
-        let end = (0..=EVENT_TEXT_BYTES).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
+        let end = (0..=bytes).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
         EventText { text: text[..end].to_owned(), truncated: true }
     }
+}
+
+/// The bytes `text` takes inside a JSON string, escapes counted (a control
+/// character takes six).
+fn json_text_bytes(text: &str) -> usize {
+    text.chars()
+        .map(|c| match c {
+            '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        })
+        .sum()
 }
 
 /// Every event type a run's log can hold.
@@ -151,7 +177,7 @@ impl RunSnapshot {
             input: EventText::new(&run.input),
             output: run.output.as_deref().map(EventText::new),
             error: run.error.as_deref().map(EventText::new),
-            approvals: run.approvals.iter().map(ApprovalSummary::of).collect(),
+            approvals: ApprovalSummary::all_of(&run.approvals),
             metadata: run.metadata.clone(),
             created_by: run.created_by,
             created_at: run.created_at,
@@ -174,6 +200,34 @@ impl RunSnapshot {
 }
 
 impl ApprovalSummary {
+    /// The approvals of a run, shortened together past
+    /// [`SNAPSHOT_APPROVAL_TEXT_BYTES`].
+    fn all_of(approvals: &[Approval]) -> Vec<Self> {
+        let mut summaries: Vec<Self> = approvals.iter().map(Self::of).collect();
+        if summaries.iter().map(Self::text_bytes).sum::<usize>() > SNAPSHOT_APPROVAL_TEXT_BYTES {
+            summaries.iter_mut().for_each(Self::shorten);
+        }
+        summaries
+    }
+
+    /// What its texts take as JSON.
+    fn text_bytes(&self) -> usize {
+        let json = |value: &serde_json::Value| super::canonical_json(value).len();
+        json_text_bytes(&self.action.text)
+            + self.comment.as_deref().map_or(0, json_text_bytes)
+            + self.input_schema.as_ref().map_or(0, json)
+            + self.answer.as_ref().map_or(0, json)
+    }
+
+    /// Its action and comment cut short, no schema or answer: flagged as
+    /// cut whether or not the action itself was longer.
+    fn shorten(&mut self) {
+        self.action = EventText { truncated: true, ..EventText::cut(&self.action.text, SHORT_APPROVAL_TEXT_BYTES) };
+        self.comment = self.comment.as_deref().map(|comment| EventText::cut(comment, SHORT_APPROVAL_TEXT_BYTES).text);
+        self.input_schema = None;
+        self.answer = None;
+    }
+
     pub fn of(approval: &Approval) -> Self {
         ApprovalSummary {
             id: approval.id,

@@ -541,6 +541,46 @@ mod tests {
         }
     }
 
+    /// The event that ends a run fits a store's item (DynamoDB's 400 KB)
+    /// whatever its texts: 50 approvals of the longest questions and
+    /// comments, in control characters (six bytes each in JSON), the
+    /// longest input and metadata. A run with few approvals keeps their
+    /// texts whole.
+    #[test]
+    fn the_event_that_ends_a_run_fits_an_item_whatever_its_texts() {
+        let control = |chars: usize| "\u{1}".repeat(chars);
+        let mut run = run();
+        run.input = control(64 * 1024);
+        run.output = Some(control(64 * 1024));
+        run.metadata = (0..16).map(|key| (format!("{key:0>64}"), control(512))).collect();
+        run.approvals = (0..50)
+            .map(|n| Approval {
+                action: control(crate::domain::MAX_QUESTION_CHARS),
+                comment: Some(control(1_000)),
+                ..if n % 2 == 0 { question() } else { approval(n, true) }
+            })
+            .collect();
+        let ended = EventData::RunSucceeded(Box::new(RunSnapshot::of(&run)));
+        for format in [EventFormat::Record, EventFormat::Rendered] {
+            let stored = EventBody::written(&ended, format, Shown { trace_ids: true }).text().len();
+            assert!(stored < 300_000, "{stored} bytes");
+        }
+        let shown: serde_json::Value = serde_json::from_str(&event_data_json(&ended, Shown::default())).unwrap();
+        let first = &shown["pending_approvals"][0];
+        assert_eq!((shown["truncated"].as_bool(), &first["answer"]), (Some(true), &serde_json::Value::Null));
+        assert_eq!(first["action"].as_str().map(str::len), Some(crate::domain::SHORT_APPROVAL_TEXT_BYTES));
+
+        run.approvals.truncate(3);
+        let whole: serde_json::Value = serde_json::from_str(&event_data_json(
+            &EventData::RunSucceeded(Box::new(RunSnapshot::of(&run))),
+            Shown::default(),
+        ))
+        .unwrap();
+        assert_eq!(whole["pending_approvals"][0]["action"].as_str().map(str::len), Some(2_000));
+        assert_eq!(whole["pending_approvals"][0]["answer"], "prod");
+        assert_eq!(whole["pending_approvals"][0]["comment"].as_str().map(str::len), Some(1_000));
+    }
+
     /// The stored format is this text: changing it must be a new format.
     #[test]
     fn the_stored_format_is_fixed() {
