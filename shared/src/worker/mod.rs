@@ -79,8 +79,10 @@ enum Refused {
 /// transaction (DynamoDB takes at most 100 items); and the run keeps every
 /// approval with its action and comment (a question up to 8 KB, a comment
 /// up to 4 KB), which must fit in its item (400 KB on DynamoDB) with its
-/// input, output and arguments. (The events that embed the run cut them
-/// past `SNAPSHOT_APPROVAL_TEXT_BYTES`.)
+/// input, output and arguments. Nothing checks that sum: 50 of the longest
+/// questions in four-byte characters with the longest comments would not
+/// fit, and the write that would pass it is refused. (The events that
+/// embed the run cut them past `SNAPSHOT_APPROVAL_TEXT_BYTES`.)
 pub const MAX_APPROVALS_PER_RUN: usize = 50;
 
 /// Events the agent produced are written at the latest this long after
