@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::domain::{
     ApprovalId, ApprovalStatus, Budget, Changed, Clock, DecideOutcome, DecisionRequest, ExecutionPolicy, IdGenerator,
-    KeyId, Owner, Resolver, Run, RunId, RunTrace, Timestamp, TransitionError,
+    KeyId, Owner, Resolver, Run, RunId, RunTrace, Timestamp, TransitionError, check_answer,
 };
 use crate::error_chain;
 use crate::queue::{QueueError, RunMessage, RunQueue};
@@ -40,6 +40,11 @@ pub struct Lifecycle {
     /// [`Lifecycle::send_decided`]).
     recent_sends: Mutex<HashMap<(RunId, u64), Timestamp>>,
 }
+
+/// How long an answer may take to check against its question's schema (a
+/// model may have written it). The check runs off the threads that answer
+/// requests; past this the answer is refused.
+const ANSWER_CHECK_DEADLINE: Duration = Duration::from_secs(2);
 
 /// A run is sent again for a repeated decision at most this often by one
 /// process: repeating a decision cannot flood the queue.
@@ -151,6 +156,33 @@ pub enum DecideRefused {
     /// The approval had expired: it is now, and the run has failed.
     Expired,
     Transition(TransitionError),
+}
+
+/// An answer checked against its question's schema as the caller read it,
+/// on a blocking thread and within [`ANSWER_CHECK_DEADLINE`], before any
+/// write (the decision's own check, on the run read afresh, then finds the
+/// schema compiled).
+async fn check_answer_aside(
+    read: &Run,
+    approval_id: ApprovalId,
+    request: &DecisionRequest,
+) -> Result<(), ChangeError<DecideRefused>> {
+    let asked = read.approvals.iter().find(|approval| approval.id == approval_id);
+    let (Some(schema), Some(answer)) =
+        (asked.and_then(|approval| approval.input_schema.clone()), request.decision.answer().cloned())
+    else {
+        return Ok(());
+    };
+    let refused = |problem: String| ChangeError::Refused(DecideRefused::Transition(TransitionError::AnswerRefused(problem)));
+    let checking = tokio::task::spawn_blocking(move || check_answer(&schema, &answer));
+    match tokio::time::timeout(ANSWER_CHECK_DEADLINE, checking).await {
+        Ok(Ok(checked)) => checked.map_err(refused),
+        Ok(Err(failed)) => Err(ChangeError::Store(StoreError::Defect(format!("the answer check failed: {failed}")))),
+        Err(_) => Err(refused(format!(
+            "The answer could not be checked against the question's schema within {} seconds.",
+            ANSWER_CHECK_DEADLINE.as_secs()
+        ))),
+    }
 }
 
 impl Lifecycle {
@@ -319,6 +351,7 @@ impl Lifecycle {
         request: DecisionRequest,
     ) -> Result<Run, ChangeError<DecideRefused>> {
         let (owner, run_id) = (read.owner.clone(), read.id);
+        check_answer_aside(&read, approval_id, &request).await?;
         let mut writes = WritesSeen::default();
         let (run, outcome) = change_run(self.runs.as_ref(), &owner, run_id, Some(read), |run| {
             writes.next_attempt();

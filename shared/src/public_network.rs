@@ -142,9 +142,32 @@ impl Resolve for PublicAddressResolver {
     }
 }
 
+/// Whether `url`'s host resolves, and only to addresses that are not
+/// public: a connection to it would be refused by the resolver, and this
+/// says why in words before one is tried (the MCP client's errors do not
+/// carry the resolver's reason). A name that does not resolve is `false`:
+/// the connection reports it.
+pub async fn resolves_only_to_private(url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(url) else { return false };
+    let Some(host) = url.host_str() else { return false };
+    let bare = host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')).unwrap_or(host);
+    match tokio::net::lookup_host((bare, url.port_or_known_default().unwrap_or(0))).await {
+        Ok(resolved) => only_public(resolved).is_err(),
+        Err(_) => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_name_that_resolves_only_to_this_machine_is_told_apart() {
+        assert!(resolves_only_to_private("http://localhost:9/mcp").await);
+        assert!(resolves_only_to_private("http://127.0.0.1:9/mcp").await);
+        assert!(!resolves_only_to_private("http://no-such-name.invalid/mcp").await);
+        assert!(!resolves_only_to_private("http://8.8.8.8/mcp").await);
+    }
 
     fn public(text: &str) -> bool {
         is_public(text.parse().unwrap())

@@ -337,6 +337,8 @@ pub fn event_data_json(data: &EventData, shown: Shown) -> String {
             if let Some(server) = &call.mcp_server {
                 data["mcp_server"] = server.as_str().into();
             }
+            // A `log_only` rule that matched a call no one was asked about.
+            data["policy"] = serde_json::json!(call.policy.as_ref().map(PolicyView::from));
             serde_json::to_string(&data)
         }
         EventData::ContextTruncated { dropped_turns, dropped_bytes } => serde_json::to_string(

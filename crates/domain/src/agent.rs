@@ -305,7 +305,7 @@ impl AgentDefinition {
             if tool.parameters.get("type").and_then(|kind| kind.as_str()) != Some("object") {
                 return fail(format!("{label}: `parameters` must be a JSON Schema with \"type\": \"object\"."));
             }
-            if let Err(error) = jsonschema::validator_for(&tool.parameters) {
+            if let Err(error) = super::compile_schema(&tool.parameters) {
                 return fail(format!("{label}: `parameters` is not a valid JSON Schema: {error}"));
             }
             if !(1..=MAX_TOOL_TIMEOUT_MS).contains(&tool.timeout_ms) {
@@ -331,6 +331,11 @@ impl AgentDefinition {
                 if self.separate_approver {
                     return fail(format!(
                         "{label}: `auto_approve_after_secs` cannot be used with `separate_approver = true`: a second person must decide, so nobody's silence may."
+                    ));
+                }
+                if tool.always_ask {
+                    return fail(format!(
+                        "{label}: `auto_approve_after_secs` cannot be used with `always_ask = true`: a person must decide, so nobody's silence may."
                     ));
                 }
             }
@@ -444,6 +449,11 @@ mod tests {
             let error = parse(document).unwrap_err();
             assert!(error.contains("auto_approve_after_secs") && error.contains(expected), "{error}");
         }
+        let mut document = definition();
+        document["tools"][0]["auto_approve_after_secs"] = serde_json::json!(900);
+        document["tools"][0]["requires_approval"] = serde_json::json!(true);
+        document["tools"][0]["always_ask"] = serde_json::json!(true);
+        assert!(parse(document).unwrap_err().contains("`always_ask = true`: a person must decide"));
         let mut document = definition();
         document["tools"][0]["auto_approve_after_secs"] = serde_json::json!(900);
         document["tools"][0]["requires_approval"] = serde_json::json!(true);

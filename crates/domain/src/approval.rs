@@ -134,6 +134,17 @@ pub enum RuleDecision {
 }
 
 impl ApprovalRequest {
+    /// The veto window the approval gets: none when a rule decided the call
+    /// already, or when an `enforce` rule said a person must (`ask`), which
+    /// nobody's silence may stand in for.
+    pub fn veto_window(&self) -> Option<std::time::Duration> {
+        let person_must = self
+            .policy
+            .as_ref()
+            .is_some_and(|policy| policy.effect == crate::Effect::Ask && policy.mode == crate::RuleMode::Enforce);
+        self.auto_approve_after.filter(|_| self.decided.is_none() && !person_must)
+    }
+
     pub fn action(action: impl Into<String>) -> Self {
         ApprovalRequest {
             action: action.into(),
@@ -237,7 +248,7 @@ impl Decision {
         }
     }
 
-    pub(super) fn answer(&self) -> Option<&Value> {
+    pub fn answer(&self) -> Option<&Value> {
         match self {
             Decision::Answer(answer) => Some(answer),
             _ => None,

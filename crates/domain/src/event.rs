@@ -261,6 +261,9 @@ pub struct ToolCompleted {
     pub result: EventText,
     /// The MCP server of an MCP tool (whose `tool` is `<server>__<name>`).
     pub mcp_server: Option<String>,
+    /// For a call made with no approval: the first matching `log_only`
+    /// rule, with what it would have done.
+    pub policy: Option<crate::PolicyMatch>,
 }
 
 impl EventData {
@@ -376,6 +379,7 @@ mod tests {
                 duration_ms: 0,
                 result: text,
                 mcp_server: None,
+                policy: None,
             })),
             EventData::ContextTruncated { dropped_turns: 1, dropped_bytes: 2 },
         ];

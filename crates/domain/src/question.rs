@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{canonical_json, check_exact_numbers};
+use super::{canonical_json, check_exact_numbers, compile_schema};
 
 /// The schema of a question asked without one: any string.
 pub fn default_input_schema() -> Value {
@@ -64,9 +64,7 @@ pub fn check_input_schema(schema: &Value) -> Result<(), String> {
     if let Some(problem) = refused_part(schema, 0) {
         return Err(problem);
     }
-    jsonschema::validator_for(schema)
-        .map(|_| ())
-        .map_err(|error| format!("The answer schema is not a valid JSON Schema: {error}"))
+    compile_schema(schema).map(|_| ()).map_err(|error| format!("The answer schema is not a valid JSON Schema: {error}"))
 }
 
 /// Whether `answer` satisfies `schema`; else what is wrong and where
@@ -77,18 +75,12 @@ pub fn check_answer(schema: &Value, answer: &Value) -> Result<(), String> {
     }
     check_exact_numbers(answer)?;
     // A stored schema was checked when it was asked.
-    let validator =
-        jsonschema::validator_for(schema).map_err(|_| "The question's schema cannot be read.".to_owned())?;
-    let problems: Vec<String> = validator
-        .iter_errors(answer)
-        .take(MAX_PROBLEMS)
-        .map(|error| {
-            let at = error.instance_path().to_string();
-            let problem = if at.is_empty() { error.to_string() } else { format!("at {at}: {error}") };
-            match problem.char_indices().nth(MAX_PROBLEM_CHARS) {
-                Some((cut, _)) => format!("{}…", &problem[..cut]),
-                None => problem,
-            }
+    let validator = compile_schema(schema).map_err(|_| "The question's schema cannot be read.".to_owned())?;
+    let problems: Vec<String> = validator.problems(answer, MAX_PROBLEMS)
+        .into_iter()
+        .map(|problem| match problem.char_indices().nth(MAX_PROBLEM_CHARS) {
+            Some((cut, _)) => format!("{}…", &problem[..cut]),
+            None => problem,
         })
         .collect();
     if problems.is_empty() {

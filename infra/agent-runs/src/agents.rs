@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use agent_runs_shared::agents::llm::{DEFAULT_MAX_CHECKPOINT_BYTES, EnvLookup, LlmRuntime, pin};
-use agent_runs_shared::domain::{AgentDefinition, Clock, SystemClock};
+use agent_runs_shared::agents::llm::{DEFAULT_MAX_CHECKPOINT_BYTES, EnvLookup, LlmRuntime, offered, pin};
+use agent_runs_shared::domain::{AgentDefinition, Clock, SystemClock, compile_schema};
 use agent_runs_shared::public_network;
 use clap::Subcommand;
 
@@ -86,21 +86,30 @@ pub async fn pin_mcp_servers(definition: &mut AgentDefinition) -> Result<(), Err
             .into());
         }
         let listed = pin(server, &http, &env).await.map_err(|why| why.0)?;
-        let offered: Vec<String> = listed
+        // What a run offers, judged as a run judges it.
+        let tools = offered(server, listed.clone());
+        let names: Vec<String> = tools
             .iter()
-            .filter(|tool| server.offers(&tool.name))
             .map(|tool| {
-                let gated = server.require_approval.requires_approval(tool.read_only);
-                format!("{}{}", server.tool_name(&tool.name), if gated { " (approval)" } else { "" })
+                let gated = if tool.definition.requires_approval { " (approval)" } else { "" };
+                format!("{}{gated}", tool.definition.name)
             })
             .collect();
         eprintln!(
             "Pinned {} tools of MCP server `{}`; the model is offered {}: {}.",
             listed.len(),
             server.name,
-            offered.len(),
-            offered.join(", ")
+            names.len(),
+            names.join(", ")
         );
+        let is_offered = |name: &str| tools.iter().any(|tool| tool.mcp.as_ref().is_some_and(|mcp| mcp.tool == name));
+        for left_out in listed.iter().filter(|tool| server.offers(&tool.name) && !is_offered(&tool.name)) {
+            let why = match compile_schema(&left_out.input_schema) {
+                Err(problem) => format!("its input schema cannot be used: {problem}"),
+                Ok(_) => "its full name is not one models accept".to_owned(),
+            };
+            eprintln!("MCP server `{}`: the tool `{}` is not offered: {why}.", server.name, left_out.name);
+        }
         if let Some(tools) = &server.tools {
             for missing in tools.iter().filter(|name| !listed.iter().any(|tool| &tool.name == *name)) {
                 eprintln!("MCP server `{}` lists no tool `{missing}` (in its `tools`).", server.name);

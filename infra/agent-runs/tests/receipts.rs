@@ -69,6 +69,15 @@ fn an_approved_call_carries_a_receipt_that_pyjwt_and_jose_verify(target: Target)
     assert_eq!(jwks.headers["cache-control"], "public, max-age=300");
     let unknown = server.send(server.request("GET", "/.well-known/jwks.json?kid=x"));
     assert_eq!((unknown.status, &unknown.body["error"]["param"]), (400, &json!("kid")), "{}", unknown.body);
+    // Both keyless documents are read with HEAD too, as the console is.
+    for path in ["/.well-known/jwks.json", "/v1/openapi.json"] {
+        let head = server.request("HEAD", path).send().unwrap();
+        assert_eq!(head.status(), 200, "HEAD {path}");
+        assert_eq!(head.headers()["content-type"], "application/json", "HEAD {path}");
+        assert!(head.text().unwrap().is_empty(), "HEAD {path} has no body");
+        let post = server.send(server.request("POST", path));
+        assert_eq!((post.status, post.header("allow")), (405, Some("GET, HEAD")), "POST {path}");
+    }
 
     let file = server.dir.path().join("janitor.toml");
     std::fs::write(&file, support::janitor_definition(&model.url, "")).unwrap();

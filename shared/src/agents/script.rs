@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{Agent, Step, StepInput};
-use crate::domain::{ApprovalRequest, ApprovalStatus, EventData, answer_text, default_input_schema};
+use crate::domain::{ApprovalRequest, ApprovalStatus, EventData, MAX_QUESTION_CHARS, answer_text, default_input_schema};
 
 pub const MAX_SLEEP_MS: u64 = 60_000;
 /// A long sleep is taken in slices so a cancel is noticed between them.
@@ -45,6 +45,11 @@ fn parse_line(raw: &str, line_number: usize) -> Result<Option<Command<'_>>, Stri
         "approve" if !rest.trim().is_empty() => Command::Approve(rest),
         "approve" => {
             return Err(format!("line {line_number}: `approve` needs the action to approve."));
+        }
+        "ask" if rest.chars().count() > MAX_QUESTION_CHARS => {
+            return Err(format!(
+                "line {line_number}: `ask` takes a question of at most {MAX_QUESTION_CHARS} characters, as `ask_human` does."
+            ));
         }
         "ask" if !rest.trim().is_empty() => Command::Ask(rest),
         "ask" => return Err(format!("line {line_number}: `ask` needs the question to ask.")),
@@ -222,6 +227,9 @@ mod tests {
         assert!(parse("sleep").is_err());
         assert!(parse("approve").is_err());
         assert!(parse("ask  ").unwrap_err().contains("question"));
+        let long = format!("ask {}", "?".repeat(MAX_QUESTION_CHARS + 1));
+        assert!(parse(&long).unwrap_err().contains("at most 2000 characters"));
+        assert!(parse(&format!("ask {}", "?".repeat(MAX_QUESTION_CHARS))).is_ok());
         assert!(parse("SAY hi").is_err());
         assert_eq!(parse("sleep 60000").unwrap(), vec![Command::Sleep(60_000)]);
     }

@@ -264,9 +264,7 @@ impl Api {
         }
         if request.uri().path() == openapi::PATH {
             // The API's description needs no key.
-            if request.method() != Method::GET {
-                return Err(ApiError::MethodNotAllowed { allow: "GET".into() });
-            }
+            keyless_read(request.method())?;
             query::no_query(request.uri().query())?;
             let mut response = http::Response::new(self.openapi.clone());
             response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -274,9 +272,7 @@ impl Api {
         }
         if request.uri().path() == JWKS_PATH {
             // The keys a tool checks receipts with need no key either.
-            if request.method() != Method::GET {
-                return Err(ApiError::MethodNotAllowed { allow: "GET".into() });
-            }
+            keyless_read(request.method())?;
             query::no_query(request.uri().query())?;
             let keys = match &self.signing_keys {
                 Some(keys) => keys.keys().await.map_err(|error| ApiError::Unavailable(Box::new(error)))?,
@@ -396,6 +392,17 @@ enum Serving {
     One(Operation),
     /// The `$default` route: `404` and `405` only.
     Nothing,
+}
+
+/// A document served without a key (the OpenAPI document, the JWKS) is
+/// read with GET or HEAD, as the console is; the HTTP layer sends a HEAD's
+/// headers alone.
+fn keyless_read(method: &Method) -> Result<(), ApiError> {
+    if method == Method::GET || method == Method::HEAD {
+        Ok(())
+    } else {
+        Err(ApiError::MethodNotAllowed { allow: "GET, HEAD".into() })
+    }
 }
 
 fn not_found_path() -> ApiError {

@@ -1,6 +1,11 @@
 //! `/v1/policies`: the owner's approval policy, replaced whole, and
 //! candidate rules tried on the calls people decided.
 
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use serde_json::{Value, json};
@@ -10,12 +15,47 @@ use super::query::no_query;
 use super::response::json_response;
 use super::{ApiError, ApiResponse};
 use crate::auth::Principal;
-use crate::domain::{Policy, RuleError, parse_rules, replay};
+use crate::domain::{Owner, Policy, ReplayStopped, RuleError, parse_rules, replay};
 use crate::store::PolicyStore;
 
 /// Calls a test replays when it names no `limit`, and the most it may.
 const DEFAULT_TEST_LIMIT: u64 = 1_000;
 const MAX_TEST_LIMIT: u64 = 10_000;
+/// The longest a test may work: past it, it stops and says so.
+const MAX_TEST_WORK: Duration = Duration::from_secs(10);
+
+/// Owners with a test at work in this process: one at a time each, so a
+/// client cannot fill the cores with tests. (A Lambda instance serves one
+/// request at a time anyway.)
+static TESTING: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// An owner's test at work; dropped when its answer is sent or its client
+/// left (the handler's future dropped), which stops the replay.
+struct TestAtWork {
+    owner: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl TestAtWork {
+    fn start(owner: &Owner) -> Result<TestAtWork, ApiError> {
+        let owner = owner.to_string();
+        if !TESTING.lock().unwrap_or_else(PoisonError::into_inner).insert(owner.clone()) {
+            return Err(ApiError::RateLimited {
+                message: "Another policy test of this owner is still at work: wait for its answer, then test again."
+                    .into(),
+                retry_after_secs: 1,
+            });
+        }
+        Ok(TestAtWork { owner, stop: Arc::new(AtomicBool::new(false)) })
+    }
+}
+
+impl Drop for TestAtWork {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        TESTING.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.owner);
+    }
+}
 
 fn rule_error(error: RuleError) -> ApiError {
     let message = format!("`{}` {}.", error.param, error.message);
@@ -103,11 +143,27 @@ pub(super) async fn test(
         })?,
     };
     let rules = parse_rules(&Value::Object(body)).map_err(rule_error)?;
+    let at_work = TestAtWork::start(&principal.owner)?;
     let history = policies.decided_calls(&principal.owner, limit as usize).await?;
-    // Up to 10,000 calls times 200 rules: off the threads that answer requests.
-    let replay = tokio::task::spawn_blocking(move || replay(rules, &history))
-        .await
-        .map_err(|error| ApiError::Internal(Box::new(error)))?;
+    let (stop, total) = (at_work.stop.clone(), history.len());
+    // Up to 10,000 calls times 200 rules: off the threads that answer
+    // requests, within MAX_TEST_WORK, and not past its client's leaving.
+    let replay = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + MAX_TEST_WORK;
+        replay(rules, &history, || !stop.load(Ordering::Relaxed) && Instant::now() < deadline)
+    })
+    .await
+    .map_err(|error| ApiError::Internal(Box::new(error)))?
+    .map_err(|ReplayStopped { evaluated }| {
+        ApiError::invalid(
+            "limit",
+            format!(
+                "The test stopped after {} seconds, having replayed {evaluated} of {total} calls: test fewer calls (`limit`) or fewer `matches` conditions.",
+                MAX_TEST_WORK.as_secs()
+            ),
+        )
+    })?;
+    drop(at_work);
     let disagreements: Vec<Value> = replay
         .disagreements
         .iter()

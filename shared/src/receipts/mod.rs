@@ -126,8 +126,12 @@ impl LocalKey {
     }
 
     /// The key in `path` (PKCS#8, DER), made there with mode 0600 when the
-    /// file does not exist.
-    pub fn open_or_create(path: &Path) -> Result<Self, SignError> {
+    /// file does not exist. `made_before`: this store signed with a key
+    /// before, so a missing file is a lost key (said loudly: receipts
+    /// signed with it no longer verify), not a first start. A key file
+    /// others may read is made private (or refused when it cannot be); a
+    /// `.previous` that is no key is left out of the JWKS, and said.
+    pub fn open_or_create(path: &Path, made_before: bool) -> Result<Self, SignError> {
         let failed = |what: &str, error: std::io::Error| SignError(format!("{what} {}: {error}", path.display()));
         let pkcs8 = match std::fs::read(path) {
             Ok(pkcs8) => pkcs8,
@@ -138,16 +142,32 @@ impl LocalKey {
                     std::io::ErrorKind::AlreadyExists => Ok(()),
                     _ => Err(failed("cannot create the signing key", error)),
                 })?;
+                if made_before {
+                    tracing::error!(
+                        path = %path.display(),
+                        "the receipt signing key was missing, though this database was used before: a new key was made, and receipts signed with the old one no longer verify; put the old key back as this file's `.previous` to keep them verifiable"
+                    );
+                }
                 std::fs::read(path).map_err(|error| failed("cannot read the signing key", error))?
             }
             Err(error) => return Err(failed("cannot read the signing key", error)),
         };
-        warn_if_readable_by_others(path);
+        make_private(path)?;
         let (pair, key) = pair(&pkcs8).map_err(|SignError(why)| {
             SignError(format!("{why} ({}: move it aside to make a new key)", path.display()))
         })?;
-        let previous = match std::fs::read(previous_path(path)) {
-            Ok(old) => Some(self::pair(&old)?.1),
+        let previous_path = previous_path(path);
+        let previous = match std::fs::read(&previous_path) {
+            Ok(old) => match self::pair(&old) {
+                Ok((_, old)) => {
+                    make_private(&previous_path)?;
+                    Some(old)
+                }
+                Err(SignError(why)) => {
+                    tracing::error!(path = %previous_path.display(), "{why}: the previous receipt key is left out of the JWKS, so receipts it signed no longer verify");
+                    None
+                }
+            },
             Err(_) => None,
         };
         Ok(LocalKey { pair, key, previous })
@@ -182,17 +202,25 @@ fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     linked
 }
 
-/// Warns when others may read the key file (a backup restored loosely).
-fn warn_if_readable_by_others(path: &Path) {
+/// A key file others may read (a backup restored loosely) made readable by
+/// its owner alone, and said; refused when that cannot be done.
+fn make_private(path: &Path) -> Result<(), SignError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        if let Ok(metadata) = std::fs::metadata(path)
-            && metadata.permissions().mode() & 0o077 != 0
-        {
-            tracing::warn!(path = %path.display(), "the receipt signing key may be read by others; make it mode 0600");
+        let metadata = std::fs::metadata(path)
+            .map_err(|error| SignError(format!("cannot read the signing key {}: {error}", path.display())))?;
+        if metadata.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|error| {
+                SignError(format!(
+                    "the signing key {} may be read by others and cannot be made private ({error}): make it mode 0600",
+                    path.display()
+                ))
+            })?;
+            tracing::warn!(path = %path.display(), "the receipt signing key could be read by others; it is mode 0600 now");
         }
     }
+    Ok(())
 }
 
 #[async_trait]
@@ -299,23 +327,35 @@ mod tests {
     async fn a_key_file_is_made_private_reused_and_its_predecessor_stays_published() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.signing-key");
-        let first = LocalKey::open_or_create(&path).unwrap();
+        let first = LocalKey::open_or_create(&path, false).unwrap();
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
             assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         }
-        let again = LocalKey::open_or_create(&path).unwrap();
+        let again = LocalKey::open_or_create(&path, true).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "a key others could read is made private");
+        }
         assert_eq!(first.key, again.key, "reused across restarts");
         assert_eq!(again.keys().await.unwrap().len(), 1);
         std::fs::rename(&path, previous_path(&path)).unwrap();
-        let rotated = LocalKey::open_or_create(&path).unwrap();
+        let rotated = LocalKey::open_or_create(&path, true).unwrap();
         let keys = rotated.keys().await.unwrap();
         assert_eq!(keys.len(), 2);
         assert_ne!(keys[0].kid, first.key.kid);
         assert_eq!(keys[1], first.key);
+        // A previous key that is no key is left out, not a reason to stop.
+        std::fs::write(previous_path(&path), b"not a key").unwrap();
+        let without = LocalKey::open_or_create(&path, true).unwrap();
+        assert_eq!(without.keys().await.unwrap(), vec![rotated.key.clone()]);
         std::fs::write(&path, b"not a key").unwrap();
-        assert!(LocalKey::open_or_create(&path).is_err());
+        let Err(SignError(error)) = LocalKey::open_or_create(&path, true) else { panic!("a file that is no key") };
+        assert!(error.contains(&path.display().to_string()), "{error}");
     }
 
     #[tokio::test]

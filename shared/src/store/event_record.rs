@@ -127,6 +127,7 @@ fn encode_event(data: &EventData) -> String {
             duration_ms: call.duration_ms,
             result: (&call.result).into(),
             mcp_server: call.mcp_server.clone(),
+            policy: call.policy.as_ref().map(StoredPolicyMatch::from),
         }),
     };
     // Strings, numbers and maps of them: encoding cannot fail.
@@ -174,6 +175,7 @@ fn decode_event(kind: &str, text: &str) -> Result<EventData, StoreError> {
                 duration_ms: call.duration_ms,
                 result: call.result.into(),
                 mcp_server: call.mcp_server,
+                policy: call.policy.map(StoredPolicyMatch::read).transpose()?,
             }))
         }
         "context.truncated" => {
@@ -250,6 +252,8 @@ struct StoredToolCall {
     result: StoredText,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mcp_server: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy: Option<StoredPolicyMatch>,
 }
 
 /// A [`RunSnapshot`]; times are milliseconds since the Unix epoch.
@@ -514,6 +518,12 @@ mod tests {
                 duration_ms: 12,
                 result: text,
                 mcp_server: Some("github".into()),
+                policy: Some(PolicyMatch {
+                    rule: "watch".into(),
+                    effect: crate::domain::Effect::Deny,
+                    mode: crate::domain::RuleMode::LogOnly,
+                    version: 3,
+                }),
             })),
             EventData::ContextTruncated { dropped_turns: 3, dropped_bytes: 12_345 },
         ]

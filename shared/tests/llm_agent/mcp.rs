@@ -84,7 +84,8 @@ async fn read_only_tool_runs_without_a_person(flags: &[&str]) {
     let received = &server.received()[0];
     assert_eq!(received["authorization"], "Bearer issues-token", "headers_from_env: {received}");
     assert_eq!(received["receipt"], Value::Null, "no approval, no receipt");
-    assert!(received["protocol_version"].as_str().is_some_and(|version| version >= "2025-03-26"), "{received}");
+    // The newest version with a handshake, never the SDK's draft.
+    assert_eq!(received["protocol_version"], "2025-11-25", "{received}");
     // The client declares no sampling, elicitation or roots: the server may ask nothing of it.
     if flags.is_empty() {
         assert!(received["capabilities"].is_object(), "declared in the handshake: {received}");
@@ -311,7 +312,29 @@ async fn a_server_that_cannot_be_used_fails_the_run_naming_it() {
             let _ = stream.write_all(answer.as_bytes()).await;
         }
     });
+    // A server that refuses the handshake says how: credentials (401) are
+    // not a protocol mismatch (400).
+    let mut refusing = Vec::new();
+    for status in ["401 Unauthorized", "400 Bad Request"] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        refusing.push(listener.local_addr().unwrap().port());
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let body = "Missing MCP-Protocol-Version header";
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+    }
     let cases = [
+        (format!("http://127.0.0.1:{}/mcp", refusing[0]), true, "refused our credentials (HTTP 401)"),
+        (format!("http://127.0.0.1:{}/mcp", refusing[1]), true, "answered the MCP handshake with HTTP 400"),
         (format!("http://127.0.0.1:{closed}/mcp"), true, "could not be reached"),
         (format!("http://127.0.0.1:{silent_port}/mcp"), true, "did not answer within 700 ms"),
         (format!("http://127.0.0.1:{redirect_port}/mcp"), true, "could not be"),

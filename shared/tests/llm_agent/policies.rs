@@ -137,6 +137,38 @@ pub(super) async fn log_only_rules_are_recorded_and_ask_rules_gate_any_tool() {
     assert!(!matches!(decided.approvals[1].resolved_by, Some(Resolver::Policy(_))), "a person decided it");
 }
 
+/// A `log_only` rule on a tool that needs no approval decides nothing and
+/// asks no one, but the call's `tool.completed` names it, with what it
+/// would have done: a deny is seen on the calls it would stop.
+#[tokio::test]
+pub(super) async fn a_log_only_rule_leaves_a_trace_on_calls_no_one_is_asked_about() {
+    let fixture = Fixture::new().await;
+    put_policy(
+        &fixture,
+        json!([
+            {"id": "enforced-elsewhere", "tool": "delete_*", "effect": "deny"},
+            {"id": "would-deny", "tool": "lookup", "effect": "deny", "mode": "log_only", "when": [{"path": "/id", "op": "prefix", "value": "SEC-"}]},
+        ]),
+    )
+    .await;
+    fixture.stand_in.script(vec![
+        tool_call("call_1", "lookup", r#"{"id": "SEC-9"}"#),
+        tool_call("call_2", "lookup", r#"{"id": "ENG-1"}"#),
+        text("Done."),
+    ]);
+    let message = fixture.create("Look SEC-9 and ENG-1 up").await;
+    assert_eq!(fixture.process(&message).await, Outcome::Succeeded);
+    assert_eq!(fixture.stand_in.tool_calls().len(), 2, "log_only decides nothing");
+    assert!(fixture.run(&message).await.approvals.is_empty(), "and asks no one");
+    let log = events(&fixture, &message).await;
+    let traces: Vec<&Value> =
+        log.iter().filter(|(kind, _)| kind == "tool.completed").map(|(_, data)| &data["policy"]).collect();
+    assert_eq!(
+        traces,
+        [&json!({"rule": "would-deny", "effect": "deny", "mode": "log_only", "version": 1}), &Value::Null]
+    );
+}
+
 /// A tool that always asks is never let through by a rule.
 #[tokio::test]
 pub(super) async fn a_tool_that_always_asks_is_never_allowed_by_a_rule() {

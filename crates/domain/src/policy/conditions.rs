@@ -1,8 +1,10 @@
 //! A rule's conditions on a call's arguments, and the patterns (globs and
 //! regular expressions) rules match with.
 
+use std::cmp::Ordering;
+
 use regex::{Regex, RegexBuilder};
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 use super::{MAX_PATTERN_BYTES, MAX_REGEX_BYTES};
 
@@ -83,10 +85,10 @@ pub struct Condition {
 pub enum Op {
     Eq(Value),
     Ne(Value),
-    Lt(f64),
-    Le(f64),
-    Gt(f64),
-    Ge(f64),
+    Lt(Number),
+    Le(Number),
+    Gt(Number),
+    Ge(Number),
     In(Vec<Value>),
     NotIn(Vec<Value>),
     Prefix(String),
@@ -114,7 +116,10 @@ impl Op {
     }
 
     pub(super) fn parse(name: &str, value: &Value) -> Result<Op, (&'static str, String)> {
-        let number = || value.as_f64().ok_or(("value", format!("must be a number for `{name}`")));
+        let number = || match value {
+            Value::Number(number) => Ok(number.clone()),
+            _ => Err(("value", format!("must be a number for `{name}`"))),
+        };
         let array = || value.as_array().cloned().ok_or(("value", format!("must be an array for `{name}`")));
         let string = || value.as_str().ok_or(("value", format!("must be a string for `{name}`")));
         Ok(match name {
@@ -142,14 +147,17 @@ impl Condition {
         let Some(found) = arguments.pointer(&self.path) else {
             return matches!(self.op, Op::Exists(false) | Op::Ne(_) | Op::NotIn(_));
         };
-        let number = |bound: f64, compare: fn(f64, f64) -> bool| found.as_f64().is_some_and(|n| compare(n, bound));
+        let number = |bound: &Number, holds: fn(Ordering) -> bool| match found {
+            Value::Number(found) => holds(compare(found, bound)),
+            _ => false,
+        };
         match &self.op {
             Op::Eq(value) => same(found, value),
             Op::Ne(value) => !same(found, value),
-            Op::Lt(bound) => number(*bound, |n, b| n < b),
-            Op::Le(bound) => number(*bound, |n, b| n <= b),
-            Op::Gt(bound) => number(*bound, |n, b| n > b),
-            Op::Ge(bound) => number(*bound, |n, b| n >= b),
+            Op::Lt(bound) => number(bound, Ordering::is_lt),
+            Op::Le(bound) => number(bound, Ordering::is_le),
+            Op::Gt(bound) => number(bound, Ordering::is_gt),
+            Op::Ge(bound) => number(bound, Ordering::is_ge),
             Op::In(values) => values.iter().any(|value| same(found, value)),
             Op::NotIn(values) => !values.iter().any(|value| same(found, value)),
             Op::Prefix(prefix) => found.as_str().is_some_and(|text| text.starts_with(prefix.as_str())),
@@ -159,13 +167,68 @@ impl Condition {
     }
 }
 
-/// JSON equality where numbers compare by value (`1` equals `1.0`).
+/// What a rule is told of a number it cannot compare exactly.
+pub(super) const INEXACT: &str = "must not hold a whole number beyond 2^53 that is written as a decimal or an exponent, or beyond 64 bits (it would not read as written); write it as an integer of at most 64 bits, or as a string";
+
+/// Whether `value` holds a number that did not read exactly as written: a
+/// whole number read as a double from 2^53 on (past 64 bits, or written as
+/// `9007199254740993.0` or `1e20`), which stands for many texts at once.
+pub(super) fn holds_inexact_number(value: &Value) -> bool {
+    const EXACT_DOUBLES: f64 = 9_007_199_254_740_992.0;
+    match value {
+        Value::Number(number) => {
+            number.as_i64().is_none()
+                && number.as_u64().is_none()
+                && number.as_f64().is_some_and(|float| float.fract() == 0.0 && float.abs() >= EXACT_DOUBLES)
+        }
+        Value::Array(items) => items.iter().any(holds_inexact_number),
+        Value::Object(fields) => fields.values().any(holds_inexact_number),
+        _ => false,
+    }
+}
+
+/// Two JSON numbers compared exactly: integers as integers (every digit of
+/// 64 bits), a fraction against an integer without rounding either.
+pub(super) fn compare(left: &Number, right: &Number) -> Ordering {
+    let integer = |number: &Number| number.as_i64().map(i128::from).or_else(|| number.as_u64().map(i128::from));
+    let float = |number: &Number| number.as_f64().unwrap_or(f64::NAN);
+    match (integer(left), integer(right)) {
+        (Some(left), Some(right)) => left.cmp(&right),
+        (Some(left), None) => integer_against_float(left, float(right)),
+        (None, Some(right)) => integer_against_float(right, float(left)).reverse(),
+        (None, None) => float(left).partial_cmp(&float(right)).unwrap_or(Ordering::Equal),
+    }
+}
+
+/// `integer` against `float`, exactly.
+fn integer_against_float(integer: i128, float: f64) -> Ordering {
+    const BEYOND_I128: f64 = 170_141_183_460_469_231_731_687_303_715_884_105_728.0; // 2^127
+    let floor = float.floor();
+    if floor >= BEYOND_I128 {
+        return Ordering::Less;
+    }
+    if floor < -BEYOND_I128 {
+        return Ordering::Greater;
+    }
+    // floor <= float < floor + 1
+    match integer.cmp(&(floor as i128)) {
+        Ordering::Equal if float > floor => Ordering::Less,
+        order => order,
+    }
+}
+
+/// JSON equality where numbers compare by value, exactly (`1` equals
+/// `1.0`; `12345678901234567891` does not equal `12345678901234567890`).
 fn same(left: &Value, right: &Value) -> bool {
     match (left, right) {
-        (Value::Number(left), Value::Number(right)) => match (left.as_f64(), right.as_f64()) {
-            (Some(left), Some(right)) => left == right,
-            _ => left == right,
-        },
+        (Value::Number(left), Value::Number(right)) => compare(left, right) == Ordering::Equal,
+        (Value::Array(left), Value::Array(right)) => {
+            left.len() == right.len() && left.iter().zip(right).all(|(left, right)| same(left, right))
+        }
+        (Value::Object(left), Value::Object(right)) => {
+            left.len() == right.len()
+                && left.iter().all(|(key, value)| right.get(key).is_some_and(|other| same(value, other)))
+        }
         _ => left == right,
     }
 }

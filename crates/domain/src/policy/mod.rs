@@ -2,6 +2,7 @@
 //! person. One document per owner, replaced whole; evaluated on the exact
 //! arguments of each call; tried on past decisions before it is trusted.
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{KeyId, Timestamp};
@@ -14,7 +15,7 @@ mod tests;
 
 pub use conditions::{Condition, Op, Pattern};
 pub use parse::{RuleError, is_rule_id, parse_rules, rules_from_json, rules_json};
-pub use replay::{DecidedCall, HumanDecision, MAX_DISAGREEMENTS, Replay, RuleTally, replay};
+pub use replay::{DecidedCall, HumanDecision, MAX_DISAGREEMENTS, Replay, ReplayStopped, RuleTally, replay};
 
 /// The most rules a document holds.
 pub const MAX_RULES: usize = 200;
@@ -30,7 +31,8 @@ const MAX_REGEX_BYTES: usize = 64 * 1024;
 pub const MAX_MATCHES_CONDITIONS: usize = 50;
 const MAX_REASON_CHARS: usize = 500;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Effect {
     Allow,
     Deny,
@@ -60,7 +62,8 @@ impl Effect {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RuleMode {
     Enforce,
     /// Never decides; the approval records what the rule would have done.
@@ -139,7 +142,7 @@ pub struct GatedCall<'a> {
 }
 
 /// The rule an approval names: the one that decided (or would have).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyMatch {
     pub rule: String,
     pub effect: Effect,
@@ -151,8 +154,11 @@ pub struct PolicyMatch {
 /// What happens to a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// It runs, with no approval (no rule made one needed, the tool needs none).
-    Run,
+    /// It runs, with no approval (no rule made one needed, the tool needs
+    /// none); `logged` names the first matching `log_only` rule when no
+    /// `enforce` rule matched, with what it would have done, so a rule is
+    /// seen on calls no one is asked about before it is trusted.
+    Run { logged: Option<PolicyMatch> },
     /// A person decides; the approval names `policy` (an `ask` rule, or a
     /// `log_only` rule's verdict), if any.
     Ask { policy: Option<PolicyMatch> },
@@ -170,6 +176,12 @@ impl Policy {
     /// decides); with none, the tool's own `requires_approval`. A tool that
     /// always asks is never allowed by a rule: a matching allow acts as ask.
     pub fn evaluate(&self, call: &GatedCall) -> Verdict {
+        self.verdict(call, |index| self.rules[index].matches(call))
+    }
+
+    /// [`Policy::evaluate`] with whether the rule at each index matches
+    /// told by `matches`.
+    pub(super) fn verdict(&self, call: &GatedCall, matches: impl Fn(usize) -> bool) -> Verdict {
         let named = |rule: &Rule, effect: Effect| PolicyMatch {
             rule: rule.id.clone(),
             effect,
@@ -177,9 +189,10 @@ impl Policy {
             version: self.version,
         };
         let person_asked = call.requires_approval || call.always_ask;
-        let deciding = self.rules.iter().filter(|rule| rule.mode == RuleMode::Enforce && rule.matches(call)).fold(
+        let mut rules = self.rules.iter().enumerate();
+        let deciding = rules.clone().filter(|(index, rule)| rule.mode == RuleMode::Enforce && matches(*index)).fold(
             None::<&Rule>,
-            |best, rule| match best {
+            |best, (_, rule)| match best {
                 Some(best) if best.effect.rank() >= rule.effect.rank() => Some(best),
                 _ => Some(rule),
             },
@@ -190,19 +203,18 @@ impl Policy {
                 Effect::Ask => Verdict::Ask { policy: Some(named(rule, Effect::Ask)) },
                 Effect::Allow if call.always_ask => Verdict::Ask { policy: Some(named(rule, Effect::Ask)) },
                 Effect::Allow if person_asked => Verdict::Allowed { policy: named(rule, Effect::Allow) },
-                Effect::Allow => Verdict::Run,
+                Effect::Allow => Verdict::Run { logged: None },
             },
-            None if person_asked => Verdict::Ask {
-                policy: self.rules.iter().find(|rule| rule.mode == RuleMode::LogOnly && rule.matches(call)).map(
-                    |rule| {
+            None => {
+                let logged =
+                    rules.find(|(index, rule)| rule.mode == RuleMode::LogOnly && matches(*index)).map(|(_, rule)| {
                         // What it would have done: never allow a tool that always asks.
                         let effect =
                             if call.always_ask && rule.effect == Effect::Allow { Effect::Ask } else { rule.effect };
                         named(rule, effect)
-                    },
-                ),
-            },
-            None => Verdict::Run,
+                    });
+                if person_asked { Verdict::Ask { policy: logged } } else { Verdict::Run { logged } }
+            }
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use super::conditions::OPS;
+use super::conditions::{INEXACT, OPS, holds_inexact_number};
 use super::{
     Condition, Effect, MAX_MATCHES_CONDITIONS, MAX_POLICY_BYTES, MAX_REASON_CHARS, MAX_RULES, Op, Pattern, Rule,
     RuleMode,
@@ -37,7 +37,15 @@ pub fn parse_rules(body: &Value) -> Result<Vec<Rule>, RuleError> {
     if serde_json::to_string(rules).map_or(0, |text| text.len()) > MAX_POLICY_BYTES {
         return Err(refuse(None, "rules", format!("must be at most {MAX_POLICY_BYTES} bytes as JSON")));
     }
-    parse_list(rules)
+    let parsed = parse_list(rules)?;
+    // Refused as sent, not as stored: a document stored before this check
+    // still reads (its numbers compare as they read).
+    for (index, rule) in parsed.iter().enumerate() {
+        if let Some(at) = rule.when.iter().position(|condition| holds_inexact_number(&condition.value)) {
+            return Err(refuse(Some(index), format!("rules[{index}].when[{at}].value"), INEXACT));
+        }
+    }
+    Ok(parsed)
 }
 
 fn parse_list(rules: &[Value]) -> Result<Vec<Rule>, RuleError> {

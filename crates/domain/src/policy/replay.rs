@@ -93,17 +93,33 @@ pub struct RuleTally {
     pub disagreed: usize,
 }
 
+/// A replay stopped before its end: its `keep_going` said no.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayStopped {
+    /// Calls replayed by then.
+    pub evaluated: usize,
+}
+
 /// Replays `rules` over `history` (newest first), each call as the person
 /// saw it (a call put to a person needed one). Only the deciding `enforce`
 /// rule agrees or disagrees (a `log_only` rule never decides; an `ask`
-/// neither agrees nor disagrees).
-pub fn replay(rules: Vec<Rule>, history: &[DecidedCall]) -> Replay {
+/// neither agrees nor disagrees). Each rule is matched once per call;
+/// `keep_going` is asked before each call, and a no stops the replay.
+pub fn replay(
+    rules: Vec<Rule>,
+    history: &[DecidedCall],
+    mut keep_going: impl FnMut() -> bool,
+) -> Result<Replay, ReplayStopped> {
     let policy = Policy { rules, ..Policy::default() };
     let mut replay = Replay { evaluated: history.len(), ..Replay::default() };
     for rule in &policy.rules {
         replay.rules.insert(rule.id.clone(), RuleTally::default());
     }
-    for decided in history {
+    let mut matched = vec![false; policy.rules.len()];
+    for (index, decided) in history.iter().enumerate() {
+        if !keep_going() {
+            return Err(ReplayStopped { evaluated: index });
+        }
         let call = GatedCall {
             agent: &decided.agent,
             tool: &decided.tool,
@@ -111,12 +127,13 @@ pub fn replay(rules: Vec<Rule>, history: &[DecidedCall]) -> Replay {
             requires_approval: true,
             always_ask: false,
         };
-        for rule in policy.rules.iter().filter(|rule| rule.matches(&call)) {
-            if let Some(tally) = replay.rules.get_mut(&rule.id) {
+        for (rule, matches) in policy.rules.iter().zip(matched.iter_mut()) {
+            *matches = rule.matches(&call);
+            if *matches && let Some(tally) = replay.rules.get_mut(&rule.id) {
                 tally.matched += 1;
             }
         }
-        let named = match policy.evaluate(&call) {
+        let named = match policy.verdict(&call, |index| matched[index]) {
             Verdict::Allowed { policy } => {
                 replay.would_allow += 1;
                 Some(policy)
@@ -129,7 +146,7 @@ pub fn replay(rules: Vec<Rule>, history: &[DecidedCall]) -> Replay {
                 replay.would_ask += 1;
                 policy.filter(|policy| policy.mode == RuleMode::Enforce)
             }
-            Verdict::Run => None,
+            Verdict::Run { .. } => None,
         };
         let Some(named) = named else { continue };
         let agrees = match (named.effect, decided.human) {
@@ -149,5 +166,5 @@ pub fn replay(rules: Vec<Rule>, history: &[DecidedCall]) -> Replay {
             replay.disagreements.push((decided.clone(), named));
         }
     }
-    replay
+    Ok(replay)
 }

@@ -177,15 +177,18 @@ fn deny_wins_over_ask_and_ask_over_allow_then_the_tool_decides() {
     );
     // Allowed where no one would have been asked: no approval.
     let ungated = GatedCall { requires_approval: false, ..call("create_branch", &one) };
-    assert_eq!(policy.evaluate(&ungated), Verdict::Run);
+    assert_eq!(policy.evaluate(&ungated), Verdict::Run { logged: None });
     // A tool that always asks is never allowed by a rule.
     let always = GatedCall { always_ask: true, ..call("create_branch", &one) };
     assert_eq!(policy.evaluate(&always), Verdict::Ask { policy: Some(named("allow-all", Effect::Ask)) });
     // No enforce rule: the tool decides; a log_only rule is named.
     let logged = policy_of(json!([{"id": "watch", "effect": "deny", "mode": "log_only"}]));
     let watched = PolicyMatch { rule: "watch".into(), effect: Effect::Deny, mode: RuleMode::LogOnly, version: 4 };
-    assert_eq!(logged.evaluate(&call("read_file", &one)), Verdict::Ask { policy: Some(watched) });
-    assert_eq!(logged.evaluate(&GatedCall { requires_approval: false, ..call("read_file", &one) }), Verdict::Run);
+    assert_eq!(logged.evaluate(&call("read_file", &one)), Verdict::Ask { policy: Some(watched.clone()) });
+    // On a call that needs no approval it is named too: a deny is tried
+    // on free calls before it is trusted.
+    let free = GatedCall { requires_approval: false, ..call("read_file", &one) };
+    assert_eq!(logged.evaluate(&free), Verdict::Run { logged: Some(watched) });
     assert_eq!(Policy::default().evaluate(&call("x", &one)), Verdict::Ask { policy: None });
     let other_agent = GatedCall { agent: "builder", ..call("delete_branch", &arguments) };
     let scoped = policy_of(json!([{"id": "j", "agent": "jan*", "effect": "deny"}]));
@@ -222,7 +225,9 @@ fn a_replay_counts_what_rules_would_have_done_and_lists_disagreements() {
             {"id": "ask-deploys", "tool": "deploy", "effect": "ask"},
         ])),
         &history,
-    );
+        || true,
+    )
+    .unwrap();
     assert_eq!((replay.evaluated, replay.would_allow, replay.would_deny, replay.would_ask), (5, 2, 1, 2));
     let disagreeing: Vec<(u128, &str)> =
         replay.disagreements.iter().map(|(call, policy)| (call.run_id.ulid().random(), policy.rule.as_str())).collect();
@@ -233,4 +238,65 @@ fn a_replay_counts_what_rules_would_have_done_and_lists_disagreements() {
     assert_eq!(tally("big-deletes"), RuleTally { matched: 1, agreed: 0, disagreed: 1 });
     assert_eq!(tally("reads"), RuleTally { matched: 1, agreed: 0, disagreed: 0 });
     assert_eq!(tally("ask-deploys"), RuleTally { matched: 1, agreed: 0, disagreed: 0 });
+}
+
+#[test]
+fn a_replay_stops_when_told_to() {
+    let decided = DecidedCall {
+        run_id: crate::RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1)),
+        approval_id: crate::ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1)),
+        agent: "janitor".into(),
+        tool: "deploy".into(),
+        arguments: json!({}),
+        human: HumanDecision::Approved,
+        resolved_at: Timestamp::from_millis(1_795_303_478_123),
+    };
+    let history = vec![decided; 10];
+    let mut asked = 0;
+    let stopped = replay(rules(json!([{"id": "any", "effect": "allow"}])), &history, || {
+        asked += 1;
+        asked <= 3
+    });
+    assert_eq!(stopped, Err(ReplayStopped { evaluated: 3 }));
+}
+
+/// Numbers compare exactly: a deny by value is not slipped past by a
+/// number a double would round onto another.
+#[test]
+fn numbers_compare_exactly_and_inexact_rule_values_are_refused() {
+    let policy = |when: Value| Policy {
+        version: 1,
+        rules: rules(json!([{"id": "no", "tool": "pay", "effect": "deny", "when": [when]}])),
+        ..Policy::default()
+    };
+    let denied = |policy: &Policy, arguments: Value| {
+        let call = GatedCall { agent: "a", tool: "pay", arguments: &arguments, requires_approval: false, always_ask: false };
+        matches!(policy.evaluate(&call), Verdict::Denied { .. })
+    };
+    let not_listed = policy(json!({"path": "/to", "op": "not_in", "value": [12345678901234567890u64]}));
+    assert!(denied(&not_listed, json!({"to": 12345678901234567891u64})));
+    assert!(!denied(&not_listed, json!({"to": 12345678901234567890u64})));
+    let large = policy(json!({"path": "/cents", "op": ">", "value": 9007199254740992u64}));
+    assert!(denied(&large, json!({"cents": 9007199254740993u64})));
+    assert!(!denied(&large, json!({"cents": 9007199254740992u64})));
+    assert!(denied(&large, json!({"cents": 1e300})));
+    assert!(!denied(&large, json!({"cents": 9007199254740991.5})));
+    let fraction = policy(json!({"path": "/x", "op": "<=", "value": 2.5}));
+    assert!(denied(&fraction, json!({"x": 2})) && !denied(&fraction, json!({"x": 3})));
+    assert!(denied(&fraction, json!({"x": -9223372036854775808i64})));
+    let same = policy(json!({"path": "/x", "op": "==", "value": {"n": [1]}}));
+    assert!(denied(&same, json!({"x": {"n": [1.0]}})));
+    let negative = policy(json!({"path": "/x", "op": "==", "value": 0}));
+    assert!(denied(&negative, json!({"x": -0.0})));
+    // Rule values that do not read as written are refused.
+    for value in ["1e20", "100000000000000000000", "9007199254740993.0", "9007199254740992.0", "[1, 1e30]"] {
+        let rule = format!(r#"{{"rules": [{{"id": "r", "effect": "deny", "when": [{{"path": "/x", "op": "==", "value": {value}}}]}}]}}"#);
+        let error = parse_rules(&serde_json::from_str(&rule).unwrap()).unwrap_err();
+        assert_eq!(error.param, "rules[0].when[0].value", "{value}");
+        assert!(error.message.contains("beyond 2^53"), "{value}: {}", error.message);
+    }
+    for value in ["18446744073709551615", "-9223372036854775808", "9007199254740991.0", "1e15", "0.1"] {
+        let rule = format!(r#"{{"rules": [{{"id": "r", "effect": "deny", "when": [{{"path": "/x", "op": "<", "value": {value}}}]}}]}}"#);
+        assert!(parse_rules(&serde_json::from_str(&rule).unwrap()).is_ok(), "{value}");
+    }
 }

@@ -154,6 +154,7 @@ impl Run {
                 // The write was tried again after one that landed.
                 continue;
             }
+            let veto_window = request.veto_window();
             let mut approval = Approval {
                 id,
                 action: request.action,
@@ -174,7 +175,7 @@ impl Run {
                 tool_changed: request.tool_changed,
             };
             // A veto window: never expiring before it ends.
-            if let Some(window) = request.auto_approve_after.filter(|_| request.decided.is_none()) {
+            if let Some(window) = veto_window {
                 let auto_approves_at = requested_at.plus(window);
                 approval.auto_approves_at = Some(auto_approves_at);
                 approval.expires_at = approval.expires_at.map(|at| at.max(auto_approves_at));

@@ -207,6 +207,25 @@ fn awaiting_with_veto_window() -> Run {
     run
 }
 
+/// An `ask` rule means a person decides: its approval has no veto window,
+/// however the tool is defined; a `log_only` ask, which decides nothing,
+/// leaves the tool's window.
+#[test]
+fn an_ask_rule_takes_the_veto_window_away() {
+    let window = Some(Duration::from_secs(900));
+    let (_, asked) = by_rule(1, None, Effect::Ask);
+    let asked = ApprovalRequest { auto_approve_after: window, ..asked };
+    let mut logged = asked.clone();
+    logged.policy.as_mut().unwrap().mode = RuleMode::LogOnly;
+    let mut run = running();
+    run.park("w1", vec![(approval_id(1), asked), (approval_id(2), logged)], serde_json::json!({}), at(20), &policy())
+        .unwrap();
+    assert_eq!(run.approvals[0].auto_approves_at, None, "a person must decide");
+    assert_eq!(run.approvals[1].auto_approves_at, Some(at(20).plus(Duration::from_secs(900))));
+    let ends = at(20).plus(Duration::from_secs(900));
+    assert_eq!(run.auto_approve_if_due(approval_id(1), ends, &policy()), None);
+}
+
 #[test]
 fn a_veto_window_approves_as_timeout_when_it_ends_and_the_run_resumes() {
     let mut run = awaiting_with_veto_window();

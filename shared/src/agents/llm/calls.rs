@@ -51,7 +51,12 @@ impl LlmAgent {
                         // Asked again, about the tool as its server has it now.
                         let request = ApprovalRequest { tool_changed: true, ..asking(&call.name, arguments) };
                         let again =
-                            PendingCall { call: call.clone(), approval: Some(approvals.len()), mcp_pin: Some(pin) };
+                            PendingCall {
+                                call: call.clone(),
+                                approval: Some(approvals.len()),
+                                mcp_pin: Some(pin),
+                                logged: None,
+                            };
                         transcript.pending.insert(0, again);
                         return match self.save(&mut transcript, events) {
                             Ok(checkpoint) => Step::AwaitApproval { requests: vec![request], checkpoint },
@@ -138,7 +143,7 @@ impl LlmAgent {
         let idempotency_key = format!("{}/{}", making.run_id, call.id);
         let traced = ToolCallTrace::start(call, making);
         let outcome = tool.call(&http, &arguments, &idempotency_key, &self.runtime.env, receipt.as_deref()).await;
-        traced.end(call, arguments, &outcome, None, making.events);
+        traced.end(call, arguments, &outcome, None, pending.logged.clone(), making.events);
         Ok(outcome)
     }
 
@@ -201,7 +206,7 @@ impl LlmAgent {
         let traced = ToolCallTrace::start(call, making);
         let outcome = session.call(&binding.tool, &arguments).await;
         session.close().await;
-        traced.end(call, arguments, &outcome, Some(&server.name), making.events);
+        traced.end(call, arguments, &outcome, Some(&server.name), pending.logged.clone(), making.events);
         Ok(outcome)
     }
 
@@ -257,6 +262,7 @@ impl ToolCallTrace {
         arguments: serde_json::Value,
         outcome: &ToolOutcome,
         mcp_server: Option<&str>,
+        policy: Option<crate::domain::PolicyMatch>,
         events: &mut Vec<EventData>,
     ) {
         if let Some(mut span) = self.span {
@@ -285,6 +291,7 @@ impl ToolCallTrace {
             duration_ms: self.started.elapsed().as_millis() as u64,
             result: EventText::new(&outcome.content),
             mcp_server: mcp_server.map(str::to_owned),
+            policy,
         })));
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ContentBlock, Implementation, PaginatedRequestParams,
-    ResourceContents,
+    ProtocolVersion, ResourceContents,
 };
 use rmcp::service::{RoleClient, RunningService, ServiceExt};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -30,6 +30,9 @@ const MAX_TOOL_PAGES: usize = 10;
 const MAX_TOOLS: usize = 500;
 /// What of a JSON-RPC error's message the model is told.
 const MAX_ERROR_CHARS: usize = 1_000;
+
+/// Why a server on a private address is not used.
+const NOT_PUBLIC: &str = "its address is a private or local network address, which tools may not reach.";
 
 /// A server could not be used: the run fails with this, naming the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,17 +61,33 @@ fn unreachable(server: &McpServerDefinition, why: &str) -> Unreachable {
 
 fn client_info() -> ClientConfig {
     // No sampling, no elicitation, no roots: the server may ask nothing of us.
+    // The handshake names the newest version that has one (the SDK's
+    // newest, a draft, has none).
     ClientConfig::new(ClientCapabilities::default(), Implementation::new("agent-runs", env!("CARGO_PKG_VERSION")))
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
 }
 
 /// Why a request failed, in words for the run (the cause goes to the log).
 fn describe(error: &(dyn std::error::Error + 'static), timeout: Duration) -> String {
     if refused_as_not_public(error) {
-        return "its address is a private or local network address, which tools may not reach.".into();
+        return NOT_PUBLIC.into();
     }
     let chain = crate::error_chain(error);
     if chain.contains("timed out") || chain.contains("timeout") {
         return format!("it did not answer within {} ms.", timeout.as_millis());
+    }
+    if chain.contains("Auth required") || chain.contains("HTTP 401") {
+        return "it refused our credentials (HTTP 401): check the header values its `headers_from_env` names.".into();
+    }
+    if chain.contains("Insufficient scope") || chain.contains("HTTP 403") {
+        return "it refused access (HTTP 403): the credentials its `headers_from_env` names may not use it.".into();
+    }
+    // `HTTP 400 Bad Request: ...`, as the SDK words a status it cannot use.
+    if let Some(at) = chain.find("HTTP 4").or_else(|| chain.find("HTTP 5")) {
+        let status: String = chain[at + 5..].chars().take_while(char::is_ascii_digit).collect();
+        if status.len() == 3 {
+            return format!("it answered the MCP handshake with HTTP {status}.");
+        }
     }
     "it could not be reached, or it did not complete the MCP handshake.".into()
 }
@@ -83,11 +102,13 @@ impl McpSession {
         receipt: Option<&str>,
     ) -> Result<Self, Unreachable> {
         let timeout = Duration::from_millis(server.timeout_ms);
-        if http.public_only && public_network::check_url(&server.url).is_err() {
-            return Err(unreachable(
-                server,
-                "its address is a private or local network address, which tools may not reach.",
-            ));
+        if http.public_only
+            && (public_network::check_url(&server.url).is_err()
+                || tokio::time::timeout(timeout, public_network::resolves_only_to_private(&server.url))
+                    .await
+                    .unwrap_or(false))
+        {
+            return Err(unreachable(server, NOT_PUBLIC));
         }
         let mut headers = HashMap::new();
         for (header, variable) in &server.headers_from_env {

@@ -30,7 +30,7 @@ use crate::telemetry::{self, Span, SpanKind};
 use transcript::{PendingCall, Transcript};
 
 pub use bedrock::{BedrockModel, to_document, to_value};
-pub use mcp::{ListedTool, McpSession, Unreachable, pin};
+pub use mcp::{ListedTool, McpSession, Unreachable, offered, pin};
 pub use model::{ChatModel, ChatReply, ChatRequest, Message, ProviderError, RetryPolicy, ToolCall, ToolSpec};
 pub use openai::OpenAiModel;
 pub use tools::{EnvLookup, McpBinding, Tool, ToolHttp, ToolOutcome};
@@ -330,7 +330,7 @@ impl LlmAgent {
             serde_json::from_str(&call.arguments).unwrap_or_else(|_| serde_json::Value::String(call.arguments.clone()))
         });
         let (policy, decided) = match self.verdict(tool, &arguments, policy) {
-            Verdict::Run => return None,
+            Verdict::Run { .. } => return None,
             Verdict::Ask { policy } => (policy, None),
             Verdict::Allowed { policy } => (Some(policy), Some(RuleDecision::Allowed)),
             Verdict::Denied { policy, reason } => (Some(policy), Some(RuleDecision::Denied { reason })),
@@ -479,6 +479,7 @@ impl LlmAgent {
         let proposals = MAX_APPROVAL_ARGUMENTS_PER_RUN - MAX_APPROVAL_ARGUMENTS_BYTES;
         let mut room = proposals.saturating_sub(approval_arguments_bytes(approvals));
         for call in reply.tool_calls {
+            let mut logged = None;
             // Calls that cannot be made are answered at once, never put to a human.
             let refused = match self.checked(&tools, &call) {
                 _ if self.asks_humans(&call) => match questions::asked(&call.arguments) {
@@ -497,7 +498,10 @@ impl LlmAgent {
                     // An approval keeps the arguments, whoever decides it.
                     let size = canonical_json(&arguments).len();
                     match self.verdict(tool, &arguments, policy) {
-                        Verdict::Run => None,
+                        Verdict::Run { logged: matched } => {
+                            logged = matched;
+                            None
+                        }
                         // A rule put to a person (or decided) a call of a
                         // tool that needs no approval: its numbers must
                         // read the same everywhere too.
@@ -526,7 +530,7 @@ impl LlmAgent {
                 Some(content) => transcript.messages.push(Message::Tool { call_id: call.id, content, is_error: true }),
                 None => {
                     let mcp_pin = tools.find(&call.name).and_then(|tool| tool.mcp.as_ref()).map(|mcp| mcp.pin.clone());
-                    transcript.pending.push(PendingCall { call, approval: None, mcp_pin });
+                    transcript.pending.push(PendingCall { call, approval: None, mcp_pin, logged });
                 }
             }
         }

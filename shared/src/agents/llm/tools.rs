@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::domain::{ToolDefinition, canonical_json, exact_canonical};
+use crate::domain::{CompiledSchema, ToolDefinition, canonical_json, compile_schema, exact_canonical};
 use crate::public_network::{self, NotPublic};
 
 /// A definition's tool with its compiled argument schema.
 pub struct Tool {
     pub definition: ToolDefinition,
-    schema: jsonschema::Validator,
+    schema: CompiledSchema,
     /// For a tool of an MCP server: which, and the tool's name there.
     pub mcp: Option<McpBinding>,
 }
@@ -78,7 +78,7 @@ fn timed_out(tool: &ToolDefinition) -> String {
 
 impl Tool {
     pub fn new(definition: ToolDefinition) -> Result<Self, String> {
-        let schema = jsonschema::validator_for(&definition.parameters).map_err(|error| error.to_string())?;
+        let schema = compile_schema(&definition.parameters)?;
         Ok(Self { definition, schema, mcp: None })
     }
 
@@ -104,15 +104,7 @@ impl Tool {
         } else {
             value
         };
-        let problems: Vec<String> = self
-            .schema
-            .iter_errors(&value)
-            .take(MAX_SCHEMA_ERRORS)
-            .map(|error| {
-                let at = error.instance_path().to_string();
-                if at.is_empty() { error.to_string() } else { format!("at {at}: {error}") }
-            })
-            .collect();
+        let problems = self.schema.problems(&value, MAX_SCHEMA_ERRORS);
         if problems.is_empty() {
             Ok(value)
         } else {

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::{Message, ToolCall};
-use crate::domain::EventData;
+use crate::domain::{EventData, PolicyMatch};
 
 /// A tool call the model asked for and that has not been answered yet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,6 +17,10 @@ pub(super) struct PendingCall {
     /// if the server still lists the tool so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) mcp_pin: Option<String>,
+    /// For a call made with no approval: the `log_only` rule that matched
+    /// it when it was judged (shown on its `tool.completed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) logged: Option<PolicyMatch>,
 }
 
 /// The checkpoint: the conversation so far and the calls still to make.
@@ -212,7 +216,7 @@ mod tests {
         let mut ended = ended(1);
         let call = ToolCall { id: "c9".into(), name: "deploy".into(), arguments: "{}".into() };
         ended.messages.push(Message::Assistant { text: None, tool_calls: vec![call.clone()] });
-        ended.pending.push(PendingCall { call, approval: Some(0), mcp_pin: None });
+        ended.pending.push(PendingCall { call, approval: Some(0), mcp_pin: None, logged: None });
         let (transcript, _) = Transcript::continued(ended, "again", usize::MAX);
         assert_eq!(
             transcript.messages[transcript.messages.len() - 2],
