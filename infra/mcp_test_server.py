@@ -1,13 +1,16 @@
 """The tests' MCP server, made with the official Python SDK (`mcp` from
 PyPI) and served over Streamable HTTP.
 
-    python infra/mcp_test_server.py PORT CALLS_FILE [--stateless] [--changed]
+    python infra/mcp_test_server.py PORT CALLS_FILE [--stateless] [--changed] [--modern-only]
 
 Every tool call is appended to CALLS_FILE as a JSON line
 ({"tool": ..., "arguments": ..., "authorization": ..., ...}), so a test can tell what reached the
 server and how often. `--stateless` answers without sessions (JSON
 answers); `--changed` serves `list_issues` with another description, as a
-server changed after its tools were pinned.
+server changed after its tools were pinned. `--modern-only` serves only
+the 2026-07-28 protocol, which has no `initialize`: a request without an
+`MCP-Protocol-Version` header is answered `400` with JSON-RPC error
+-32020, as the Rust SDK's stateless server does.
 """
 
 import json
@@ -21,6 +24,7 @@ port = int(sys.argv[1])
 calls_file = sys.argv[2]
 stateless = "--stateless" in sys.argv
 changed = "--changed" in sys.argv
+modern_only = "--modern-only" in sys.argv
 
 server = MCPServer("issues", log_level="WARNING")
 
@@ -70,10 +74,28 @@ def delete_repo(repo: str, ctx: Context) -> str:
     return f"deleted {repo}"
 
 
-server.run(
-    "streamable-http",
-    host="127.0.0.1",
-    port=port,
-    stateless_http=stateless,
-    json_response=stateless,
-)
+if modern_only:
+    import uvicorn
+
+    app = server.streamable_http_app(stateless_http=True, json_response=True)
+
+    async def modern_only_app(scope, receive, send):
+        headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
+        if scope["type"] == "http" and scope["method"] == "POST" and b"mcp-protocol-version" not in headers:
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32020, "message": "Missing MCP-Protocol-Version header for request requiring per-request protocol metadata"}}).encode()
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    uvicorn.run(modern_only_app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+else:
+    server.run(
+        "streamable-http",
+        host="127.0.0.1",
+        port=port,
+        stateless_http=stateless,
+        json_response=stateless,
+    )

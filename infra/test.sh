@@ -65,3 +65,6 @@ cat target/tmp/reliability-*.txt 2> /dev/null || true
 
 # The OpenAPI document against the running server (needs target/debug/agent-runs, built above).
 bash infra/api-conformance.sh
+
+# Our MCP client against the official MCP conformance suite (needs the same binary).
+bash infra/mcp-conformance.sh

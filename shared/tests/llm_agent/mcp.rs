@@ -84,8 +84,10 @@ async fn read_only_tool_runs_without_a_person(flags: &[&str]) {
     let received = &server.received()[0];
     assert_eq!(received["authorization"], "Bearer issues-token", "headers_from_env: {received}");
     assert_eq!(received["receipt"], Value::Null, "no approval, no receipt");
-    // The newest version with a handshake, never the SDK's draft.
-    assert_eq!(received["protocol_version"], "2025-11-25", "{received}");
+    // The newest version with a handshake, never the SDK's draft; a server
+    // that speaks only the 2026-07-28 protocol (no handshake) gets that.
+    let version = if flags.contains(&"--modern-only") { "2026-07-28" } else { "2025-11-25" };
+    assert_eq!(received["protocol_version"], version, "{received}");
     // The client declares no sampling, elicitation or roots: the server may ask nothing of it.
     if flags.is_empty() {
         assert!(received["capabilities"].is_object(), "declared in the handshake: {received}");
@@ -118,6 +120,13 @@ async fn a_read_only_tool_of_a_server_that_keeps_sessions_runs_without_a_person(
 #[tokio::test]
 async fn a_read_only_tool_of_a_stateless_server_runs_without_a_person() {
     read_only_tool_runs_without_a_person(&["--stateless"]).await;
+}
+
+/// A server of the 2026-07-28 protocol only, which refuses `initialize`
+/// (400, -32020): the client discovers it instead.
+#[tokio::test]
+async fn a_read_only_tool_of_a_server_without_a_handshake_runs_without_a_person() {
+    read_only_tool_runs_without_a_person(&["--modern-only"]).await;
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ContentBlock, Implementation, PaginatedRequestParams,
     ProtocolVersion, ResourceContents,
 };
-use rmcp::service::{RoleClient, RunningService, ServiceExt};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService, ServiceExt};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::Value;
@@ -65,6 +65,13 @@ fn client_info() -> ClientConfig {
     // newest, a draft, has none).
     ClientConfig::new(ClientCapabilities::default(), Implementation::new("agent-runs", env!("CARGO_PKG_VERSION")))
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+}
+
+/// Whether a failed `initialize` was refused by a server of the protocol
+/// without one: it answers the JSON-RPC error -32020 (a header it needs on
+/// every request, `MCP-Protocol-Version`, is missing).
+fn has_no_handshake(chain: &str) -> bool {
+    chain.contains("-32020") || chain.contains("MCP-Protocol-Version")
 }
 
 /// Why a request failed, in words for the run (the cause goes to the log).
@@ -139,15 +146,24 @@ impl McpSession {
             .session_recovery_timeout(timeout);
         // The handshake changes nothing on the server, so it is tried a
         // second time (within the same time): the first may have gone out
-        // on a pooled connection the server had closed (it restarted).
+        // on a pooled connection the server had closed (it restarted). A
+        // server that has no handshake (the 2026-07-28 protocol: it wants
+        // the version on every request) is discovered instead.
         let handshake = async {
             let transport = StreamableHttpClientTransport::with_client(http.client.clone(), config.clone());
             match client_info().serve(transport).await {
                 Ok(service) => Ok(service),
                 Err(error) => {
-                    tracing::info!(server = %server.name, error = %crate::error_chain(&error), "MCP handshake failed; trying again");
+                    let chain = crate::error_chain(&error);
+                    tracing::info!(server = %server.name, error = %chain, "MCP handshake failed; trying again");
                     let transport = StreamableHttpClientTransport::with_client(http.client.clone(), config);
-                    client_info().serve(transport).await
+                    if has_no_handshake(&chain) {
+                        let discover =
+                            ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+                        client_info().serve_with_lifecycle(transport, discover).await
+                    } else {
+                        client_info().serve(transport).await
+                    }
                 }
             }
         };
