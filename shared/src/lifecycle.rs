@@ -158,26 +158,38 @@ pub enum DecideRefused {
     Transition(TransitionError),
 }
 
-/// An answer checked against its question's schema as the caller read it,
-/// on a blocking thread and within [`ANSWER_CHECK_DEADLINE`], before any
-/// write (the decision's own check, on the run read afresh, then finds the
-/// schema compiled).
+/// An answer checked against its question's schema as the run `read`
+/// has it, on a blocking thread and within [`ANSWER_CHECK_DEADLINE`],
+/// before any write: the threads that answer requests never run a
+/// model-written schema's check first (the decision's own check then finds
+/// the schema compiled and the answer checked moments ago). An approval no
+/// longer pending, or past its expiry, is left to the decision itself,
+/// which refuses it for that. `index`: the decision's place in a batch.
 async fn check_answer_aside(
     read: &Run,
+    now: Timestamp,
+    index: Option<usize>,
     approval_id: ApprovalId,
     request: &DecisionRequest,
-) -> Result<(), ChangeError<DecideRefused>> {
+) -> Result<(), (Option<usize>, ChangeError<DecideRefused>)> {
     let asked = read.approvals.iter().find(|approval| approval.id == approval_id);
-    let (Some(schema), Some(answer)) =
-        (asked.and_then(|approval| approval.input_schema.clone()), request.decision.answer().cloned())
-    else {
+    let pending = asked.is_some_and(|approval| approval.status == ApprovalStatus::Pending)
+        && !read.approval_past_expiry(approval_id, now);
+    let (Some(schema), Some(answer)) = (
+        asked.and_then(|approval| approval.input_schema.clone()).filter(|_| pending),
+        request.decision.answer().cloned(),
+    ) else {
         return Ok(());
     };
-    let refused = |problem: String| ChangeError::Refused(DecideRefused::Transition(TransitionError::AnswerRefused(problem)));
+    let refused = |problem: String| {
+        (index, ChangeError::Refused(DecideRefused::Transition(TransitionError::AnswerRefused(problem))))
+    };
     let checking = tokio::task::spawn_blocking(move || check_answer(&schema, &answer));
     match tokio::time::timeout(ANSWER_CHECK_DEADLINE, checking).await {
         Ok(Ok(checked)) => checked.map_err(refused),
-        Ok(Err(failed)) => Err(ChangeError::Store(StoreError::Defect(format!("the answer check failed: {failed}")))),
+        Ok(Err(failed)) => {
+            Err((index, ChangeError::Store(StoreError::Defect(format!("the answer check failed: {failed}")))))
+        }
         Err(_) => Err(refused(format!(
             "The answer could not be checked against the question's schema within {} seconds.",
             ANSWER_CHECK_DEADLINE.as_secs()
@@ -351,7 +363,9 @@ impl Lifecycle {
         request: DecisionRequest,
     ) -> Result<Run, ChangeError<DecideRefused>> {
         let (owner, run_id) = (read.owner.clone(), read.id);
-        check_answer_aside(&read, approval_id, &request).await?;
+        check_answer_aside(&read, self.clock.now(), None, approval_id, &request)
+            .await
+            .map_err(|(_, refused)| refused)?;
         let mut writes = WritesSeen::default();
         let (run, outcome) = change_run(self.runs.as_ref(), &owner, run_id, Some(read), |run| {
             writes.next_attempt();
@@ -472,6 +486,9 @@ impl Lifecycle {
                     if let Some(auto) = next.auto_approve_if_due(decision.approval_id, now, &self.policy) {
                         outcome = outcome.max(auto);
                     }
+                    // In the batch's order: the first decision that fails is the answer.
+                    check_answer_aside(&next, now, Some(decision.index), decision.approval_id, &decision.request)
+                        .await?;
                     let decided = next
                         .decide(decision.approval_id, decision.request.clone(), now, &self.policy)
                         .map_err(|error| refused(DecideRefused::Transition(error)))?;

@@ -152,7 +152,10 @@ pub async fn resolves_only_to_private(url: &str) -> bool {
     let Some(host) = url.host_str() else { return false };
     let bare = host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')).unwrap_or(host);
     match tokio::net::lookup_host((bare, url.port_or_known_default().unwrap_or(0))).await {
-        Ok(resolved) => only_public(resolved).is_err(),
+        Ok(resolved) => {
+            let resolved: Vec<SocketAddr> = resolved.collect();
+            !resolved.is_empty() && only_public(resolved).is_err()
+        }
         Err(_) => false,
     }
 }

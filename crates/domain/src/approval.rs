@@ -138,10 +138,7 @@ impl ApprovalRequest {
     /// already, or when an `enforce` rule said a person must (`ask`), which
     /// nobody's silence may stand in for.
     pub fn veto_window(&self) -> Option<std::time::Duration> {
-        let person_must = self
-            .policy
-            .as_ref()
-            .is_some_and(|policy| policy.effect == crate::Effect::Ask && policy.mode == crate::RuleMode::Enforce);
+        let person_must = self.policy.as_ref().is_some_and(crate::PolicyMatch::person_must_decide);
         self.auto_approve_after.filter(|_| self.decided.is_none() && !person_must)
     }
 

@@ -32,7 +32,7 @@ pub use mcp::*;
 pub use policy::*;
 pub use question::*;
 pub use run::*;
-pub use schema::{CompiledSchema, MAX_SCHEMA_PATTERNS, compile_schema};
+pub use schema::{CompiledSchema, MAX_SCHEMA_PATTERNS, compile_kept_schema, compile_listed_schema, compile_schema};
 pub use scope::{Scope, Scopes};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use trace::{RunTrace, SpanParent, new_span_id, new_trace_id};

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{canonical_json, check_exact_numbers, compile_schema};
+use super::{canonical_json, check_exact_numbers, compile_kept_schema, compile_schema};
 
 /// The schema of a question asked without one: any string.
 pub fn default_input_schema() -> Value {
@@ -74,9 +74,11 @@ pub fn check_answer(schema: &Value, answer: &Value) -> Result<(), String> {
         return Err(format!("The answer may be at most {MAX_ANSWER_BYTES} bytes as JSON."));
     }
     check_exact_numbers(answer)?;
-    // A stored schema was checked when it was asked.
-    let validator = compile_schema(schema).map_err(|_| "The question's schema cannot be read.".to_owned())?;
-    let problems: Vec<String> = validator.problems(answer, MAX_PROBLEMS)
+    // A stored schema was checked when it was asked (perhaps by a release
+    // that allowed more).
+    let validator = compile_kept_schema(schema).map_err(|_| "The question's schema cannot be read.".to_owned())?;
+    let problems: Vec<String> = validator
+        .problems(answer, MAX_PROBLEMS)
         .into_iter()
         .map(|problem| match problem.char_indices().nth(MAX_PROBLEM_CHARS) {
             Some((cut, _)) => format!("{}…", &problem[..cut]),

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use agent_runs_shared::agents::llm::{DEFAULT_MAX_CHECKPOINT_BYTES, EnvLookup, LlmRuntime, offered, pin};
-use agent_runs_shared::domain::{AgentDefinition, Clock, SystemClock, compile_schema};
+use agent_runs_shared::domain::{AgentDefinition, Clock, SystemClock, compile_listed_schema};
 use agent_runs_shared::public_network;
 use clap::Subcommand;
 
@@ -13,7 +13,7 @@ use crate::keys::{Error, admin_store};
 
 #[derive(Subcommand)]
 pub enum AgentsCommand {
-    /// Create or replace an agent from a TOML file (see README: "Defined agents").
+    /// Create or replace an agent from a TOML file (docs/guide/defined-agents.md).
     Put {
         /// The definition (TOML, as examples/janitor.toml).
         #[arg(long)]
@@ -45,7 +45,7 @@ pub fn read_definition(file: &Path) -> Result<AgentDefinition, Error> {
             if public_network::check_url(&tool.url).is_err() {
                 return Err(format!(
                     "{}: tool `{}`: its URL names a local or private address, which tool calls may not reach; \
-                     if the tool runs on a private network, set `allow_private_network = true` (README, \"Defined agents\").",
+                     if the tool runs on a private network, set `allow_private_network = true` (docs/guide/defined-agents.md).",
                     file.display(),
                     tool.name
                 )
@@ -104,7 +104,7 @@ pub async fn pin_mcp_servers(definition: &mut AgentDefinition) -> Result<(), Err
         );
         let is_offered = |name: &str| tools.iter().any(|tool| tool.mcp.as_ref().is_some_and(|mcp| mcp.tool == name));
         for left_out in listed.iter().filter(|tool| server.offers(&tool.name) && !is_offered(&tool.name)) {
-            let why = match compile_schema(&left_out.input_schema) {
+            let why = match compile_listed_schema(&left_out.input_schema) {
                 Err(problem) => format!("its input schema cannot be used: {problem}"),
                 Ok(_) => "its full name is not one models accept".to_owned(),
             };

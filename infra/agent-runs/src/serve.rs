@@ -105,8 +105,13 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let store =
         SqliteStore::open_for_serving(db, durability).map_err(|error| error_chain(&error))?.showing(config.shown());
 
-    let first_start = store.list_keys().await?.is_empty();
-    if first_start {
+    let used_before = !store.list_keys().await?.is_empty();
+    // Approval receipts are signed with a key kept beside the database
+    // (made before the first API key, so a start that fails later still
+    // reads as a first start next time).
+    let key = LocalKey::open_or_create(&db.with_extension("signing-key"), used_before).map_err(|error| error.0)?;
+    let key = Arc::new(key);
+    if !used_before {
         let (secret, id) = issue(&store, Owner::parse("dev")?, Some("first start".into())).await?;
         println!("No API keys yet: issued {id} for owner `dev`:");
         println!("  export AGENT_RUNS_KEY={secret}");
@@ -135,8 +140,6 @@ pub async fn run(args: ServeArgs, db: &Path) -> Result<(), Error> {
     let listener =
         TcpListener::bind(args.addr).await.map_err(|error| format!("cannot listen on {}: {error}", args.addr))?;
     let addr = listener.local_addr()?;
-    // Approval receipts are signed with a key kept beside the database.
-    let key = Arc::new(LocalKey::open_or_create(&db.with_extension("signing-key"), !first_start).map_err(|error| error.0)?);
     let issuer = config.issuer.clone().unwrap_or_else(|| crate::http_server::base_url(addr));
     let receipts = Receipts { signer: key.clone(), issuer };
     let services = Services::new(config, adapters, CacheDefaults::LOCAL).with_receipts(receipts).with_signing_keys(key);

@@ -2,8 +2,10 @@
 //! link that ends like a file (`.rs`, `.md`, `.sh`, ...) is found from the
 //! repository's root, from docs/ or from a crate's sources, a bare file
 //! name anywhere in the repository, and `infra/.../x.rs` under that folder.
-//! Paths outside the repository (`../shared/...`), what a run makes
-//! (`target/...`) and URLs are not checked.
+//! A path that starts with `../` is read from the document's own folder
+//! (docs/guide/ names `../api.md`); one outside the repository
+//! (`../shared/...`), what a run makes (`target/...`) and URLs are not
+//! checked.
 
 use std::path::{Path, PathBuf};
 
@@ -50,13 +52,13 @@ fn references(text: &str) -> Vec<String> {
         while let Some(start) = rest.find(open) {
             let after = &rest[start + 1..];
             let Some(end) = after.find(close) else { break };
-            let candidate = &after[..end];
+            // A link's anchor is not part of the file.
+            let candidate = after[..end].split('#').next().unwrap_or_default();
             let pathlike = !candidate.is_empty()
                 && candidate.chars().all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c))
                 && FILE_ENDINGS.iter().any(|ending| candidate.ends_with(ending));
-            // Outside the repository, or made by a run (build output).
-            let checked =
-                !candidate.starts_with("../") && !candidate.starts_with('/') && !candidate.starts_with("target/");
+            // Absolute, or made by a run (build output).
+            let checked = !candidate.starts_with('/') && !candidate.starts_with("target/");
             if pathlike && checked {
                 found.push(candidate.to_owned());
             }
@@ -66,14 +68,41 @@ fn references(text: &str) -> Vec<String> {
     found
 }
 
-fn exists(reference: &str, root: &Path, all: &[PathBuf]) -> bool {
+/// `reference` from `document`'s folder, `..` taken away.
+fn beside(document: &Path, reference: &str) -> PathBuf {
+    let mut path = document.parent().unwrap().to_path_buf();
+    for part in reference.split('/') {
+        match part {
+            ".." => {
+                path.pop();
+            }
+            "." => {}
+            part => path.push(part),
+        }
+    }
+    path
+}
+
+/// Whether `reference`, named in `document`, is a file: one that starts
+/// with `../` from the document's own folder (`../shared/...`, the team's
+/// folder beside the repository, and anything outside it are not
+/// checked), any other from one of the roots or the document's folder.
+fn exists(reference: &str, document: &Path, root: &Path, all: &[PathBuf]) -> bool {
+    if reference.starts_with("../shared/") {
+        // The team's folder beside the repository, as the docs write it.
+        return true;
+    }
+    if reference.starts_with("../") {
+        let path = beside(document, reference);
+        return !path.starts_with(root) || path.exists();
+    }
     if let Some((folder, name)) = reference.split_once("/.../") {
         return all.iter().any(|file| file.starts_with(root.join(folder)) && file.ends_with(name));
     }
     if !reference.contains('/') {
         return all.iter().any(|file| file.file_name().is_some_and(|file| file == reference));
     }
-    ROOTS.iter().any(|start| root.join(start).join(reference).exists())
+    ROOTS.iter().any(|start| root.join(start).join(reference).exists()) || beside(document, reference).exists()
 }
 
 #[test]
@@ -82,19 +111,21 @@ fn every_file_the_docs_name_exists() {
     let mut all = Vec::new();
     files(&root, &mut all);
     let mut documents = vec![root.join("README.md")];
-    documents.extend(
-        std::fs::read_dir(root.join("docs"))
-            .unwrap()
-            .map(|entry| entry.unwrap().path())
-            .filter(|path| path.extension().is_some_and(|extension| extension == "md")),
-    );
+    for folder in ["docs", "docs/guide"] {
+        documents.extend(
+            std::fs::read_dir(root.join(folder))
+                .unwrap()
+                .map(|entry| entry.unwrap().path())
+                .filter(|path| path.extension().is_some_and(|extension| extension == "md")),
+        );
+    }
     let mut checked = 0;
     let mut missing = Vec::new();
     for document in &documents {
         let text = std::fs::read_to_string(document).unwrap();
         for reference in references(&text) {
             checked += 1;
-            if !exists(&reference, &root, &all) {
+            if !exists(&reference, document, &root, &all) {
                 missing.push(format!("{}: {reference}", document.strip_prefix(&root).unwrap().display()));
             }
         }

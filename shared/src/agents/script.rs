@@ -8,7 +8,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{Agent, Step, StepInput};
-use crate::domain::{ApprovalRequest, ApprovalStatus, EventData, MAX_QUESTION_CHARS, answer_text, default_input_schema};
+use crate::domain::{
+    ApprovalRequest, ApprovalStatus, EventData, MAX_QUESTION_CHARS, answer_text, default_input_schema,
+};
 
 pub const MAX_SLEEP_MS: u64 = 60_000;
 /// A long sleep is taken in slices so a cancel is noticed between them.
@@ -45,11 +47,6 @@ fn parse_line(raw: &str, line_number: usize) -> Result<Option<Command<'_>>, Stri
         "approve" if !rest.trim().is_empty() => Command::Approve(rest),
         "approve" => {
             return Err(format!("line {line_number}: `approve` needs the action to approve."));
-        }
-        "ask" if rest.chars().count() > MAX_QUESTION_CHARS => {
-            return Err(format!(
-                "line {line_number}: `ask` takes a question of at most {MAX_QUESTION_CHARS} characters, as `ask_human` does."
-            ));
         }
         "ask" if !rest.trim().is_empty() => Command::Ask(rest),
         "ask" => return Err(format!("line {line_number}: `ask` needs the question to ask.")),
@@ -105,8 +102,21 @@ impl ScriptAgent {
 
 #[async_trait]
 impl Agent for ScriptAgent {
+    /// Checked as a run is created (a run created before a limit existed
+    /// still resumes).
     fn validate_input(&self, input: &str) -> Result<(), String> {
-        parse(input).map(|_| ())
+        parse(input)?;
+        for (index, raw) in input.split('\n').enumerate() {
+            if let Ok(Some(Command::Ask(question))) = parse_line(raw, index + 1)
+                && question.chars().count() > MAX_QUESTION_CHARS
+            {
+                return Err(format!(
+                    "line {}: `ask` takes a question of at most {MAX_QUESTION_CHARS} characters, as `ask_human` does.",
+                    index + 1
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn description(&self) -> Option<&'static str> {
@@ -227,9 +237,11 @@ mod tests {
         assert!(parse("sleep").is_err());
         assert!(parse("approve").is_err());
         assert!(parse("ask  ").unwrap_err().contains("question"));
-        let long = format!("ask {}", "?".repeat(MAX_QUESTION_CHARS + 1));
-        assert!(parse(&long).unwrap_err().contains("at most 2000 characters"));
-        assert!(parse(&format!("ask {}", "?".repeat(MAX_QUESTION_CHARS))).is_ok());
+        let long = format!("say hi\nask {}", "?".repeat(MAX_QUESTION_CHARS + 1));
+        assert!(parse(&long).is_ok(), "a run created before the limit still resumes");
+        let refused = ScriptAgent.validate_input(&long).unwrap_err();
+        assert!(refused.contains("line 2: `ask` takes a question of at most 2000 characters"), "{refused}");
+        assert!(ScriptAgent.validate_input(&format!("ask {}", "?".repeat(MAX_QUESTION_CHARS))).is_ok());
         assert!(parse("SAY hi").is_err());
         assert_eq!(parse("sleep 60000").unwrap(), vec![Command::Sleep(60_000)]);
     }

@@ -126,27 +126,37 @@ impl LocalKey {
     }
 
     /// The key in `path` (PKCS#8, DER), made there with mode 0600 when the
-    /// file does not exist. `made_before`: this store signed with a key
-    /// before, so a missing file is a lost key (said loudly: receipts
-    /// signed with it no longer verify), not a first start. A key file
-    /// others may read is made private (or refused when it cannot be); a
-    /// `.previous` that is no key is left out of the JWKS, and said.
-    pub fn open_or_create(path: &Path, made_before: bool) -> Result<Self, SignError> {
+    /// file does not exist. A key made where one was made before (its id
+    /// is kept in `<path>.kid`) is said loudly: receipts the lost key
+    /// signed no longer verify; one made for a store `used_before` (a
+    /// database copied without its key, or from before receipts) is said
+    /// too. A key file others may read is made private
+    /// (or refused when it cannot be); a `.previous` that is no key is left
+    /// out of the JWKS, and said.
+    pub fn open_or_create(path: &Path, used_before: bool) -> Result<Self, SignError> {
         let failed = |what: &str, error: std::io::Error| SignError(format!("{what} {}: {error}", path.display()));
+        let made = made_path(path);
         let pkcs8 = match std::fs::read(path) {
             Ok(pkcs8) => pkcs8,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let lost = lost_key(path);
                 let pkcs8 = generate()?;
                 write_new(path, &pkcs8).or_else(|error| match error.kind() {
                     // Another process made it first: use theirs.
                     std::io::ErrorKind::AlreadyExists => Ok(()),
                     _ => Err(failed("cannot create the signing key", error)),
                 })?;
-                if made_before {
-                    tracing::error!(
+                match lost {
+                    Some(lost) => tracing::error!(
                         path = %path.display(),
-                        "the receipt signing key was missing, though this database was used before: a new key was made, and receipts signed with the old one no longer verify; put the old key back as this file's `.previous` to keep them verifiable"
-                    );
+                        lost_kid = %lost,
+                        "the receipt signing key was missing, so a new one was made: receipts signed with the lost key no longer verify; put it back as this file's `.previous` to keep them verifiable"
+                    ),
+                    None if used_before && !made.exists() => tracing::warn!(
+                        path = %path.display(),
+                        "a receipt signing key was made for a database used before: receipts signed with an earlier key, if any, no longer verify (put it back as this file's `.previous`)"
+                    ),
+                    None => {}
                 }
                 std::fs::read(path).map_err(|error| failed("cannot read the signing key", error))?
             }
@@ -156,6 +166,12 @@ impl LocalKey {
         let (pair, key) = pair(&pkcs8).map_err(|SignError(why)| {
             SignError(format!("{why} ({}: move it aside to make a new key)", path.display()))
         })?;
+        if std::fs::read_to_string(&made).ok().as_deref().map(str::trim) != Some(key.kid.as_str())
+            && let Err(error) = std::fs::write(&made, &key.kid)
+        {
+            // Only a note: a lost key then goes unremarked.
+            tracing::warn!(path = %made.display(), %error, "cannot note the receipt signing key's id");
+        }
         let previous_path = previous_path(path);
         let previous = match std::fs::read(&previous_path) {
             Ok(old) => match self::pair(&old) {
@@ -172,6 +188,27 @@ impl LocalKey {
         };
         Ok(LocalKey { pair, key, previous })
     }
+}
+
+/// The id of the key last in use at `path`, when that file is gone and the
+/// key was not moved aside as `.previous` (a rotation): a lost key.
+fn lost_key(path: &Path) -> Option<String> {
+    if path.exists() {
+        return None;
+    }
+    let noted = std::fs::read_to_string(made_path(path)).ok()?.trim().to_owned();
+    let previous = std::fs::read(previous_path(path)).ok().and_then(|old| pair(&old).ok());
+    match previous {
+        Some((_, previous)) if previous.kid == noted => None,
+        _ => Some(noted),
+    }
+}
+
+/// Where the id of the key last in use is noted (`agent-runs.signing-key.kid`).
+fn made_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".kid");
+    PathBuf::from(name)
 }
 
 /// Where a rotated key is kept (`agent-runs.signing-key.previous`).
@@ -327,7 +364,7 @@ mod tests {
     async fn a_key_file_is_made_private_reused_and_its_predecessor_stays_published() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.signing-key");
-        let first = LocalKey::open_or_create(&path, false).unwrap();
+        let first = LocalKey::open_or_create(&path, true).unwrap();
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -343,9 +380,16 @@ mod tests {
         }
         assert_eq!(first.key, again.key, "reused across restarts");
         assert_eq!(again.keys().await.unwrap().len(), 1);
+        assert_eq!(std::fs::read_to_string(made_path(&path)).unwrap(), first.key.kid, "its id is noted");
         std::fs::rename(&path, previous_path(&path)).unwrap();
+        assert_eq!(lost_key(&path), None, "moved aside: a rotation, not a loss");
         let rotated = LocalKey::open_or_create(&path, true).unwrap();
         let keys = rotated.keys().await.unwrap();
+        assert_eq!(std::fs::read_to_string(made_path(&path)).unwrap(), rotated.key.kid);
+        std::fs::copy(&path, dir.path().join("kept")).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(lost_key(&path), Some(rotated.key.kid.clone()), "deleted: a lost key, said with its id");
+        std::fs::copy(dir.path().join("kept"), &path).unwrap();
         assert_eq!(keys.len(), 2);
         assert_ne!(keys[0].kid, first.key.kid);
         assert_eq!(keys[1], first.key);

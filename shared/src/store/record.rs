@@ -260,6 +260,7 @@ impl TryFrom<StoredApproval> for Approval {
             (None, None) => None,
             _ => return Err(malformed("approval call")),
         };
+        let policy = approval.policy.map(StoredPolicyMatch::read).transpose()?;
         Ok(Approval {
             id: approval.id.parse().map_err(|_| malformed("approval id"))?,
             action: approval.action,
@@ -275,11 +276,14 @@ impl TryFrom<StoredApproval> for Approval {
                 .resolved_by
                 .map(|key| key.parse().map_err(|_| malformed("approval resolved_by")))
                 .transpose()?,
-            policy: approval.policy.map(StoredPolicyMatch::read).transpose()?,
             input_schema: approval.input_schema.map(json).transpose()?,
             answer: approval.answer.map(json).transpose()?,
             tool_changed: approval.tool_changed,
-            auto_approves_at: at(approval.auto_approves_at),
+            // An earlier release gave a call an `ask` rule put to a person
+            // a veto window: it has none (it expires as any other).
+            auto_approves_at: at(approval.auto_approves_at)
+                .filter(|_| !policy.as_ref().is_some_and(PolicyMatch::person_must_decide)),
+            policy,
         })
     }
 }
@@ -454,6 +458,22 @@ mod tests {
         let run = read(oldest);
         assert_eq!((run.execution_ms, run.running_since, run.usage, run.resends), (0, None, None, 0));
         assert_eq!(run.approvals[0].expires_at, None);
+    }
+
+    /// An earlier release gave a call an `enforce` `ask` rule put to a
+    /// person a veto window; it reads without one (a log_only rule's keeps it).
+    #[test]
+    fn a_window_on_a_call_an_ask_rule_put_to_a_person_reads_as_none() {
+        let stored = |mode: &str| {
+            let approval = format!(
+                r#"{{"id":"apr_01KAB0000000000000000000BB","action":"x","status":"pending","requested_at":5,"resolved_at":null,"comment":null,"expires_at":900,"auto_approves_at":65,"policy":{{"rule":"r","effect":"ask","mode":"{mode}","version":1}}}}"#
+            );
+            read(&format!(
+                r#"{{"id":"run_01KAB0000000000000000000AA","owner":"acme","status":"awaiting_approval","agent":"echo","input":"hi","output":null,"error":null,"approvals":[{approval}],"metadata":{{}},"created_at":1,"started_at":2,"completed_at":null,"version":3,"due_at":null,"attempts":1,"lease":null,"checkpoint":null}}"#
+            ))
+        };
+        assert_eq!(stored("enforce").approvals[0].auto_approves_at, None);
+        assert_eq!(stored("log_only").approvals[0].auto_approves_at, Some(Timestamp::from_millis(65)));
     }
 
     #[test]

@@ -151,6 +151,14 @@ pub struct PolicyMatch {
     pub version: u64,
 }
 
+impl PolicyMatch {
+    /// An `enforce` rule of effect `ask`: a person must decide, and no
+    /// one's silence may stand in (no veto window).
+    pub fn person_must_decide(&self) -> bool {
+        self.effect == Effect::Ask && self.mode == RuleMode::Enforce
+    }
+}
+
 /// What happens to a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {

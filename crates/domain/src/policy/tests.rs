@@ -270,7 +270,8 @@ fn numbers_compare_exactly_and_inexact_rule_values_are_refused() {
         ..Policy::default()
     };
     let denied = |policy: &Policy, arguments: Value| {
-        let call = GatedCall { agent: "a", tool: "pay", arguments: &arguments, requires_approval: false, always_ask: false };
+        let call =
+            GatedCall { agent: "a", tool: "pay", arguments: &arguments, requires_approval: false, always_ask: false };
         matches!(policy.evaluate(&call), Verdict::Denied { .. })
     };
     let not_listed = policy(json!({"path": "/to", "op": "not_in", "value": [12345678901234567890u64]}));
@@ -290,13 +291,17 @@ fn numbers_compare_exactly_and_inexact_rule_values_are_refused() {
     assert!(denied(&negative, json!({"x": -0.0})));
     // Rule values that do not read as written are refused.
     for value in ["1e20", "100000000000000000000", "9007199254740993.0", "9007199254740992.0", "[1, 1e30]"] {
-        let rule = format!(r#"{{"rules": [{{"id": "r", "effect": "deny", "when": [{{"path": "/x", "op": "==", "value": {value}}}]}}]}}"#);
+        let rule = format!(
+            r#"{{"rules": [{{"id": "r", "effect": "deny", "when": [{{"path": "/x", "op": "==", "value": {value}}}]}}]}}"#
+        );
         let error = parse_rules(&serde_json::from_str(&rule).unwrap()).unwrap_err();
         assert_eq!(error.param, "rules[0].when[0].value", "{value}");
         assert!(error.message.contains("beyond 2^53"), "{value}: {}", error.message);
     }
     for value in ["18446744073709551615", "-9223372036854775808", "9007199254740991.0", "1e15", "0.1"] {
-        let rule = format!(r#"{{"rules": [{{"id": "r", "effect": "deny", "when": [{{"path": "/x", "op": "<", "value": {value}}}]}}]}}"#);
+        let rule = format!(
+            r#"{{"rules": [{{"id": "r", "effect": "deny", "when": [{{"path": "/x", "op": "<", "value": {value}}}]}}]}}"#
+        );
         assert!(parse_rules(&serde_json::from_str(&rule).unwrap()).is_ok(), "{value}");
     }
 }

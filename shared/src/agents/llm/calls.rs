@@ -50,13 +50,12 @@ impl LlmAgent {
                     Err(NotMade::ToolChanged { pin, arguments }) => {
                         // Asked again, about the tool as its server has it now.
                         let request = ApprovalRequest { tool_changed: true, ..asking(&call.name, arguments) };
-                        let again =
-                            PendingCall {
-                                call: call.clone(),
-                                approval: Some(approvals.len()),
-                                mcp_pin: Some(pin),
-                                logged: None,
-                            };
+                        let again = PendingCall {
+                            call: call.clone(),
+                            approval: Some(approvals.len()),
+                            mcp_pin: Some(pin),
+                            logged: None,
+                        };
                         transcript.pending.insert(0, again);
                         return match self.save(&mut transcript, events) {
                             Ok(checkpoint) => Step::AwaitApproval { requests: vec![request], checkpoint },

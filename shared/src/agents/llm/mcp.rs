@@ -109,9 +109,11 @@ impl McpSession {
         receipt: Option<&str>,
     ) -> Result<Self, Unreachable> {
         let timeout = Duration::from_millis(server.timeout_ms);
+        // One deadline for the address check and the handshake.
+        let deadline = tokio::time::Instant::now() + timeout;
         if http.public_only
             && (public_network::check_url(&server.url).is_err()
-                || tokio::time::timeout(timeout, public_network::resolves_only_to_private(&server.url))
+                || tokio::time::timeout_at(deadline, public_network::resolves_only_to_private(&server.url))
                     .await
                     .unwrap_or(false))
         {
@@ -167,7 +169,7 @@ impl McpSession {
                 }
             }
         };
-        match tokio::time::timeout(timeout, handshake).await {
+        match tokio::time::timeout_at(deadline, handshake).await {
             Ok(Ok(service)) => Ok(McpSession { service, server: server.name.clone(), timeout }),
             Ok(Err(error)) => {
                 tracing::warn!(server = %server.name, error = %crate::error_chain(&error), "MCP handshake failed");
@@ -339,11 +341,8 @@ pub fn offered(server: &McpServerDefinition, listed: Vec<ListedTool>) -> Vec<Too
                 auto_approve_after_secs: None,
             };
             let binding = McpBinding { server: server.name.clone(), tool: tool.name.clone(), pin: tool.pin, changed };
-            match Tool::new(definition) {
-                Ok(mut offered) => {
-                    offered.mcp = Some(binding);
-                    Some(offered)
-                }
+            match Tool::listed(definition, binding) {
+                Ok(offered) => Some(offered),
                 Err(error) => {
                     tracing::warn!(server = %server.name, tool = %tool.name, %error, "an MCP tool's input schema does not compile; it is not offered");
                     None

@@ -158,7 +158,21 @@ impl LlmRuntime {
             }
             ProviderKind::Bedrock => Arc::new(BedrockModel::new(self.bedrock().await)),
         };
-        let tools = definition.tools.iter().cloned().map(Tool::new).collect::<Result<Vec<_>, _>>()?;
+        // A tool whose schema no longer compiles (stored before a limit) is
+        // left out, not the whole agent.
+        let tools: Vec<Tool> = definition
+            .tools
+            .iter()
+            .cloned()
+            .filter_map(|tool| {
+                let name = tool.name.clone();
+                Tool::new(tool)
+                    .inspect_err(|error| {
+                        tracing::warn!(agent = %definition.name, tool = %name, %error, "a stored tool's schema does not compile; it is not offered");
+                    })
+                    .ok()
+            })
+            .collect();
         let specs = tools.iter().map(Tool::spec).chain(definition.ask_human.then(questions::spec)).collect();
         Ok(LlmAgent { definition, model, tools, specs, runtime: self.clone() })
     }
@@ -336,7 +350,9 @@ impl LlmAgent {
             Verdict::Denied { policy, reason } => (Some(policy), Some(RuleDecision::Denied { reason })),
         };
         let tool_changed = tool.mcp.as_ref().is_some_and(|mcp| mcp.changed);
-        let auto_approve_after = tool.definition.auto_approve_after();
+        // A tool that always asks has no window, even in a definition
+        // stored before `agents put` refused one.
+        let auto_approve_after = tool.definition.auto_approve_after().filter(|_| !tool.definition.always_ask);
         Some(ApprovalRequest { policy, decided, tool_changed, auto_approve_after, ..asking(&call.name, arguments) })
     }
 

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::domain::{CompiledSchema, ToolDefinition, canonical_json, compile_schema, exact_canonical};
+use crate::domain::{
+    CompiledSchema, ToolDefinition, canonical_json, compile_kept_schema, compile_listed_schema, exact_canonical,
+};
 use crate::public_network::{self, NotPublic};
 
 /// A definition's tool with its compiled argument schema.
@@ -77,9 +79,17 @@ fn timed_out(tool: &ToolDefinition) -> String {
 }
 
 impl Tool {
+    /// A stored definition's tool (`agents put` held its schema to every
+    /// limit; one stored before a limit still reads).
     pub fn new(definition: ToolDefinition) -> Result<Self, String> {
-        let schema = compile_schema(&definition.parameters)?;
+        let schema = compile_kept_schema(&definition.parameters)?;
         Ok(Self { definition, schema, mcp: None })
+    }
+
+    /// A tool as an MCP server lists it now.
+    pub fn listed(definition: ToolDefinition, binding: McpBinding) -> Result<Self, String> {
+        let schema = compile_listed_schema(&definition.parameters)?;
+        Ok(Self { definition, schema, mcp: Some(binding) })
     }
 
     /// How the model is offered the tool.
