@@ -69,9 +69,7 @@ impl InboxCursor {
         bytes.extend_from_slice(&self.last.requested_at.millis().to_be_bytes());
         bytes.extend_from_slice(&self.last.run_id.ulid().to_bytes());
         bytes.extend_from_slice(&self.last.approval_id.ulid().to_bytes());
-        let check = checksum(owner, &bytes);
-        bytes.extend_from_slice(&check);
-        URL_SAFE_NO_PAD.encode(bytes)
+        sealed(owner, bytes)
     }
 
     /// Decodes a cursor for `owner` and checks it against the filters of
@@ -84,13 +82,10 @@ impl InboxCursor {
         kind: Option<ApprovalKind>,
     ) -> Result<InboxCursor, CursorError> {
         let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| CursorError::Malformed)?;
-        if bytes.len() != INBOX_PAYLOAD_BYTES + CHECK_BYTES || bytes[0] != INBOX_VERSION {
+        if bytes.first() != Some(&INBOX_VERSION) {
             return Err(CursorError::Malformed);
         }
-        let (payload, check) = bytes.split_at(INBOX_PAYLOAD_BYTES);
-        if checksum(owner, payload) != check {
-            return Err(CursorError::Malformed);
-        }
+        let payload = opened(owner, &bytes, INBOX_PAYLOAD_BYTES)?;
         ApprovalStatus::ALL.get(usize::from(payload[1] & 0x0f)).ok_or(CursorError::Malformed)?;
         if payload[1] != filter_byte(status, kind) || payload[2..6] != agent_tag(agent) {
             return Err(CursorError::FilterMismatch);
@@ -125,20 +120,15 @@ impl IdCursor {
         bytes.push(ID_VERSION);
         bytes.extend_from_slice(&agent_tag(Some(list)));
         bytes.extend_from_slice(&self.last.to_bytes());
-        let check = checksum(owner, &bytes);
-        bytes.extend_from_slice(&check);
-        URL_SAFE_NO_PAD.encode(bytes)
+        sealed(owner, bytes)
     }
 
     pub fn decode(text: &str, owner: &Owner, list: &str) -> Result<IdCursor, CursorError> {
         let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| CursorError::Malformed)?;
-        if bytes.len() != ID_PAYLOAD_BYTES + CHECK_BYTES || bytes[0] != ID_VERSION {
+        if bytes.first() != Some(&ID_VERSION) {
             return Err(CursorError::Malformed);
         }
-        let (payload, check) = bytes.split_at(ID_PAYLOAD_BYTES);
-        if checksum(owner, payload) != check {
-            return Err(CursorError::Malformed);
-        }
+        let payload = opened(owner, &bytes, ID_PAYLOAD_BYTES)?;
         if payload[1..5] != agent_tag(Some(list)) {
             return Err(CursorError::FilterMismatch);
         }
@@ -163,6 +153,23 @@ fn status_code(status: Option<RunStatus>) -> u8 {
     status.map_or(0, |status| RunStatus::ALL.iter().position(|s| *s == status).unwrap_or(0) as u8 + 1)
 }
 
+/// `payload` with its owner's checksum, as a cursor's text.
+fn sealed(owner: &Owner, mut payload: Vec<u8>) -> String {
+    let check = checksum(owner, &payload);
+    payload.extend_from_slice(&check);
+    URL_SAFE_NO_PAD.encode(payload)
+}
+
+/// The payload of `bytes` (`payload_bytes` long), when its checksum is the
+/// owner's.
+fn opened<'a>(owner: &Owner, bytes: &'a [u8], payload_bytes: usize) -> Result<&'a [u8], CursorError> {
+    if bytes.len() != payload_bytes + CHECK_BYTES {
+        return Err(CursorError::Malformed);
+    }
+    let (payload, check) = bytes.split_at(payload_bytes);
+    if checksum(owner, payload) == check { Ok(payload) } else { Err(CursorError::Malformed) }
+}
+
 fn checksum(owner: &Owner, payload: &[u8]) -> [u8; CHECK_BYTES] {
     let digest = Sha256::new()
         .chain_update(b"agent-runs cursor v1\0")
@@ -182,9 +189,7 @@ impl Cursor {
             bytes.extend_from_slice(&thread.ulid().to_bytes());
         }
         bytes.extend_from_slice(&self.last.ulid().to_bytes());
-        let check = checksum(owner, &bytes);
-        bytes.extend_from_slice(&check);
-        URL_SAFE_NO_PAD.encode(bytes)
+        sealed(owner, bytes)
     }
 
     /// Decodes a cursor for `owner` and checks it against the `status` and
@@ -201,13 +206,7 @@ impl Cursor {
             Some(&THREAD_VERSION) => THREAD_PAYLOAD_BYTES,
             _ => return Err(CursorError::Malformed),
         };
-        if bytes.len() != payload_bytes + CHECK_BYTES {
-            return Err(CursorError::Malformed);
-        }
-        let (payload, check) = bytes.split_at(payload_bytes);
-        if checksum(owner, payload) != check {
-            return Err(CursorError::Malformed);
-        }
+        let payload = opened(owner, &bytes, payload_bytes)?;
         let issued_status = match payload[1] {
             0 => None,
             code => Some(*RunStatus::ALL.get(code as usize - 1).ok_or(CursorError::Malformed)?),

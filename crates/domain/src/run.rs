@@ -10,9 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{
-    Approval, ApprovalId, ApprovalRequest, ApprovalStatus, Budget, Decision, DecisionRequest, Event, EventData, KeyId,
-    MAX_APPROVAL_ARGUMENTS_PER_RUN, NewEvent, Owner, Resolver, RuleDecision, RunId, RunSnapshot, RunTrace, Timestamp,
-    approval_arguments_bytes, canonical_json, check_answer,
+    Approval, ApprovalStatus, Budget, Event, EventData, KeyId, NewEvent, Owner, RunId, RunSnapshot, RunTrace, Timestamp,
 };
 
 mod decisions;

@@ -60,9 +60,9 @@ impl DecisionRow {
     }
 }
 
-impl SqliteStore {
-    /// The owner's document, unless it is still version `known` (`None`);
-    /// the default document when none was put.
+#[async_trait]
+impl PolicyStore for SqliteStore {
+    /// The default document when none was put.
     async fn read_policy(&self, owner: &Owner, known: Option<u64>) -> Result<Option<Policy>, StoreError> {
         let owner = owner.to_string();
         // A stored version is never negative: -1 matches none.
@@ -87,17 +87,6 @@ impl SqliteStore {
             Some((_, None)) => Ok(None),
             Some((version, Some(document))) => decode_policy(version.max(0) as u64, &document).map(Some),
         }
-    }
-}
-
-#[async_trait]
-impl PolicyStore for SqliteStore {
-    async fn policy(&self, owner: &Owner) -> Result<Policy, StoreError> {
-        Ok(self.read_policy(owner, None).await?.unwrap_or_default())
-    }
-
-    async fn policy_unless(&self, owner: &Owner, known: u64) -> Result<Option<Policy>, StoreError> {
-        self.read_policy(owner, Some(known)).await
     }
 
     async fn put_policy(

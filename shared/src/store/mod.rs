@@ -372,12 +372,19 @@ pub trait AgentStore: Send + Sync + 'static {
 /// policy is tried on.
 #[async_trait]
 pub trait PolicyStore: Send + Sync + 'static {
+    /// The owner's document (version 0 and no rules when none was put),
+    /// unless it is still version `known` (`None`): a reader that keeps
+    /// the document it read last decodes (and compiles) it only when it
+    /// changed. Without `known`, always the document.
+    async fn read_policy(&self, owner: &Owner, known: Option<u64>) -> Result<Option<Policy>, StoreError>;
     /// The owner's document: version 0 and no rules when none was put.
-    async fn policy(&self, owner: &Owner) -> Result<Policy, StoreError>;
-    /// The owner's document unless it is still version `known` (`None`):
-    /// a reader that keeps the document it read last decodes (and
-    /// compiles) it only when it changed.
-    async fn policy_unless(&self, owner: &Owner, known: u64) -> Result<Option<Policy>, StoreError>;
+    async fn policy(&self, owner: &Owner) -> Result<Policy, StoreError> {
+        Ok(self.read_policy(owner, None).await?.unwrap_or_default())
+    }
+    /// The owner's document unless it is still version `known` (`None`).
+    async fn policy_unless(&self, owner: &Owner, known: u64) -> Result<Option<Policy>, StoreError> {
+        self.read_policy(owner, Some(known)).await
+    }
     /// Replaces the owner's document with `rules`, put `at` by `by`, one
     /// version on: the new document. With `expected`, only if its version
     /// is still that (`None` when another put came first); without, over

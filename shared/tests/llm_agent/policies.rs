@@ -223,18 +223,13 @@ struct CountedPolicies {
 
 #[async_trait::async_trait]
 impl PolicyStore for CountedPolicies {
-    async fn policy(&self, owner: &Owner) -> Result<agent_runs_shared::domain::Policy, StoreError> {
-        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.decoded.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.store.policy(owner).await
-    }
-    async fn policy_unless(
+    async fn read_policy(
         &self,
         owner: &Owner,
-        known: u64,
+        known: Option<u64>,
     ) -> Result<Option<agent_runs_shared::domain::Policy>, StoreError> {
         self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let read = self.store.policy_unless(owner, known).await?;
+        let read = self.store.read_policy(owner, known).await?;
         self.decoded.fetch_add(usize::from(read.is_some()), std::sync::atomic::Ordering::SeqCst);
         Ok(read)
     }

@@ -1,7 +1,14 @@
 //! A worker's transitions of a run: claim, heartbeat, park, release and
 //! the ends; and the sweeper's.
 
-use super::*;
+use crate::ApprovalId;
+use crate::approval::{Approval, ApprovalRequest, ApprovalStatus, Resolver, RuleDecision};
+use crate::event::EventData;
+use crate::run::{
+    ClaimOutcome, ClaimRefused, DecideOutcome, ExecutionPolicy, Lease, Run, RunStatus, SweepAction, TransitionError,
+    approval_expired_message, attempts_exhausted_message, event_limit_message, time_limit_message, warning_time,
+};
+use crate::time::Timestamp;
 
 impl Run {
     /// A worker takes the run: `queued`, or `running` with an expired lease.

@@ -110,20 +110,6 @@ impl DynamoStore {
         Ok(indexed)
     }
 
-    /// The owner's document, unless it is still version `known` (`None`);
-    /// the default document when none was put. The item is read whole
-    /// either way (one read unit up to 4 KB); only the decode is spared.
-    async fn read_policy(&self, owner: &Owner, known: Option<u64>) -> Result<Option<Policy>, StoreError> {
-        let Some(item) = self.get_item(policy_pk(owner), POLICY_SK.into()).await? else {
-            return Ok((known != Some(0)).then(Policy::default));
-        };
-        let version = number(&item, "version")?;
-        if Some(version) == known {
-            return Ok(None);
-        }
-        decode_policy(version, text(&item, "document")?).map(Some)
-    }
-
     /// The run's `approval.decided` event items not in the history's index.
     async fn unindexed_decisions(&self, run_id: RunId) -> Result<Vec<Item>, StoreError> {
         let query = self
@@ -152,12 +138,17 @@ impl DynamoStore {
 
 #[async_trait]
 impl PolicyStore for DynamoStore {
-    async fn policy(&self, owner: &Owner) -> Result<Policy, StoreError> {
-        Ok(self.read_policy(owner, None).await?.unwrap_or_default())
-    }
-
-    async fn policy_unless(&self, owner: &Owner, known: u64) -> Result<Option<Policy>, StoreError> {
-        self.read_policy(owner, Some(known)).await
+    /// The item is read whole either way (one read unit up to 4 KB); only
+    /// the decode is spared.
+    async fn read_policy(&self, owner: &Owner, known: Option<u64>) -> Result<Option<Policy>, StoreError> {
+        let Some(item) = self.get_item(policy_pk(owner), POLICY_SK.into()).await? else {
+            return Ok((known != Some(0)).then(Policy::default));
+        };
+        let version = number(&item, "version")?;
+        if Some(version) == known {
+            return Ok(None);
+        }
+        decode_policy(version, text(&item, "document")?).map(Some)
     }
 
     async fn put_policy(
