@@ -1,7 +1,12 @@
 //! API keys and agent definitions.
 
-use super::*;
-use agent_runs_shared::store::{decode_agent, encode_agent};
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+
+use agent_runs_shared::domain::{AgentDefinition, KeyId, Owner, Scopes, Timestamp};
+use agent_runs_shared::store::{AgentStore, KeyStore, StoreError, StoredKey, decode_agent, encode_agent};
+
+use crate::{SqliteStore, unavailable};
 
 /// A key's row as read.
 struct KeyRow {

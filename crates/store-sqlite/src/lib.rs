@@ -12,8 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, params};
 
 use tokio::sync::watch;
 
@@ -30,16 +29,9 @@ use recent::RecentRuns;
 use schema::migrate;
 use writer::{Committed, Writer};
 
-use agent_runs_shared::domain::{
-    AgentDefinition, ApprovalId, ApprovalKind, Event, EventData, KeyId, Owner, RunId, Scopes, Timestamp,
-};
+use agent_runs_shared::domain::{ApprovalId, Event, EventData, Owner, RunId, Timestamp};
 use agent_runs_shared::store::record::StoredRun;
-use agent_runs_shared::store::{
-    AgentStore, BatchWriteError, DueRun, EventBody, EventFormat, EventLog, EventPage, IdempotencyClaim,
-    IdempotencyRecord, InboxEntry, InboxPage, InboxRequest, InboxViewPage, InsertOutcome, KeyStore, ListPage,
-    ListRequest, Run, RunKey, RunLists, RunStore, Settled, StoreError, StoredEvent, StoredKey, Upkeep, ViewPage,
-    inbox_views_of, run_view_json,
-};
+use agent_runs_shared::store::{EventBody, EventFormat, ListRequest, Run, StoreError, StoredEvent};
 use agent_runs_shared::views::Shown;
 
 const READERS: usize = 4;

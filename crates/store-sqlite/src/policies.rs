@@ -1,8 +1,14 @@
 //! Approval policies, and the history of the tool calls people decided.
 
-use super::*;
-use agent_runs_shared::domain::{DecidedCall, HumanDecision, Policy, Rule, canonical_json};
-use agent_runs_shared::store::{PolicyStore, decode_policy, encode_policy};
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use agent_runs_shared::domain::{
+    DecidedCall, Event, EventData, HumanDecision, KeyId, Owner, Policy, Rule, Timestamp, canonical_json,
+};
+use agent_runs_shared::store::{PolicyStore, Run, StoreError, decode_policy, encode_policy};
+
+use crate::{SqliteStore, unavailable};
 
 /// Adds the calls a person decided in `events` to the history, in the
 /// write that records the decision.

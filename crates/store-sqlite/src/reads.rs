@@ -1,6 +1,18 @@
 //! Lists, events and the sweeper's reads.
 
-use super::*;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+use tokio::sync::watch;
+
+use agent_runs_shared::domain::{ApprovalKind, Owner, RunId, Timestamp};
+use agent_runs_shared::store::{
+    DueRun, EventLog, EventPage, InboxEntry, InboxPage, InboxRequest, InboxViewPage, ListPage, ListRequest, RunKey,
+    RunLists, RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage, inbox_views_of, run_view_json,
+};
+
+use crate::{EVENT_COLUMNS, EVENT_SIGNALS_KEPT, EventRow, SqliteStore, decode_run, event_row, list_rows, unavailable};
 
 #[async_trait]
 impl RunLists for SqliteStore {

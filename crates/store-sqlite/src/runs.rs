@@ -1,6 +1,17 @@
 //! One run at a time: create, read and change it.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+
+use agent_runs_shared::domain::{Owner, RunId};
+use agent_runs_shared::store::{
+    BatchWriteError, IdempotencyClaim, IdempotencyRecord, InsertOutcome, Run, RunStore, StoreError,
+};
+
+use crate::{
+    PURGE_AFTER, PURGE_PER_CREATE, PendingUpdate, RunRow, SqliteStore, decode_run, insert_events, insert_run_row,
+    unavailable,
+};
 
 #[async_trait]
 impl RunStore for SqliteStore {

@@ -1,6 +1,10 @@
 //! The database's schema, one migration per version, applied in order.
 
-use super::*;
+use rusqlite::{Connection, TransactionBehavior};
+
+use agent_runs_shared::store::StoreError;
+
+use crate::unavailable;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE runs (

@@ -2,7 +2,19 @@
 //! tool's or an MCP server's), with the receipt of the approval that
 //! allowed it, or told to the model as a person or a rule decided it.
 
-use super::*;
+use super::mcp::{self, McpSession};
+use super::model::{Message, ToolCall};
+use super::tools::{ToolHttp, ToolOutcome};
+use super::transcript::{PendingCall, Transcript};
+use super::{LlmAgent, asking, denied_by, questions, shorten};
+use crate::agents::{Step, StepInput};
+
+use crate::domain::{
+    Approval, ApprovalRequest, ApprovalStatus, EventData, EventText, McpServerDefinition, PolicyMatch, Resolver,
+    ToolCompleted, canonical_json,
+};
+use crate::receipts;
+use crate::telemetry::{self, Span, SpanKind};
 
 /// Why a tool call was not made.
 enum NotMade {
@@ -261,7 +273,7 @@ impl ToolCallTrace {
         arguments: serde_json::Value,
         outcome: &ToolOutcome,
         mcp_server: Option<&str>,
-        policy: Option<crate::domain::PolicyMatch>,
+        policy: Option<PolicyMatch>,
         events: &mut Vec<EventData>,
     ) {
         if let Some(mut span) = self.span {

@@ -19,13 +19,12 @@ use tokio::sync::OnceCell;
 
 use super::{Agent, Step, StepInput};
 use crate::domain::{
-    ASK_HUMAN_TOOL, AgentDefinition, Approval, ApprovalRequest, ApprovalStatus, Budget, EventData, EventText,
-    GatedCall, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, McpServerDefinition, Policy, ProposedCall,
-    ProviderKind, Resolver, RuleDecision, ToolCompleted, Usage, Verdict, approval_arguments_bytes, canonical_json,
-    exact_canonical,
+    ASK_HUMAN_TOOL, AgentDefinition, ApprovalRequest, Budget, EventData, EventText, GatedCall,
+    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Policy, ProposedCall, ProviderKind, RuleDecision,
+    Usage, Verdict, approval_arguments_bytes, canonical_json, exact_canonical,
 };
 
-use crate::receipts::{self, Receipts};
+use crate::receipts::Receipts;
 use crate::telemetry::{self, Span, SpanKind};
 use transcript::{PendingCall, Transcript};
 

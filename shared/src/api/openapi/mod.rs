@@ -9,14 +9,12 @@ mod schemas;
 
 use serde_json::{Value, json};
 
-use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
-use super::routes::{Operation, ROUTES};
+use super::routes::ROUTES;
 use super::{ApiError, MAX_BODY_BYTES};
-use super::{batch, create, events, inbox, webhooks};
+use super::{create, webhooks};
 use crate::domain::{
     ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_ANSWER_BYTES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS,
-    MAX_DISAGREEMENTS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS,
-    MAX_METADATA_VALUE_CHARS, MAX_RULES, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER,
+    MAX_DISAGREEMENTS, MAX_RULES, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER,
     RETRY_DELAYS, RunStatus,
 };
 use crate::receipts::JWKS_PATH;

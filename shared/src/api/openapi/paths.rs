@@ -1,8 +1,13 @@
 //! Each operation's description, for its route of the route table: an
 //! operation without one here does not compile.
 
-use super::*;
-use crate::api::routes::Route;
+use serde_json::{Value, json};
+
+use super::{Parts, ULID, error_response, header, operation, run_response, webhook_response};
+use crate::api::list::{DEFAULT_LIMIT, MAX_LIMIT};
+use crate::api::routes::{Operation, Route};
+use crate::api::{events, inbox};
+use crate::domain::MAX_IDEMPOTENCY_KEY_CHARS;
 
 pub(super) fn spec(route: &Route, parts: &Parts<'_>) -> Value {
     let Parts {

@@ -1,7 +1,13 @@
 //! The document around the paths: its metadata, security scheme and the
 //! schemas of what the operations take and give.
 
-use super::*;
+use serde_json::{Value, json};
+
+use super::{Parts, ULID, budget, decision_schema, error_response, header, policy_schemas, timestamp, webhook_schemas};
+use crate::api::batch;
+use crate::domain::{
+    EVENT_TYPES, MAX_INPUT_BYTES, MAX_METADATA_KEY_CHARS, MAX_METADATA_KEYS, MAX_METADATA_VALUE_CHARS,
+};
 
 pub(super) fn document(paths: serde_json::Map<String, Value>, parts: &Parts<'_>) -> Value {
     let Parts { agents, default_agent, statuses, codes, usage, approval, inbox_entry, .. } = parts;

@@ -1,7 +1,27 @@
 //! The table calls the ports share: reads, batch reads, Queries across
 //! shards, and transactions sent again while DynamoDB turns them away.
 
-use super::*;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
+use rand::Rng;
+
+use super::items::{
+    CHECKPOINT_SK, RUN_SK, decode_event_item, decode_run, defect, entry, event_put, idempotency_pk, run_items, run_pk,
+    run_sk, text, thread_pk, unavailable,
+};
+use super::{
+    DynamoStore, Item, KIND_FILTERED_BUDGET, Projection, TRANSACT_ATTEMPTS, TRANSACT_BACKOFF_BASE,
+    TRANSACT_BACKOFF_CAP, UPDATE_CONDITION, n, s, update_values,
+};
+use crate::domain::{Event, Owner, RunId};
+use crate::store::{EventBody, EventFormat, IdempotencyClaim, IdempotencyRecord, Run, StoreError};
+use crate::views::Shown;
 
 /// Why DynamoDB canceled a transaction, from its reasons (one per item, in
 /// order; `None` for an item that was fine).

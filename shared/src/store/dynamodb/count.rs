@@ -2,7 +2,22 @@
 //! (`ACTIVE#<owner>#<n>`), taken at create, given back at a run's end, and
 //! recounted by the sweeper (docs/design.md, "A busy tenant on DynamoDB").
 
-use super::*;
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, Update};
+
+use super::items::{
+    RUN_SK, count_item, count_sample, counted_runs, counter_cap, counter_pk, counter_shard, defect, recount_pk, run_pk,
+    text, unavailable,
+};
+use super::{
+    ABANDONED_CREATE, COUNT_SK, COUNTED_RUNS, COUNTER_RETRIES, DynamoStore, Item, LEGACY_COUNT, RECOUNT_EVERY,
+    STATUS_ONLY, TERMINAL, n, s,
+};
+use crate::domain::{Owner, RunId, Timestamp};
+use crate::store::{Run, StoreError};
 
 impl DynamoStore {
     /// Takes a place on item `item` of the owner's count for `run_id`, if

@@ -1,7 +1,15 @@
 //! The keys of the items and their encoding: what each item of the table
 //! holds, and how it reads back.
 
-use super::*;
+use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+
+use super::{
+    CHECKPOINT_APART, COUNTED_RUNS, COUNTER_SAMPLE, COUNTER_SHARDS, DUE_SHARDS, INLINE_CHECKPOINT_BYTES, Item,
+    MAX_CHECKPOINT_BYTES, OWNER_SHARDS, RUNS_PER_COUNTER, n, s,
+};
+use crate::domain::{ApprovalId, ApprovalStatus, DecidedCall, Event, EventData, Owner, RunId, RunStatus, Timestamp};
+use crate::store::record::StoredRun;
+use crate::store::{DueRun, EventBody, RENDERED_FORMAT, Run, RunKey, StoreError, StoredEvent};
 
 /// The run's shard of its owner's keys.
 pub(super) fn shard(run_id: RunId) -> u32 {

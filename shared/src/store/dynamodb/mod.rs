@@ -53,16 +53,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::SdkError;
-use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
-use rand::Rng;
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
 mod agents;
 mod calls;
@@ -82,16 +74,7 @@ use items::*;
 pub use migrate::Migrated;
 pub use webhooks::{NOTIFIED_EVENT_PREFIX, decode_stream_event};
 
-use super::record::StoredRun;
-use super::{
-    BatchWriteError, DueRun, EventBody, EventFormat, EventLog, EventPage, IdempotencyClaim, IdempotencyRecord,
-    InboxEntry, InboxPage, InboxRequest, InsertOutcome, ListPage, ListRequest, RENDERED_FORMAT, Run, RunKey, RunLists,
-    RunStore, Settled, StoreError, StoredEvent, Upkeep, ViewPage, run_view_json, views_of,
-};
-use crate::domain::{
-    Approval, ApprovalId, ApprovalStatus, DecidedCall, Event, EventData, InboxPosition, Owner, RunId, RunStatus,
-    Timestamp,
-};
+use super::EventFormat;
 use crate::views::Shown;
 
 pub const STATUS_INDEX: &str = "gsi1";
@@ -219,6 +202,8 @@ fn n(number: impl ToString) -> AttributeValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{RunId, Timestamp};
+    use crate::store::StoredEvent;
 
     fn event(seq: u64) -> StoredEvent {
         StoredEvent {

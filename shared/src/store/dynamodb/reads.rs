@@ -1,6 +1,19 @@
 //! Lists and events.
 
-use super::*;
+use async_trait::async_trait;
+
+use super::items::{
+    InboxIndexEntry, RUN_SK, decode_event_item, decode_inbox_entry, decode_run, defect, event_sk, following_on,
+    inbox_sort_key, owners_run, run_pk, run_sk, status_pk, text, thread_pk, unavailable,
+};
+use super::{
+    APPROVALS_INDEX, DynamoStore, INBOX_FILTERED_READ, Item, KIND_FILTERED_READ, OWNER_SHARDS, STATUS_INDEX, s,
+};
+use crate::domain::{Approval, ApprovalId, InboxPosition, Owner, RunId, Timestamp};
+use crate::store::{
+    EventLog, EventPage, InboxEntry, InboxPage, InboxRequest, ListPage, ListRequest, Run, RunLists, StoreError,
+    StoredEvent, ViewPage, run_view_json, views_of,
+};
 
 #[async_trait]
 impl RunLists for DynamoStore {

@@ -1,6 +1,21 @@
 //! One run at a time: create, read and change it.
 
-use super::*;
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{Delete, TransactWriteItem};
+
+use super::calls::{TransactFailure, resent};
+use super::items::{
+    CHECKPOINT_SK, RUN_SK, checkpoint_of_version, defect, entry, event_sk, idempotency_pk, not_written, owners_run,
+    run_items, run_pk, run_sk, thread_pk, unavailable,
+};
+use super::{
+    COUNTER_SHARDS, DynamoStore, Item, MAX_TRANSACTION_BYTES, MAX_TRANSACTION_ITEMS, UPDATE_CONDITION, n, s,
+    update_values, write_bytes,
+};
+use crate::domain::{Owner, RunId};
+use crate::store::{BatchWriteError, IdempotencyClaim, InsertOutcome, Run, RunStore, StoreError};
 
 #[async_trait]
 impl RunStore for DynamoStore {

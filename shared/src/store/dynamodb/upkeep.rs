@@ -1,6 +1,12 @@
 //! The sweeper's reads and repairs.
 
-use super::*;
+use async_trait::async_trait;
+use rand::Rng;
+
+use super::items::{decode_due, due_sk, recount_pk, text, unavailable};
+use super::{COUNT_SK, DUE_INDEX, DUE_SHARDS, DynamoStore, Item, RECOUNTS_AT_ONCE, s};
+use crate::domain::Timestamp;
+use crate::store::{DueRun, Settled, StoreError, Upkeep};
 
 #[async_trait]
 impl Upkeep for DynamoStore {
