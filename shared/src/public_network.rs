@@ -143,10 +143,9 @@ impl Resolve for PublicAddressResolver {
 }
 
 /// Whether `url`'s host resolves, and only to addresses that are not
-/// public: a connection to it would be refused by the resolver, and this
-/// says why in words before one is tried (the MCP client's errors do not
-/// carry the resolver's reason). A name that does not resolve is `false`:
-/// the connection reports it.
+/// public: why the resolver refused a connection to it, in words, where
+/// the client's error does not carry the reason (the MCP client's). A name
+/// that does not resolve is `false`.
 pub async fn resolves_only_to_private(url: &str) -> bool {
     let Ok(url) = reqwest::Url::parse(url) else { return false };
     let Some(host) = url.host_str() else { return false };

@@ -206,15 +206,18 @@ fn lost_key(path: &Path) -> Option<String> {
 
 /// Where the id of the key last in use is noted (`agent-runs.signing-key.kid`).
 fn made_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".kid");
-    PathBuf::from(name)
+    beside(path, ".kid")
 }
 
 /// Where a rotated key is kept (`agent-runs.signing-key.previous`).
 pub fn previous_path(path: &Path) -> PathBuf {
+    beside(path, ".previous")
+}
+
+/// `path` with `suffix` after its whole name.
+fn beside(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(".previous");
+    name.push(suffix);
     PathBuf::from(name)
 }
 
@@ -223,9 +226,7 @@ pub fn previous_path(path: &Path) -> PathBuf {
 /// process put its own there first).
 fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    let mut aside = path.as_os_str().to_owned();
-    aside.push(format!(".{}.tmp", std::process::id()));
-    let aside = PathBuf::from(aside);
+    let aside = beside(path, &format!(".{}.tmp", std::process::id()));
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]

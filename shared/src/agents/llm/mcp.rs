@@ -109,14 +109,9 @@ impl McpSession {
         receipt: Option<&str>,
     ) -> Result<Self, Unreachable> {
         let timeout = Duration::from_millis(server.timeout_ms);
-        // One deadline for the address check and the handshake.
+        // One deadline for the handshake and, should it fail, the address check.
         let deadline = tokio::time::Instant::now() + timeout;
-        if http.public_only
-            && (public_network::check_url(&server.url).is_err()
-                || tokio::time::timeout_at(deadline, public_network::resolves_only_to_private(&server.url))
-                    .await
-                    .unwrap_or(false))
-        {
+        if http.public_only && public_network::check_url(&server.url).is_err() {
             return Err(unreachable(server, NOT_PUBLIC));
         }
         let mut headers = HashMap::new();
@@ -173,7 +168,14 @@ impl McpSession {
             Ok(Ok(service)) => Ok(McpSession { service, server: server.name.clone(), timeout }),
             Ok(Err(error)) => {
                 tracing::warn!(server = %server.name, error = %crate::error_chain(&error), "MCP handshake failed");
-                Err(unreachable(server, &describe(&error, timeout)))
+                // The SDK's error does not carry the resolver's reason: a
+                // name that resolves to private addresses only is told so.
+                let private = http.public_only
+                    && tokio::time::timeout_at(deadline, public_network::resolves_only_to_private(&server.url))
+                        .await
+                        .unwrap_or(false);
+                let why = if private { NOT_PUBLIC.to_owned() } else { describe(&error, timeout) };
+                Err(unreachable(server, &why))
             }
             Err(_) => Err(unreachable(server, &format!("it did not answer within {} ms.", timeout.as_millis()))),
         }
