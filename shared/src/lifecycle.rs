@@ -43,7 +43,8 @@ pub struct Lifecycle {
 
 /// How long an answer may take to check against its question's schema (a
 /// model may have written it). The check runs off the threads that answer
-/// requests; past this the answer is refused.
+/// requests; past this nothing is recorded and the caller may try again
+/// (`503`: a busy machine, not a wrong answer).
 const ANSWER_CHECK_DEADLINE: Duration = Duration::from_secs(2);
 
 /// A run is sent again for a repeated decision at most this often by one
@@ -190,10 +191,12 @@ async fn check_answer_aside(
         Ok(Err(failed)) => {
             Err((index, ChangeError::Store(StoreError::Defect(format!("the answer check failed: {failed}")))))
         }
-        Err(_) => Err(refused(format!(
-            "The answer could not be checked against the question's schema within {} seconds.",
-            ANSWER_CHECK_DEADLINE.as_secs()
-        ))),
+        Err(_) => Err((
+            index,
+            ChangeError::Store(StoreError::Refused(
+                format!("the answer was not checked within {} seconds", ANSWER_CHECK_DEADLINE.as_secs()).into(),
+            )),
+        )),
     }
 }
 
@@ -363,13 +366,14 @@ impl Lifecycle {
         request: DecisionRequest,
     ) -> Result<Run, ChangeError<DecideRefused>> {
         let (owner, run_id) = (read.owner.clone(), read.id);
-        check_answer_aside(&read, self.clock.now(), None, approval_id, &request)
-            .await
-            .map_err(|(_, refused)| refused)?;
+        // A decision is judged at the time it arrived: its answer's check
+        // does not count against the approval's expiry or window.
+        let arrived = self.clock.now();
+        check_answer_aside(&read, arrived, None, approval_id, &request).await.map_err(|(_, refused)| refused)?;
         let mut writes = WritesSeen::default();
         let (run, outcome) = change_run(self.runs.as_ref(), &owner, run_id, Some(read), |run| {
             writes.next_attempt();
-            let now = self.clock.now();
+            let now = arrived;
             if run.expire_if_due(approval_id, now, &self.policy) {
                 return Ok(writes.note(Transition::Write(None)));
             }

@@ -98,3 +98,45 @@ async fn a_batch_beaten_by_another_key_does_not_claim_to_have_recorded_anything(
     let stored = store.get(&owner(), first.id).await.unwrap().unwrap();
     assert_eq!(stored.approvals[0].resolved_by, Some(agent_runs_shared::domain::Resolver::Key(key(9))));
 }
+
+/// A clock that reads `first` once, then a month later: whatever takes
+/// time between a decision's arrival and its write.
+struct SlowRequest(Mutex<bool>);
+
+impl agent_runs_shared::domain::Clock for SlowRequest {
+    fn now(&self) -> Timestamp {
+        let mut read = self.0.lock().unwrap();
+        let later = std::mem::replace(&mut *read, true);
+        Timestamp::from_millis(T0 + 100 + if later { 30 * 24 * 3_600_000 } else { 0 })
+    }
+}
+
+/// An answer that arrives before its question expires is recorded, however
+/// long its check against the schema takes: a decision is judged at the
+/// time it arrived.
+#[tokio::test]
+async fn an_answer_is_judged_at_the_time_it_arrived_not_after_its_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("runs.db"), Durability::Process).unwrap());
+    let policy = ExecutionPolicy::default();
+    let id = RunId::from_ulid(Ulid::from_parts(T0 as u64, 7));
+    let mut run = Run::new(id, owner(), "script".into(), "x".into(), BTreeMap::new(), &policy);
+    store.insert(&mut run, None, 100).await.unwrap();
+    run.claim("w", Timestamp::from_millis(T0 + 10), &policy).unwrap();
+    let approval = agent_runs_shared::domain::ApprovalId::from_ulid(Ulid::from_parts(T0 as u64 + 20, 7));
+    let asked = ApprovalRequest::question("Which env?", serde_json::json!({"enum": ["staging", "prod"]}));
+    run.park("w", vec![(approval, asked)], serde_json::json!({}), Timestamp::from_millis(T0 + 20), &policy).unwrap();
+    store.update(&mut run).await.unwrap();
+    let (queue, _receiver) = InProcessQueue::new();
+    let lifecycle =
+        Lifecycle::new(store.clone(), Arc::new(queue), Arc::new(SlowRequest(Mutex::new(false))), policy, 100);
+    let request = DecisionRequest {
+        decision: Decision::Answer(serde_json::json!("prod")),
+        comment: None,
+        seen_sha256: None,
+        decided_by: Some(key(1)),
+    };
+    let decided = lifecycle.decide(run, approval, request).await.unwrap_or_else(|_| panic!("expired after arriving"));
+    assert_eq!(decided.approvals[0].status, agent_runs_shared::domain::ApprovalStatus::Answered);
+    assert_eq!(decided.approvals[0].resolved_at, Some(Timestamp::from_millis(T0 + 100)));
+}
