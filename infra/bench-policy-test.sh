@@ -41,7 +41,7 @@ kill $pid; wait $pid 2>/dev/null || true
 
 echo "== on DynamoDB (the AWS API emulator): the history's reads from gsi4, as the store makes them"
 # The emulator answers a Query page of the index in seconds (about 1.3 ms
-# per item), past a store call's 2 s attempt limit (shared/src/sdk.rs), so
+# per item), past a store call's 2 s attempt limit (crates/platform/src/aws_sdk.rs), so
 # the policies function cannot answer over 10,000 decisions there; the
 # Query pages the store sends are timed here instead. The evaluation over
 # them is what the SQLite rounds above time.

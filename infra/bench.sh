@@ -131,7 +131,7 @@ lambda_key=$("$bin/agent-runs" keys create --owner bench 2> /dev/null)
 python3 - "$work" "$lambda_key" <<'PY'
 import copy, json, sys
 work, key = sys.argv[1], sys.argv[2]
-base = json.load(open("infra/agent-runs/tests/fixtures/apigw-v2-create-run.json"))
+base = json.load(open("crates/cli/tests/fixtures/apigw-v2-create-run.json"))
 base["headers"]["authorization"] = f"Bearer {key}"
 missing = "run_01JDQ3V7Q4K8Z2X9M5N6P7R8S9"
 def http(name, method, path, body=None, query=""):

@@ -2,13 +2,13 @@
 //! store, the queue and the AWS SDK calls, and a capacity model of
 //! DynamoDB's limits (`faults`); what tests ask of a store beyond its
 //! ports (`stores`); an MCP server made with the official Python SDK
-//! (`mcp_server`); what DynamoDB would bill for a client's calls (`units`).
+//! (`mcp_server`); what DynamoDB would bill for a client's calls (`units`);
+//! a stand-in for a model provider and the tools an agent calls (`stand_in`).
 
 pub mod faults;
 pub mod mcp_server;
+pub mod stand_in;
 pub mod stores;
 pub mod units;
 
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+use agent_runs_ports::lock;

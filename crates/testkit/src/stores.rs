@@ -2,9 +2,10 @@
 
 use async_trait::async_trait;
 
-use agent_runs_shared::domain::Owner;
-use agent_runs_shared::store::{DynamoStore, Hooks, Layered, Store, StoreError};
-use agent_runs_store_sqlite::SqliteStore;
+use agent_runs_aws::DynamoStore;
+use agent_runs_domain::Owner;
+use agent_runs_embedded::SqliteStore;
+use agent_runs_ports::store::{Hooks, Layered, Store, StoreError};
 
 /// How many of an owner's runs a store counts as active: what tests check
 /// every write path kept right. Not a port: the service reads the count

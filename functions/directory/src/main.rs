@@ -1,8 +1,8 @@
 //! `directory`: `GET /v1/keys` and `GET /v1/agents/{agent}` behind API
 //! Gateway (the owner's keys by name, an agent's settings a client shows).
 
-use agent_runs_shared::api::Operation;
-use agent_runs_shared::lambda;
+use agent_runs_lambda as lambda;
+use agent_runs_lambda::Operation;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda::Error> {

@@ -1,7 +1,7 @@
 //! `list`: one operation of the API behind API Gateway.
 
-use agent_runs_shared::api::Operation;
-use agent_runs_shared::lambda;
+use agent_runs_lambda as lambda;
+use agent_runs_lambda::Operation;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda::Error> {

@@ -1,6 +1,6 @@
 //! `notifier`: the table's stream of new event items to webhook delivery messages.
 
-use agent_runs_shared::lambda;
+use agent_runs_lambda as lambda;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda::Error> {

@@ -1,8 +1,8 @@
 //! `policies`: every `/v1/policies` operation behind API Gateway (the
 //! owner's approval policy, and rules tried on its history).
 
-use agent_runs_shared::api::Operation;
-use agent_runs_shared::lambda;
+use agent_runs_lambda as lambda;
+use agent_runs_lambda::Operation;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda::Error> {

@@ -1,6 +1,6 @@
 //! `sweeper`: on a schedule, re-enqueues lost runs and recovers expired leases.
 
-use agent_runs_shared::lambda;
+use agent_runs_lambda as lambda;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda::Error> {

@@ -1,8 +1,8 @@
 //! `webhooks`: every `/v1/webhooks` operation behind API Gateway (they
 //! share one permission and one table access, so one function serves them).
 
-use agent_runs_shared::api::Operation;
-use agent_runs_shared::lambda;
+use agent_runs_lambda as lambda;
+use agent_runs_lambda::Operation;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda::Error> {

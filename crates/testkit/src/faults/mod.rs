@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use agent_runs_shared::queue::{QueueError, RunMessage, RunQueue};
-use agent_runs_shared::store::{Answer, Call, Hooks, Layered, Store, StoreError};
+use agent_runs_ports::queue::{QueueError, RunMessage, RunQueue};
+use agent_runs_ports::store::{Answer, Call, Hooks, Layered, Store, StoreError};
 
 pub use aws::{AwsError, AwsErrorInterceptor, CapacityCounts, CapacityLimits, CapacityModel};
 

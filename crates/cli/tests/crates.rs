@@ -1,0 +1,200 @@
+//! The layers as cargo holds them. A crate cannot name what its manifest
+//! leaves out, so this table of which of our crates each one may depend on
+//! is the whole picture; also that the embedded adapters build without any
+//! AWS crate, that no dev-dependency closes a circle, and that only tests
+//! use the testkit. `cargo test -p agent-runs --test crates -- --nocapture`
+//! prints how many crates each bottom layer builds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Each crate of ours, bottom up, and the crates of ours it may depend on.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("agent-runs-domain", &[]),
+    ("agent-runs-ports", &["agent-runs-domain"]),
+    ("agent-runs-platform", &["agent-runs-domain"]),
+    ("agent-runs-embedded", &["agent-runs-domain", "agent-runs-ports"]),
+    ("agent-runs-aws", &["agent-runs-domain", "agent-runs-platform", "agent-runs-ports"]),
+    ("agent-runs-agents", &["agent-runs-domain", "agent-runs-platform", "agent-runs-ports"]),
+    ("agent-runs-service", &["agent-runs-agents", "agent-runs-domain", "agent-runs-platform", "agent-runs-ports"]),
+    (
+        "agent-runs-lambda",
+        &["agent-runs-aws", "agent-runs-domain", "agent-runs-platform", "agent-runs-ports", "agent-runs-service"],
+    ),
+    ("agent-runs-testkit", &["agent-runs-aws", "agent-runs-domain", "agent-runs-embedded", "agent-runs-ports"]),
+    (
+        "agent-runs",
+        &[
+            "agent-runs-agents",
+            "agent-runs-aws",
+            "agent-runs-domain",
+            "agent-runs-embedded",
+            "agent-runs-lambda",
+            "agent-runs-platform",
+            "agent-runs-ports",
+            "agent-runs-service",
+        ],
+    ),
+    ("agent-runs-bench", &[]),
+];
+
+/// A Lambda function's crate: its `main` and the glue, nothing else.
+const FUNCTION: &[&str] = &["agent-runs-lambda"];
+
+struct Workspace {
+    metadata: Value,
+}
+
+impl Workspace {
+    fn read() -> Self {
+        // This machine's platform only: the others' crates are not downloaded.
+        let rustc =
+            Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into())).arg("-vV").output().unwrap();
+        let rustc = String::from_utf8(rustc.stdout).unwrap();
+        let host = rustc.lines().find_map(|line| line.strip_prefix("host: ")).unwrap();
+        let output = Command::new(env!("CARGO"))
+            .args(["metadata", "--format-version", "1", "--locked", "--offline", "--filter-platform", host])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        Workspace { metadata: serde_json::from_slice(&output.stdout).unwrap() }
+    }
+
+    fn packages(&self) -> &[Value] {
+        self.metadata["packages"].as_array().unwrap()
+    }
+
+    fn name_of(&self, id: &str) -> &str {
+        self.packages().iter().find(|package| package["id"] == id).unwrap()["name"].as_str().unwrap()
+    }
+
+    /// Our crates: name to (normal, dev) dependencies of ours.
+    fn ours(&self) -> BTreeMap<&str, (BTreeSet<&str>, BTreeSet<&str>)> {
+        let members: BTreeSet<&str> =
+            self.metadata["workspace_members"].as_array().unwrap().iter().map(|id| id.as_str().unwrap()).collect();
+        let mut crates = BTreeMap::new();
+        for package in self.packages().iter().filter(|package| members.contains(package["id"].as_str().unwrap())) {
+            let (mut normal, mut dev) = (BTreeSet::new(), BTreeSet::new());
+            for dependency in package["dependencies"].as_array().unwrap() {
+                let name = dependency["name"].as_str().unwrap();
+                if name.starts_with("agent-runs") {
+                    if dependency["kind"] == "dev" {
+                        dev.insert(name)
+                    } else {
+                        normal.insert(name)
+                    };
+                }
+            }
+            crates.insert(package["name"].as_str().unwrap(), (normal, dev));
+        }
+        crates
+    }
+
+    /// Every crate `name` builds against, its own normal dependencies and
+    /// theirs (build dependencies included: they are compiled too).
+    fn builds(&self, name: &str) -> BTreeSet<&str> {
+        let nodes: BTreeMap<&str, &Value> = self.metadata["resolve"]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|node| (node["id"].as_str().unwrap(), node))
+            .collect();
+        let start = self.packages().iter().find(|package| package["name"] == name).unwrap()["id"].as_str().unwrap();
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![start]);
+        while let Some(id) = todo.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            for dependency in nodes[id]["deps"].as_array().unwrap() {
+                if dependency["dep_kinds"].as_array().unwrap().iter().any(|kind| kind["kind"] != "dev") {
+                    todo.push(dependency["pkg"].as_str().unwrap());
+                }
+            }
+        }
+        seen.into_iter().map(|id| self.name_of(id)).collect()
+    }
+}
+
+#[test]
+fn each_crate_depends_only_on_the_layers_below_it() {
+    let workspace = Workspace::read();
+    let crates = workspace.ours();
+    let layers: BTreeMap<&str, &[&str]> = LAYERS.iter().copied().collect();
+    let mut functions = 0;
+    for (name, (normal, dev)) in &crates {
+        let allowed = match layers.get(name) {
+            Some(allowed) => *allowed,
+            None if normal.iter().copied().eq(FUNCTION.iter().copied()) => {
+                functions += 1;
+                FUNCTION
+            }
+            None => panic!("{name} is not in LAYERS: say where it sits"),
+        };
+        let extra: Vec<&&str> = normal.iter().filter(|dependency| !allowed.contains(dependency)).collect();
+        assert!(extra.is_empty(), "{name} may not depend on {extra:?} (LAYERS)");
+        for dependency in dev {
+            let above = workspace.builds(dependency);
+            assert!(!above.contains(name), "{name}'s tests depend on {dependency}, which is built on {name}: a circle");
+        }
+    }
+    assert_eq!(functions, 18, "every function depends on the Lambda glue alone");
+}
+
+#[test]
+fn the_bottom_layers_build_without_the_aws_sdk_or_sqlite_where_they_should() {
+    let workspace = Workspace::read();
+    for bottom in ["agent-runs-domain", "agent-runs-ports", "agent-runs-embedded"] {
+        let builds = workspace.builds(bottom);
+        let aws: Vec<&&str> =
+            builds.iter().filter(|name| name.starts_with("aws") || name.starts_with("lambda")).collect();
+        assert!(aws.is_empty(), "{bottom} builds {aws:?}");
+        println!("{bottom}: {} crates", builds.len());
+    }
+    for name in workspace
+        .ours()
+        .keys()
+        .filter(|name| !["agent-runs", "agent-runs-embedded", "agent-runs-testkit"].contains(name))
+    {
+        assert!(!workspace.builds(name).contains("rusqlite"), "{name} links SQLite: only the embedded server may");
+    }
+}
+
+#[test]
+fn only_tests_use_the_testkit() {
+    let workspace = Workspace::read();
+    for (name, (normal, _)) in workspace.ours() {
+        assert!(!normal.contains("agent-runs-testkit"), "{name} ships the testkit");
+    }
+}
+
+/// The domain depends on nothing that does I/O or needs a runtime.
+#[test]
+fn the_domain_depends_only_on_pure_libraries() {
+    let workspace = Workspace::read();
+    let domain = workspace.packages().iter().find(|package| package["name"] == "agent-runs-domain").unwrap();
+    let pure = [
+        "base64",
+        "chrono",
+        "fancy-regex",
+        "jsonschema",
+        "rand",
+        "regex",
+        "ring",
+        "serde",
+        "serde_json",
+        "serde_json_canonicalizer",
+        "sha2",
+        "thiserror",
+        "ulid",
+    ];
+    for dependency in domain["dependencies"].as_array().unwrap() {
+        let name = dependency["name"].as_str().unwrap();
+        assert!(
+            dependency["kind"] == "dev" || pure.contains(&name),
+            "the domain may not depend on {name}: keep I/O in the adapters"
+        );
+    }
+}

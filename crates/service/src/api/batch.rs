@@ -1,0 +1,117 @@
+//! `POST /v1/approvals/batch`: up to 100 decisions across runs, all or
+//! nothing. An element that fails is answered as its own error would be,
+//! with `error.index`.
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use serde_json::Value;
+
+use super::body::{json_object, optional_string, reject_unknown_fields};
+use super::decide::{DECISION_FIELDS, DecisionBody, already_decided, approval_not_found, refused};
+use super::response::json_response;
+use super::{Api, ApiError, ApiResponse};
+use crate::auth::Principal;
+use crate::lifecycle::BatchDecision;
+use agent_runs_domain::{ApprovalId, Decision, Run, RunId};
+use agent_runs_ports::views::RunView;
+
+pub const MAX_DECISIONS: usize = 100;
+
+/// One element as sent, parsed.
+struct Element {
+    run_id: RunId,
+    approval_id: ApprovalId,
+    body: DecisionBody,
+}
+
+fn parse_element(value: Value) -> Result<Element, ApiError> {
+    let Value::Object(mut fields) = value else {
+        return Err(ApiError::invalid("decisions", "Each decision must be a JSON object."));
+    };
+    let known: Vec<&str> = ["run_id", "approval_id"].into_iter().chain(DECISION_FIELDS).collect();
+    reject_unknown_fields(&fields, &known)?;
+    let required = |field: &'static str, text: Option<String>| {
+        text.ok_or_else(|| ApiError::invalid(field, format!("`{field}` is required.")))
+    };
+    let run_id = required("run_id", optional_string(&mut fields, "run_id")?)?;
+    let approval_id = required("approval_id", optional_string(&mut fields, "approval_id")?)?;
+    let body = DecisionBody::parse(&mut fields)?;
+    Ok(Element {
+        run_id: run_id.parse().map_err(|_| ApiError::run_not_found())?,
+        approval_id: approval_id.parse().map_err(|_| approval_not_found())?,
+        body,
+    })
+}
+
+pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
+    let mut body = json_object(request.headers(), request.body(), false)?;
+    reject_unknown_fields(&body, &["decisions"])?;
+    let count = || format!("`decisions` must be a list of 1 to {MAX_DECISIONS} decisions.");
+    let elements = match body.remove("decisions") {
+        Some(Value::Array(elements)) if (1..=MAX_DECISIONS).contains(&elements.len()) => elements,
+        _ => return Err(ApiError::invalid("decisions", count())),
+    };
+    let mut parsed: Vec<Element> = Vec::with_capacity(elements.len());
+    for (index, element) in elements.into_iter().enumerate() {
+        let element = match parse_element(element) {
+            Ok(element) => element,
+            Err(error) => return Ok(error.into_response_at(index)),
+        };
+        if parsed.iter().any(|earlier| (earlier.run_id, earlier.approval_id) == (element.run_id, element.approval_id)) {
+            let twice = ApiError::invalid("approval_id", "This approval is already decided earlier in the batch.");
+            return Ok(twice.into_response_at(index));
+        }
+        parsed.push(element);
+    }
+
+    // Each run is read once; its decisions keep their order.
+    let mut runs: Vec<(Run, Vec<BatchDecision>)> = Vec::new();
+    let mut decisions: Vec<(RunId, Decision)> = Vec::with_capacity(parsed.len());
+    for (index, element) in parsed.into_iter().enumerate() {
+        let position = match runs.iter().position(|(run, _)| run.id == element.run_id) {
+            Some(position) => position,
+            None => match api.runs.get(&by.owner, element.run_id).await? {
+                Some(run) => {
+                    runs.push((run, Vec::new()));
+                    runs.len() - 1
+                }
+                None => return Ok(ApiError::run_not_found().into_response_at(index)),
+            },
+        };
+        let (run, of_run) = &mut runs[position];
+        decisions.push((element.run_id, element.body.decision().clone()));
+        match element.body.check(api, by, run, element.approval_id).await {
+            Ok(request) => of_run.push(BatchDecision { index, approval_id: element.approval_id, request }),
+            Err(error) => return Ok(error.into_response_at(index)),
+        }
+    }
+    match api.lifecycle.decide_batch(runs).await {
+        Ok(recorded) => {
+            let data: Vec<RunView> = decisions
+                .iter()
+                .filter_map(|(run_id, _)| recorded.iter().find(|run| run.id == *run_id))
+                .map(|run| RunView::new(run, api.shown))
+                .collect();
+            Ok(json_response(StatusCode::OK, &serde_json::json!({ "data": data })))
+        }
+        Err(failed) => {
+            // Without an element, the store failed: repeating the batch is safe.
+            let Some(index) = failed.index else {
+                return Err(refused(failed.error, |status| format!("An approval is already {}.", status.as_str())));
+            };
+            let name = decisions[index].1.name();
+            let mut error = refused(failed.error, |status| already_decided(status, name));
+            if failed.partly_recorded
+                && let ApiError::Conflict(message)
+                | ApiError::NotFound(message)
+                | ApiError::Forbidden(message)
+                | ApiError::InvalidRequest { message, .. } = &mut error
+            {
+                message.push_str(
+                    " The decisions on some other runs of this batch were recorded: another change came between the writes of a batch too large for one transaction.",
+                );
+            }
+            Ok(error.into_response_at(index))
+        }
+    }
+}

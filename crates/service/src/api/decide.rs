@@ -1,0 +1,239 @@
+//! `POST /v1/agent/runs/{run_id}/approvals/{approval_id}`: approve, reject,
+//! edit or answer. The parsing and checks here serve the batch too.
+
+use bytes::Bytes;
+use http::Request;
+use serde_json::{Map, Value};
+
+use super::body::{json_object, optional_string, reject_unknown_fields};
+use super::{Api, ApiError, ApiResponse, changed_run_response, parse_run_id};
+use crate::auth::Principal;
+use crate::lifecycle::DecideRefused;
+use agent_runs_domain::{
+    ApprovalId, ApprovalKind, ApprovalStatus, Comment, Decision, DecisionRequest, MAX_ANSWER_BYTES,
+    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, RunId, TransitionError, canonical_json,
+    exact_canonical,
+};
+use agent_runs_ports::store::ChangeError;
+
+pub(super) const DECISION_FIELDS: [&str; 5] = ["decision", "comment", "arguments", "arguments_sha256", "answer"];
+
+pub(super) fn approval_not_found() -> ApiError {
+    ApiError::NotFound("The run has no approval with that id.".into())
+}
+
+/// A decision as its body states it, before it is checked against the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DecisionBody {
+    decision: Decision,
+    comment: Option<String>,
+    seen_sha256: Option<String>,
+}
+
+/// `value` (the field `param`) as it is kept: in canonical form, its
+/// numbers exact, at most `max_bytes` as JSON.
+fn kept_json(param: &'static str, value: &Value, max_bytes: usize) -> Result<Value, ApiError> {
+    let kept = exact_canonical(value).map_err(|problem| ApiError::invalid(param, problem))?;
+    if canonical_json(&kept).len() > max_bytes {
+        return Err(ApiError::invalid(param, format!("`{param}` may be at most {max_bytes} bytes as JSON.")));
+    }
+    Ok(kept)
+}
+
+impl DecisionBody {
+    pub(super) fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Reads the decision fields, removing them from `body`.
+    pub(super) fn parse(body: &mut Map<String, Value>) -> Result<DecisionBody, ApiError> {
+        let decision = body.remove("decision");
+        let arguments = body.remove("arguments").filter(|value| !value.is_null());
+        // Any JSON is an answer, `null` included; the question's schema
+        // says which.
+        let answer = body.remove("answer");
+        match (decision.as_ref().and_then(Value::as_str), &answer) {
+            (Some("answer"), None) => {
+                return Err(ApiError::invalid("answer", "`answer` is required with \"answer\": the person's answer."));
+            }
+            (Some("answer"), Some(_)) if arguments.is_some() => {
+                return Err(ApiError::invalid("arguments", "`arguments` goes only with the decision \"edit\"."));
+            }
+            (Some(other), Some(_)) if other != "answer" => {
+                return Err(ApiError::invalid("answer", "`answer` goes only with the decision \"answer\"."));
+            }
+            _ => {}
+        }
+        let decision = match (decision.as_ref().and_then(Value::as_str), arguments) {
+            (Some("answer"), None) => {
+                Decision::Answer(kept_json("answer", &answer.unwrap_or_default(), MAX_ANSWER_BYTES)?)
+            }
+            (Some("edit"), Some(Value::Object(fields))) => {
+                Decision::Edit(kept_json("arguments", &Value::Object(fields), MAX_APPROVAL_ARGUMENTS_BYTES)?)
+            }
+            (Some("edit"), Some(_)) => {
+                return Err(ApiError::invalid("arguments", "`arguments` must be a JSON object."));
+            }
+            (Some("edit"), None) => {
+                return Err(ApiError::invalid("arguments", "`arguments` is required with \"edit\": the call to make."));
+            }
+            (Some("approve" | "reject"), Some(_)) => {
+                return Err(ApiError::invalid("arguments", "`arguments` goes only with the decision \"edit\"."));
+            }
+            (Some("approve"), None) => Decision::Approve,
+            (Some("reject"), None) => Decision::Reject,
+            _ if decision.is_none() || decision == Some(Value::Null) => {
+                return Err(ApiError::invalid(
+                    "decision",
+                    "`decision` is required: \"approve\", \"reject\", \"edit\" or \"answer\".",
+                ));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "decision",
+                    "`decision` must be \"approve\", \"reject\", \"edit\" or \"answer\".",
+                ));
+            }
+        };
+        let comment = optional_string(body, "comment")?
+            .map(|text| Comment::parse(text).map_err(|error| ApiError::invalid("comment", error.0)))
+            .transpose()?
+            .map(Comment::into_string);
+        let seen_sha256 = optional_string(body, "arguments_sha256")?
+            .map(|digest| {
+                let hex = digest.len() == 64 && digest.bytes().all(|byte| byte.is_ascii_hexdigit());
+                hex.then(|| digest.to_ascii_lowercase()).ok_or_else(|| {
+                    ApiError::invalid("arguments_sha256", "`arguments_sha256` must be 64 hexadecimal characters.")
+                })
+            })
+            .transpose()?;
+        Ok(DecisionBody { decision, comment, seen_sha256 })
+    }
+
+    /// Checks the decision against the run it is for (who may decide it,
+    /// what may be edited) and makes it the lifecycle's request.
+    pub(super) async fn check(
+        self,
+        api: &Api,
+        by: &Principal,
+        run: &Run,
+        approval_id: ApprovalId,
+    ) -> Result<DecisionRequest, ApiError> {
+        check_separate_approver(api, by, run).await?;
+        let approval =
+            run.approvals.iter().find(|approval| approval.id == approval_id).ok_or_else(approval_not_found)?;
+        if let Decision::Edit(arguments) = &self.decision {
+            let Some(call) = &approval.call else {
+                return Err(ApiError::invalid("decision", nothing_to_edit(approval.kind())));
+            };
+            // A decided approval is left to the repeat rules: the same edit
+            // again is 200 even if the definition changed since.
+            if approval.status == ApprovalStatus::Pending
+                && let Err(problem) = api.agents.check_tool_arguments(&run.agent, &call.tool, arguments).await?
+            {
+                return Err(ApiError::invalid("arguments", problem));
+            }
+        }
+        Ok(DecisionRequest {
+            decision: self.decision,
+            comment: self.comment,
+            seen_sha256: self.seen_sha256,
+            decided_by: Some(by.key_id),
+        })
+    }
+}
+
+fn nothing_to_edit(kind: ApprovalKind) -> String {
+    match kind {
+        ApprovalKind::Input => not_approved(),
+        kind => format!("Only a `tool_call` approval can be edited; this one is an `{}`.", kind.as_str()),
+    }
+}
+
+fn not_approved() -> String {
+    "This approval is a question (`input`): answer it (\"answer\" with `answer`) or decline it (\"reject\").".to_owned()
+}
+
+pub(super) fn already_decided(status: ApprovalStatus, decision: &str) -> String {
+    format!("The approval is already {}; the decision \"{decision}\" differs from the one recorded.", status.as_str())
+}
+
+/// A defined agent with `separate_approver` wants another key than the
+/// one that created the run to act on its approvals.
+pub(super) async fn check_separate_approver(api: &Api, by: &Principal, run: &Run) -> Result<(), ApiError> {
+    if run.created_by == Some(by.key_id) && api.agents.requires_separate_approver(&run.agent).await? {
+        return Err(ApiError::Forbidden(format!(
+            "The agent `{}` wants its runs' approvals decided by another API key than the one that created the run.",
+            run.agent
+        )));
+    }
+    Ok(())
+}
+
+/// The path's run and approval ids; a malformed one names nothing, `404`.
+pub(super) fn parse_approval_path(run_id: &str, approval_id: &str) -> Result<(RunId, ApprovalId), ApiError> {
+    Ok((parse_run_id(run_id)?, approval_id.parse().map_err(|_| approval_not_found())?))
+}
+
+/// The answer to a change of an approval the lifecycle refused; `decided`
+/// says why an approval that is no longer pending refuses it.
+pub(super) fn refused(error: ChangeError<DecideRefused>, decided: impl Fn(ApprovalStatus) -> String) -> ApiError {
+    match error {
+        ChangeError::Gone => ApiError::run_not_found(),
+        ChangeError::Refused(DecideRefused::Expired) => ApiError::Conflict(
+            "The approval expired before this request arrived: its action never runs, and the run fails.".into(),
+        ),
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval)) => approval_not_found(),
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::ArgumentsChanged)) => ApiError::Conflict(
+            "`arguments_sha256` is not the approval's: the decision was made for another call. Nothing was changed."
+                .into(),
+        ),
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::NothingToEdit)) => {
+            ApiError::invalid("decision", nothing_to_edit(ApprovalKind::Action))
+        }
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::NotAQuestion)) => ApiError::invalid(
+            "decision",
+            "Only a question (an `input` approval) is answered; approve, edit or reject this one.",
+        ),
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::QuestionNeedsAnAnswer)) => {
+            ApiError::invalid("decision", not_approved())
+        }
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::AnswerRefused(problem))) => {
+            ApiError::invalid("answer", problem)
+        }
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::TooManyArguments)) => ApiError::invalid(
+            "arguments",
+            format!(
+                "The run's approvals would hold more than a run may ({MAX_APPROVAL_ARGUMENTS_PER_RUN} bytes as JSON); approve or reject the call as proposed, or send a shorter answer."
+            ),
+        ),
+        ChangeError::Refused(DecideRefused::Transition(TransitionError::ApprovalAlreadyResolved(status))) => {
+            ApiError::Conflict(decided(status))
+        }
+        ChangeError::Refused(DecideRefused::Transition(other)) => {
+            ApiError::Conflict(format!("The approval cannot be changed: {other}."))
+        }
+        ChangeError::Store(error) => error.into(),
+    }
+}
+
+pub(super) async fn handle(
+    api: &Api,
+    by: &Principal,
+    run_id: &str,
+    approval_id: &str,
+    request: &Request<Bytes>,
+) -> Result<ApiResponse, ApiError> {
+    let (run_id, approval_id) = parse_approval_path(run_id, approval_id)?;
+    let mut body = json_object(request.headers(), request.body(), false)?;
+    reject_unknown_fields(&body, &DECISION_FIELDS)?;
+    let decision = DecisionBody::parse(&mut body)?;
+
+    let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    let request = decision.check(api, by, &run, approval_id).await?;
+    let name = request.decision.name();
+    match api.lifecycle.decide(run, approval_id, request).await {
+        Ok(run) => Ok(changed_run_response(&run, api.shown)),
+        Err(error) => Err(refused(error, |status| already_decided(status, name))),
+    }
+}
