@@ -47,6 +47,7 @@ if [ "$(node -p 'require("./.node-receipts/node_modules/jose/package.json").vers
   npm install --silent --no-audit --no-fund --prefix .node-receipts jose@6.2.18 > /dev/null
 fi
 export AGENT_RUNS_TEST_NODE_DIR="$PWD/.node-receipts"
+bash infra/console-typecheck.sh
 
 install_moto
 port=$(free_port)

@@ -29,11 +29,23 @@ fn console_files_are_served_without_a_key_with_a_strict_policy(target: Target) {
     }
     let page = reqwest::blocking::get(format!("{}/console", server.base)).unwrap().text().unwrap();
     assert!(!page.contains("<script>") && !page.contains("style="), "no inline script or style");
-    // Everything the page runs reads API text with textContent, never as HTML.
-    for file in ["console.js", "answers.js"] {
-        let script = reqwest::blocking::get(format!("{}/console/{file}", server.base)).unwrap().text().unwrap();
+    // Every module the page loads, followed from its one entry through the
+    // imports, is served (a file missing from the asset table fails here),
+    // is type-checked, and reads API text with textContent, never as HTML.
+    assert!(page.contains(r#"<script type="module" src="console/console.js"></script>"#), "{page}");
+    let (mut todo, mut seen) = (vec!["console.js".to_owned()], std::collections::BTreeSet::new());
+    while let Some(file) = todo.pop() {
+        if !seen.insert(file.clone()) {
+            continue;
+        }
+        let response = reqwest::blocking::get(format!("{}/console/{file}", server.base)).unwrap();
+        assert_eq!(response.status(), 200, "{file}");
+        let script = response.text().unwrap();
+        assert!(script.starts_with("// @ts-check"), "{file}");
         assert!(!script.contains("innerHTML") && !script.contains("insertAdjacentHTML") && !script.contains("eval("));
+        todo.extend(script.split(r#"from "./"#).skip(1).map(|rest| rest.split('"').next().unwrap().to_owned()));
     }
+    assert!(seen.len() >= 10, "{seen:?}");
     let client = reqwest::blocking::Client::new();
     let refused = client.post(format!("{}/console", server.base)).send().unwrap();
     assert_eq!(refused.status(), 405);

@@ -21,7 +21,19 @@ fn asset(path: &str) -> Option<Asset> {
         // One address only: the page's relative links resolve from it, also
         // under an API Gateway stage or a custom domain's base path.
         "/console" => ("text/html; charset=utf-8", include_str!("console/index.html")),
+        // The entry module (the page's one script) and the modules it imports.
         "/console/console.js" => ("text/javascript; charset=utf-8", include_str!("console/console.js")),
+        "/console/state.js" => ("text/javascript; charset=utf-8", include_str!("console/state.js")),
+        "/console/api.js" => ("text/javascript; charset=utf-8", include_str!("console/api.js")),
+        "/console/dom.js" => ("text/javascript; charset=utf-8", include_str!("console/dom.js")),
+        "/console/notice.js" => ("text/javascript; charset=utf-8", include_str!("console/notice.js")),
+        "/console/list.js" => ("text/javascript; charset=utf-8", include_str!("console/list.js")),
+        "/console/inbox.js" => ("text/javascript; charset=utf-8", include_str!("console/inbox.js")),
+        "/console/runs.js" => ("text/javascript; charset=utf-8", include_str!("console/runs.js")),
+        "/console/policy.js" => ("text/javascript; charset=utf-8", include_str!("console/policy.js")),
+        "/console/detail.js" => ("text/javascript; charset=utf-8", include_str!("console/detail.js")),
+        "/console/approvals.js" => ("text/javascript; charset=utf-8", include_str!("console/approvals.js")),
+        "/console/events.js" => ("text/javascript; charset=utf-8", include_str!("console/events.js")),
         "/console/answers.js" => ("text/javascript; charset=utf-8", include_str!("console/answers.js")),
         "/console/arguments.js" => ("text/javascript; charset=utf-8", include_str!("console/arguments.js")),
         "/console/conversation.js" => ("text/javascript; charset=utf-8", include_str!("console/conversation.js")),

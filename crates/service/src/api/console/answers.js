@@ -1,14 +1,48 @@
+// @ts-check
 // The form a person answers a question with, built from the question's
 // JSON Schema: a string (a text area when it may be long), a number, an
 // integer, a boolean, a choice among an `enum` of those, or an object of
 // those;
 // raw JSON otherwise. The service checks the answer against the whole
 // schema; this checks what the form can, before sending.
-"use strict";
+import { el } from "./dom.js";
 
-// What the form can show as one field of `schema`, or null.
+/**
+ * A JSON Schema, as far as the form reads it.
+ * @typedef {object} Schema
+ * @property {string} [type]
+ * @property {unknown[]} [enum]
+ * @property {string} [description]
+ * @property {number} [minLength]
+ * @property {number} [maxLength]
+ * @property {number} [minimum]
+ * @property {number} [maximum]
+ * @property {Record<string, Schema>} [properties]
+ * @property {string[]} [required]
+ */
+
+/**
+ * What a field holds: its `value`, `skip` (left empty, not required), or
+ * the `problem` with it.
+ * @typedef {{ value?: unknown, skip?: boolean, problem?: string }} FieldRead
+ */
+
+/**
+ * What the form holds: the `answer`, or the JSON `text` of one as typed,
+ * or the `problem` with it.
+ * @typedef {{ answer?: unknown, text?: string, problem?: string }} FormRead
+ */
+
+/** @typedef {{ element: HTMLElement, read: () => FieldRead }} AnswerField */
+/** @typedef {{ element: HTMLElement, read: () => FormRead, raw?: boolean }} AnswerForm */
+
+/**
+ * What the form can show as one field of `schema`, or null.
+ * @param {Schema} schema
+ */
 function fieldKind(schema) {
   if (!schema || typeof schema !== "object") return null;
+  /** @param {unknown} value */
   const scalar = (value) => ["string", "number", "boolean"].includes(typeof value);
   if (Array.isArray(schema.enum) && schema.enum.length && schema.enum.every(scalar)) return "choice";
   if (schema.type === "string") return schema.maxLength > 200 ? "long" : "text";
@@ -16,11 +50,18 @@ function fieldKind(schema) {
   return null;
 }
 
-// A field for `schema` named `label`: its element, and read() giving
-// { value } or { problem }.
+/**
+ * A field for `schema` named `label`: its element, and read() giving
+ * { value } or { problem }.
+ * @param {Schema} schema
+ * @param {string} label
+ * @param {boolean} required
+ * @returns {AnswerField}
+ */
 function answerField(schema, label, required) {
   const kind = fieldKind(schema);
   const id = "answer-" + Math.random().toString(36).slice(2);
+  /** @type {HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement} */
   let input;
   if (kind === "choice") {
     input = el("select", { id });
@@ -29,6 +70,7 @@ function answerField(schema, label, required) {
     // number or a boolean) is sent as it is; shown as JSON where its text
     // alone could be taken for another option's.
     const mixed = new Set(schema.enum.map((option) => typeof option)).size > 1;
+    /** @param {unknown} option */
     const label = (option) => (mixed || option === "" ? JSON.stringify(option) : String(option));
     schema.enum.forEach((option, index) => input.append(el("option", { value: String(index) }, label(option))));
   } else if (kind === "long") {
@@ -41,7 +83,7 @@ function answerField(schema, label, required) {
     input = el("input", { id, type: "text" });
   }
   const read = () => {
-    if (kind === "boolean") return { value: input.checked };
+    if (kind === "boolean") return { value: /** @type {HTMLInputElement} */ (input).checked };
     const text = input.value;
     if (kind === "choice" && text !== "") return { value: schema.enum[Number(text)] };
     if (text === "") return required ? { problem: label + " is required." } : { skip: true };
@@ -63,9 +105,13 @@ function answerField(schema, label, required) {
   return { element: row, read };
 }
 
-// The form for `schema`: { element, read() } where read() gives
-// { answer } or { problem }.
-function answerForm(schema) {
+/**
+ * The form for `schema`: { element, read() } where read() gives
+ * { answer } (or its JSON `text`) or { problem }.
+ * @param {Schema} schema
+ * @returns {AnswerForm}
+ */
+export function answerForm(schema) {
   const box = el("div", { class: "answer-form" });
   if (fieldKind(schema)) {
     const field = answerField(schema, "Answer", true);
@@ -75,11 +121,13 @@ function answerForm(schema) {
   const properties = schema && schema.type === "object" && schema.properties;
   if (properties && Object.values(properties).every(fieldKind)) {
     const required = Array.isArray(schema.required) ? schema.required : [];
+    /** @type {Array<[string, AnswerField]>} */
     const fields = Object.entries(properties).map(([name, property]) => [name, answerField(property, name, required.includes(name))]);
     for (const [, field] of fields) box.append(field.element);
     return {
       element: box,
       read: () => {
+        /** @type {Record<string, unknown>} */
         const answer = {};
         for (const [name, field] of fields) {
           const got = field.read();

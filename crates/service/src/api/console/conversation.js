@@ -1,11 +1,24 @@
+// @ts-check
 // A run's conversation: the runs of its thread (earlier and later, the one
 // shown marked), and a box to continue an ended run with a new input.
-"use strict";
+import { api } from "./api.js";
+import { showRun } from "./detail.js";
+import { el, status, when } from "./dom.js";
+import { loadList } from "./list.js";
+import { failed, notice } from "./notice.js";
+import { state } from "./state.js";
 
-// Fills the run's thread into `box` once per run shown; nothing when the
-// run is alone in its thread.
-async function loadThread(run, box) {
+/** @typedef {import("./api.js").Run} Run */
+
+/**
+ * Fills the run's thread into `box` once per run shown; nothing when the
+ * run is alone in its thread.
+ * @param {Run} run
+ * @param {HTMLElement} box
+ */
+export async function loadThread(run, box) {
   try {
+    /** @type {import("./api.js").Page<Run>} */
     const page = await api("/v1/agent/runs?limit=50&thread_id=" + encodeURIComponent(run.thread_id));
     if (run.id !== state.runId || page.data.length < 2) return;
     const entries = page.data.slice().reverse().map((other) => {
@@ -23,9 +36,12 @@ async function loadThread(run, box) {
   }
 }
 
-// The box that continues an ended run: its agent gets the conversation so
-// far, then the new input; the new run is shown.
-function continueView(run) {
+/**
+ * The box that continues an ended run: its agent gets the conversation so
+ * far, then the new input; the new run is shown.
+ * @param {Run} run
+ */
+export function continueView(run) {
   const input = el("textarea", { id: "continue-input", rows: "3", placeholder: "What next? The agent sees this conversation, then this." });
   const button = el("button", { type: "submit", class: "primary" }, "Continue");
   const form = el("form", { id: "continue-form" }, el("h3", {}, "Continue"), input, el("div", { class: "actions" }, button));
