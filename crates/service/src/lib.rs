@@ -6,8 +6,8 @@
 
 pub mod api;
 pub mod auth;
+pub mod commands;
 pub mod config;
-pub mod lifecycle;
 pub mod metrics;
 pub mod services;
 pub mod webhooks;

@@ -4,13 +4,16 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use agent_runs_agents::AgentRegistry;
 use agent_runs_domain::{
-    ApprovalRequest, Decision, DecisionRequest, ExecutionPolicy, KeyId, ManualClock, Owner, Run, RunId, Timestamp,
+    ApprovalRequest, Clock, Decision, DecisionRequest, ExecutionPolicy, KeyId, ManualClock, Owner, Run, RunId, Scopes,
+    Timestamp,
 };
 use agent_runs_embedded::{Durability, SqliteStore};
 use agent_runs_ports::queue::InProcessQueue;
 use agent_runs_ports::store::{Answer, Call, Hooks, Layered, RunStore, StoreError};
-use agent_runs_service::lifecycle::{BatchDecision, Lifecycle};
+use agent_runs_service::auth::Principal;
+use agent_runs_service::commands::{BatchDecision, RunCommands};
 use async_trait::async_trait;
 use ulid::Ulid;
 
@@ -51,6 +54,24 @@ fn owner() -> Owner {
     Owner::parse("acme").unwrap()
 }
 
+/// The key `n` of the owner, deciding.
+fn decider(n: u128) -> Principal {
+    Principal {
+        owner: owner(),
+        key_id: key(n),
+        scopes: Scopes::all(),
+        key_name: None,
+        key_created_at: Timestamp::from_millis(T0),
+    }
+}
+
+/// The commands over `store`, with the built-in agents.
+fn commands(store: Arc<dyn RunStore>, clock: Arc<dyn Clock>, policy: ExecutionPolicy) -> RunCommands {
+    let (queue, _receiver) = InProcessQueue::new();
+    let agents = AgentRegistry::builtin("echo").unwrap();
+    RunCommands::new(store, Arc::new(queue), agents, clock, policy, 100)
+}
+
 fn key(n: u128) -> KeyId {
     KeyId::from_ulid(Ulid::from_parts(T0 as u64, n))
 }
@@ -84,15 +105,15 @@ async fn a_batch_beaten_by_another_key_does_not_claim_to_have_recorded_anything(
     let race = vec![(first.id, Decision::Approve), (second.id, Decision::Reject)];
     let raced = Raced { store: sqlite.clone(), before_first_batch: Mutex::new(Some(race)) };
     let store = Arc::new(Layered::new(sqlite, raced));
-    let (queue, _receiver) = InProcessQueue::new();
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0 + 100)));
-    let lifecycle = Lifecycle::new(store.clone(), Arc::new(queue), clock, ExecutionPolicy::default(), 100);
+    let commands = commands(store.clone(), clock, ExecutionPolicy::default());
     let approve = |index, run: &Run| {
         let request =
             DecisionRequest { decision: Decision::Approve, comment: None, seen_sha256: None, decided_by: Some(key(1)) };
-        (run.clone(), vec![BatchDecision { index, approval_id: run.approvals[0].id, request }])
+        BatchDecision { index, run_id: run.id, approval_id: run.approvals[0].id, request }
     };
-    let refused = lifecycle.decide_batch(vec![approve(0, &first), approve(1, &second)]).await.unwrap_err();
+    let batch = vec![approve(0, &first), approve(1, &second)];
+    let refused = commands.decide_batch(&decider(1), batch).await.unwrap_err();
     assert_eq!(refused.index, Some(1), "the second run was rejected by the other key");
     assert!(!refused.partly_recorded, "this batch wrote nothing: the first run's approval is the other key's");
     let stored = store.get(&owner(), first.id).await.unwrap().unwrap();
@@ -127,16 +148,15 @@ async fn an_answer_is_judged_at_the_time_it_arrived_not_after_its_check() {
     let asked = ApprovalRequest::question("Which env?", serde_json::json!({"enum": ["staging", "prod"]}));
     run.park("w", vec![(approval, asked)], serde_json::json!({}), Timestamp::from_millis(T0 + 20), &policy).unwrap();
     store.update(&mut run).await.unwrap();
-    let (queue, _receiver) = InProcessQueue::new();
-    let lifecycle =
-        Lifecycle::new(store.clone(), Arc::new(queue), Arc::new(SlowRequest(Mutex::new(false))), policy, 100);
+    let commands = commands(store.clone(), Arc::new(SlowRequest(Mutex::new(false))), policy);
     let request = DecisionRequest {
         decision: Decision::Answer(serde_json::json!("prod")),
         comment: None,
         seen_sha256: None,
         decided_by: Some(key(1)),
     };
-    let decided = lifecycle.decide(run, approval, request).await.unwrap_or_else(|_| panic!("expired after arriving"));
+    let decided =
+        commands.decide(&decider(1), id, approval, request).await.unwrap_or_else(|_| panic!("expired after arriving"));
     assert_eq!(decided.approvals[0].status, agent_runs_domain::ApprovalStatus::Answered);
     assert_eq!(decided.approvals[0].resolved_at, Some(Timestamp::from_millis(T0 + 100)));
 }

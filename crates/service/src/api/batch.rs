@@ -9,11 +9,11 @@ use serde_json::Value;
 use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::decide::{DECISION_FIELDS, DecisionBody, already_decided, approval_not_found, refused};
 use super::response::json_response;
-use super::{Api, ApiError, ApiResponse};
+use super::{ApiError, ApiResponse};
 use crate::auth::Principal;
-use crate::lifecycle::BatchDecision;
-use agent_runs_domain::{ApprovalId, Decision, Run, RunId};
-use agent_runs_ports::views::RunView;
+use crate::commands::{BatchDecision, RunCommands};
+use agent_runs_domain::{ApprovalId, RunId};
+use agent_runs_ports::views::{RunView, Shown};
 
 pub const MAX_DECISIONS: usize = 100;
 
@@ -43,7 +43,12 @@ fn parse_element(value: Value) -> Result<Element, ApiError> {
     })
 }
 
-pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
+pub(super) async fn handle(
+    commands: &RunCommands,
+    shown: Shown,
+    by: &Principal,
+    request: &Request<Bytes>,
+) -> Result<ApiResponse, ApiError> {
     let mut body = json_object(request.headers(), request.body(), false)?;
     reject_unknown_fields(&body, &["decisions"])?;
     let count = || format!("`decisions` must be a list of 1 to {MAX_DECISIONS} decisions.");
@@ -64,33 +69,24 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
         parsed.push(element);
     }
 
-    // Each run is read once; its decisions keep their order.
-    let mut runs: Vec<(Run, Vec<BatchDecision>)> = Vec::new();
-    let mut decisions: Vec<(RunId, Decision)> = Vec::with_capacity(parsed.len());
-    for (index, element) in parsed.into_iter().enumerate() {
-        let position = match runs.iter().position(|(run, _)| run.id == element.run_id) {
-            Some(position) => position,
-            None => match api.runs.get(&by.owner, element.run_id).await? {
-                Some(run) => {
-                    runs.push((run, Vec::new()));
-                    runs.len() - 1
-                }
-                None => return Ok(ApiError::run_not_found().into_response_at(index)),
-            },
-        };
-        let (run, of_run) = &mut runs[position];
-        decisions.push((element.run_id, element.body.decision().clone()));
-        match element.body.check(api, by, run, element.approval_id).await {
-            Ok(request) => of_run.push(BatchDecision { index, approval_id: element.approval_id, request }),
-            Err(error) => return Ok(error.into_response_at(index)),
-        }
-    }
-    match api.lifecycle.decide_batch(runs).await {
+    let decisions: Vec<BatchDecision> = parsed
+        .into_iter()
+        .enumerate()
+        .map(|(index, element)| BatchDecision {
+            index,
+            run_id: element.run_id,
+            approval_id: element.approval_id,
+            request: element.body.request(by.key_id),
+        })
+        .collect();
+    let names: Vec<(RunId, &'static str)> =
+        decisions.iter().map(|decision| (decision.run_id, decision.request.decision.name())).collect();
+    match commands.decide_batch(by, decisions).await {
         Ok(recorded) => {
-            let data: Vec<RunView> = decisions
+            let data: Vec<RunView> = names
                 .iter()
                 .filter_map(|(run_id, _)| recorded.iter().find(|run| run.id == *run_id))
-                .map(|run| RunView::new(run, api.shown))
+                .map(|run| RunView::new(run, shown))
                 .collect();
             Ok(json_response(StatusCode::OK, &serde_json::json!({ "data": data })))
         }
@@ -99,7 +95,7 @@ pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) 
             let Some(index) = failed.index else {
                 return Err(refused(failed.error, |status| format!("An approval is already {}.", status.as_str())));
             };
-            let name = decisions[index].1.name();
+            let name = names[index].1;
             let mut error = refused(failed.error, |status| already_decided(status, name));
             if failed.partly_recorded
                 && let ApiError::Conflict(message)

@@ -3,27 +3,25 @@
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode, header};
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
 
 use super::body::{json_object, optional_string, reject_unknown_fields, whole_number};
-use super::{Api, ApiError, ApiResponse, RequestTrace, run_id_of, run_response};
+use super::{ApiError, ApiResponse, RequestTrace, run_id_of, run_response};
 use crate::auth::Principal;
-use crate::lifecycle::{self, IdempotencyRequest, StartError, Started};
-use agent_runs_domain::{Budget, IdempotencyKey, Metadata, Owner, Run, RunId, RunInput, RunTrace};
+use crate::commands::{ContinueRefused, NewRun, RunCommands, StartError, Started};
+use agent_runs_domain::{Budget, IdempotencyKey, Metadata, Run, RunId, RunInput, RunTrace};
 use agent_runs_platform::telemetry;
 use agent_runs_ports::views::Shown;
 
 const FIELDS: &[&str] = &["input", "agent", "metadata", "budget", "previous_run_id"];
 const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
 
-/// A create request, parsed.
-struct NewRun {
+/// A create request's body, parsed.
+struct ParsedBody {
     input: RunInput,
-    agent: String,
+    agent: Option<String>,
     metadata: Metadata,
     budget: Budget,
-    /// The ended run this one continues, with the state it ended with.
-    previous: Option<Run>,
+    previous_run_id: Option<RunId>,
 }
 
 /// The largest budget limit: exact in every JSON reader (2^53 - 1).
@@ -69,7 +67,9 @@ fn parse_metadata(value: Option<Value>) -> Result<Metadata, ApiError> {
     Metadata::parse(entries).map_err(|error| ApiError::invalid("metadata", error.0))
 }
 
-async fn parse_body(api: &Api, owner: &Owner, mut object: Map<String, Value>) -> Result<NewRun, ApiError> {
+/// The body's fields, checked each on its own; what they mean together
+/// (the agent, its budget, the run continued) is the command's to judge.
+fn parse_body(mut object: Map<String, Value>) -> Result<ParsedBody, ApiError> {
     reject_unknown_fields(&object, FIELDS)?;
     let input = match object.remove("input") {
         None | Some(Value::Null) => return Err(ApiError::invalid("input", "`input` is required.")),
@@ -81,73 +81,7 @@ async fn parse_body(api: &Api, owner: &Owner, mut object: Map<String, Value>) ->
     let budget = parse_budget(object.remove("budget"))?;
     let previous_run_id =
         optional_string(&mut object, "previous_run_id")?.map(|text| run_id_of("previous_run_id", &text)).transpose()?;
-    let previous = match previous_run_id {
-        Some(run_id) => Some(previous_run(api, owner, run_id, agent.as_deref()).await?),
-        None => None,
-    };
-    let agent = match (agent, &previous) {
-        (Some(agent), _) => agent,
-        (None, Some(previous)) => previous.agent.clone(),
-        (None, None) => api.agents.default_name().to_owned(),
-    };
-    // Last, as it may read the store: the agent and what it thinks of the input.
-    let verdict = api.agents.check(&agent, input.as_str()).await?.ok_or_else(|| {
-        let shown: String = agent.chars().take(64).collect();
-        ApiError::invalid(
-            "agent",
-            format!(
-                "Unknown agent `{shown}`. Available agents: {}, and those defined with `agent-runs agents put`.",
-                api.agents.names()
-            ),
-        )
-    })?;
-    verdict
-        .map_err(|message| ApiError::invalid("input", format!("The `{agent}` agent rejected the input: {message}")))?;
-    // Read only when asked: the agent's own limits apply at execution anyway.
-    let allowed = if budget == Budget::default() { Budget::default() } else { api.agents.budget(&agent).await? };
-    for (field, asked, most) in [
-        ("max_total_tokens", budget.max_total_tokens, allowed.max_total_tokens),
-        ("max_tool_calls", budget.max_tool_calls, allowed.max_tool_calls),
-    ] {
-        if let (Some(asked), Some(most)) = (asked, most)
-            && asked > most
-        {
-            return Err(ApiError::invalid_param(
-                format!("budget.{field}"),
-                format!("`budget.{field}` may be at most {most}, the `{agent}` agent's own limit."),
-            ));
-        }
-    }
-    Ok(NewRun { input, agent, metadata, budget, previous })
-}
-
-/// The run a create continues, checked in the contract's order: the
-/// owner's (`404`), of the agent named if one is (`400`), ended (`409`).
-async fn previous_run(api: &Api, owner: &Owner, run_id: RunId, agent: Option<&str>) -> Result<Run, ApiError> {
-    let previous = api
-        .runs
-        .get_to_continue(owner, run_id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound("`previous_run_id` names no run that exists for this API key.".into()))?;
-    if let Some(agent) = agent
-        && agent != previous.agent
-    {
-        let shown: String = agent.chars().take(64).collect();
-        return Err(ApiError::invalid(
-            "agent",
-            format!(
-                "The run {run_id} was run by the `{}` agent, not `{shown}`: a continuation uses the same agent (leave `agent` out).",
-                previous.agent
-            ),
-        ));
-    }
-    if !previous.status.is_terminal() {
-        return Err(ApiError::Conflict(format!(
-            "The run {run_id} is {}: only a run that ended (succeeded, failed or canceled) can be continued.",
-            previous.status.as_str()
-        )));
-    }
-    Ok(previous)
+    Ok(ParsedBody { input, agent, metadata, budget, previous_run_id })
 }
 
 fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, ApiError> {
@@ -161,27 +95,6 @@ fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, A
     IdempotencyKey::parse(value.as_bytes()).map(Some).map_err(|error| ApiError::invalid("Idempotency-Key", error.0))
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// A fingerprint of what the request asks for, insensitive to formatting.
-fn request_hash(new_run: &NewRun) -> String {
-    let mut canonical = serde_json::json!({
-        "agent": new_run.agent,
-        "input": new_run.input.as_str(),
-        "metadata": new_run.metadata.as_map(),
-    });
-    // Only when set, so requests without one keep the fingerprints they had.
-    if new_run.budget != Budget::default() {
-        canonical["budget"] = serde_json::json!([new_run.budget.max_total_tokens, new_run.budget.max_tool_calls]);
-    }
-    if let Some(previous) = &new_run.previous {
-        canonical["previous_run_id"] = previous.id.to_string().into();
-    }
-    sha256_hex(canonical.to_string().as_bytes())
-}
-
 fn created(run: &Run, replayed: bool, shown: Shown) -> ApiResponse {
     let mut response = run_response(StatusCode::CREATED, run, shown);
     let location = format!("/v1/agent/runs/{}", run.id);
@@ -193,51 +106,72 @@ fn created(run: &Run, replayed: bool, shown: Shown) -> ApiResponse {
     response
 }
 
-pub(super) async fn handle(api: &Api, by: &Principal, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
+pub(super) async fn handle(
+    commands: &RunCommands,
+    shown: Shown,
+    by: &Principal,
+    request: &Request<Bytes>,
+) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
-    let new_run = parse_body(api, &by.owner, object).await?;
-    let key = idempotency_key(request)?;
-    let idempotency = key.map(|key| IdempotencyRequest {
-        key_hash: sha256_hex(key.as_str().as_bytes()),
-        request_hash: request_hash(&new_run),
-    });
-    let NewRun { input, agent, metadata, budget, previous } = new_run;
-    let started = api
-        .lifecycle
-        .start(lifecycle::NewRun {
-            owner: by.owner.clone(),
-            created_by: by.key_id,
-            agent,
-            input: input.into_string(),
-            metadata: metadata.into_map(),
-            budget,
-            continues: previous,
-            idempotency,
-            trace: RunTrace::under(
-                request
-                    .extensions()
-                    .get::<RequestTrace>()
-                    .map_or_else(|| telemetry::request_span_ids(None).0, |trace| trace.0),
-            ),
-        })
-        .await;
+    let ParsedBody { input, agent, metadata, budget, previous_run_id } = parse_body(object)?;
+    let idempotency_key = idempotency_key(request)?;
+    let trace = RunTrace::under(
+        request.extensions().get::<RequestTrace>().map_or_else(|| telemetry::request_span_ids(None).0, |trace| trace.0),
+    );
+    let new_run = NewRun { input, agent, metadata, budget, previous_run_id, idempotency_key, trace };
+    let started = commands.create(by, new_run).await;
     if let Ok(Started::Created(run) | Started::Replayed(run)) = &started {
         tracing::Span::current().record("run_id", tracing::field::display(run.id));
     }
     match started {
-        Ok(Started::Created(run)) => Ok(created(&run, false, api.shown)),
-        Ok(Started::Replayed(run)) => Ok(created(&run, true, api.shown)),
-        Err(StartError::KeyReused) => Err(ApiError::Conflict(
-            "This Idempotency-Key was already used with a different request. Use a new key for a new run.".into(),
+        Ok(Started::Created(run)) => Ok(created(&run, false, shown)),
+        Ok(Started::Replayed(run)) => Ok(created(&run, true, shown)),
+        Err(error) => Err(refused(error)),
+    }
+}
+
+fn refused(error: StartError) -> ApiError {
+    let shown = |agent: &str| agent.chars().take(64).collect::<String>();
+    match error {
+        StartError::Previous { why: ContinueRefused::NotFound, .. } => {
+            ApiError::NotFound("`previous_run_id` names no run that exists for this API key.".into())
+        }
+        StartError::Previous { run_id, why: ContinueRefused::OtherAgent { asked, ran } } => ApiError::invalid(
+            "agent",
+            format!(
+                "The run {run_id} was run by the `{ran}` agent, not `{}`: a continuation uses the same agent (leave `agent` out).",
+                shown(&asked)
+            ),
+        ),
+        StartError::Previous { run_id, why: ContinueRefused::NotEnded(status) } => ApiError::Conflict(format!(
+            "The run {run_id} is {}: only a run that ended (succeeded, failed or canceled) can be continued.",
+            status.as_str()
         )),
-        Err(StartError::TooManyActiveRuns { max }) => Err(ApiError::RateLimited {
+        StartError::UnknownAgent { agent, available } => ApiError::invalid(
+            "agent",
+            format!(
+                "Unknown agent `{}`. Available agents: {available}, and those defined with `agent-runs agents put`.",
+                shown(&agent)
+            ),
+        ),
+        StartError::InputRejected { agent, reason } => {
+            ApiError::invalid("input", format!("The `{agent}` agent rejected the input: {reason}"))
+        }
+        StartError::OverAgentBudget { field, most, agent } => ApiError::invalid_param(
+            format!("budget.{field}"),
+            format!("`budget.{field}` may be at most {most}, the `{agent}` agent's own limit."),
+        ),
+        StartError::KeyReused => ApiError::Conflict(
+            "This Idempotency-Key was already used with a different request. Use a new key for a new run.".into(),
+        ),
+        StartError::TooManyActiveRuns { max } => ApiError::RateLimited {
             message: format!(
                 "This owner already has {max} runs that are queued, running or awaiting approval. Wait for some to finish."
             ),
             retry_after_secs: ACTIVE_RUNS_RETRY_AFTER_SECS,
-        }),
-        Err(StartError::NotQueued(error)) => Err(error.into()),
-        Err(error @ StartError::KeyChurn) => Err(ApiError::Unavailable(Box::new(error))),
-        Err(StartError::Store(error)) => Err(error.into()),
+        },
+        StartError::NotQueued(error) => error.into(),
+        error @ StartError::KeyChurn => ApiError::Unavailable(Box::new(error)),
+        StartError::Store(error) => error.into(),
     }
 }

@@ -6,15 +6,16 @@ use http::Request;
 use serde_json::{Map, Value};
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
-use super::{Api, ApiError, ApiResponse, changed_run_response, parse_run_id};
+use super::{ApiError, ApiResponse, changed_run_response, parse_run_id};
 use crate::auth::Principal;
-use crate::lifecycle::DecideRefused;
+use crate::commands::{DecideRefused, RunCommands};
 use agent_runs_domain::{
-    ApprovalId, ApprovalKind, ApprovalStatus, Comment, Decision, DecisionRequest, MAX_ANSWER_BYTES,
-    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, Run, RunId, TransitionError, canonical_json,
+    ApprovalId, ApprovalKind, ApprovalStatus, Comment, Decision, DecisionRequest, KeyId, MAX_ANSWER_BYTES,
+    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, RunId, TransitionError, canonical_json,
     exact_canonical,
 };
 use agent_runs_ports::store::ChangeError;
+use agent_runs_ports::views::Shown;
 
 pub(super) const DECISION_FIELDS: [&str; 5] = ["decision", "comment", "arguments", "arguments_sha256", "answer"];
 
@@ -41,10 +42,6 @@ fn kept_json(param: &'static str, value: &Value, max_bytes: usize) -> Result<Val
 }
 
 impl DecisionBody {
-    pub(super) fn decision(&self) -> &Decision {
-        &self.decision
-    }
-
     /// Reads the decision fields, removing them from `body`.
     pub(super) fn parse(body: &mut Map<String, Value>) -> Result<DecisionBody, ApiError> {
         let decision = body.remove("decision");
@@ -110,36 +107,14 @@ impl DecisionBody {
         Ok(DecisionBody { decision, comment, seen_sha256 })
     }
 
-    /// Checks the decision against the run it is for (who may decide it,
-    /// what may be edited) and makes it the lifecycle's request.
-    pub(super) async fn check(
-        self,
-        api: &Api,
-        by: &Principal,
-        run: &Run,
-        approval_id: ApprovalId,
-    ) -> Result<DecisionRequest, ApiError> {
-        check_separate_approver(api, by, run).await?;
-        let approval =
-            run.approvals.iter().find(|approval| approval.id == approval_id).ok_or_else(approval_not_found)?;
-        if let Decision::Edit(arguments) = &self.decision {
-            let Some(call) = &approval.call else {
-                return Err(ApiError::invalid("decision", nothing_to_edit(approval.kind())));
-            };
-            // A decided approval is left to the repeat rules: the same edit
-            // again is 200 even if the definition changed since.
-            if approval.status == ApprovalStatus::Pending
-                && let Err(problem) = api.agents.check_tool_arguments(&run.agent, &call.tool, arguments).await?
-            {
-                return Err(ApiError::invalid("arguments", problem));
-            }
-        }
-        Ok(DecisionRequest {
+    /// The decision as `by` makes it.
+    pub(super) fn request(self, by: KeyId) -> DecisionRequest {
+        DecisionRequest {
             decision: self.decision,
             comment: self.comment,
             seen_sha256: self.seen_sha256,
-            decided_by: Some(by.key_id),
-        })
+            decided_by: Some(by),
+        }
     }
 }
 
@@ -158,18 +133,6 @@ pub(super) fn already_decided(status: ApprovalStatus, decision: &str) -> String 
     format!("The approval is already {}; the decision \"{decision}\" differs from the one recorded.", status.as_str())
 }
 
-/// A defined agent with `separate_approver` wants another key than the
-/// one that created the run to act on its approvals.
-pub(super) async fn check_separate_approver(api: &Api, by: &Principal, run: &Run) -> Result<(), ApiError> {
-    if run.created_by == Some(by.key_id) && api.agents.requires_separate_approver(&run.agent).await? {
-        return Err(ApiError::Forbidden(format!(
-            "The agent `{}` wants its runs' approvals decided by another API key than the one that created the run.",
-            run.agent
-        )));
-    }
-    Ok(())
-}
-
 /// The path's run and approval ids; a malformed one names nothing, `404`.
 pub(super) fn parse_approval_path(run_id: &str, approval_id: &str) -> Result<(RunId, ApprovalId), ApiError> {
     Ok((parse_run_id(run_id)?, approval_id.parse().map_err(|_| approval_not_found())?))
@@ -180,6 +143,13 @@ pub(super) fn parse_approval_path(run_id: &str, approval_id: &str) -> Result<(Ru
 pub(super) fn refused(error: ChangeError<DecideRefused>, decided: impl Fn(ApprovalStatus) -> String) -> ApiError {
     match error {
         ChangeError::Gone => ApiError::run_not_found(),
+        ChangeError::Refused(DecideRefused::SameKeyAsCreator { agent }) => ApiError::Forbidden(format!(
+            "The agent `{agent}` wants its runs' approvals decided by another API key than the one that created the run."
+        )),
+        ChangeError::Refused(DecideRefused::NothingToEdit(kind)) => {
+            ApiError::invalid("decision", nothing_to_edit(kind))
+        }
+        ChangeError::Refused(DecideRefused::ArgumentsRefused(problem)) => ApiError::invalid("arguments", problem),
         ChangeError::Refused(DecideRefused::Expired) => ApiError::Conflict(
             "The approval expired before this request arrived: its action never runs, and the run fails.".into(),
         ),
@@ -218,7 +188,8 @@ pub(super) fn refused(error: ChangeError<DecideRefused>, decided: impl Fn(Approv
 }
 
 pub(super) async fn handle(
-    api: &Api,
+    commands: &RunCommands,
+    shown: Shown,
     by: &Principal,
     run_id: &str,
     approval_id: &str,
@@ -227,13 +198,10 @@ pub(super) async fn handle(
     let (run_id, approval_id) = parse_approval_path(run_id, approval_id)?;
     let mut body = json_object(request.headers(), request.body(), false)?;
     reject_unknown_fields(&body, &DECISION_FIELDS)?;
-    let decision = DecisionBody::parse(&mut body)?;
-
-    let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
-    let request = decision.check(api, by, &run, approval_id).await?;
+    let request = DecisionBody::parse(&mut body)?.request(by.key_id);
     let name = request.decision.name();
-    match api.lifecycle.decide(run, approval_id, request).await {
-        Ok(run) => Ok(changed_run_response(&run, api.shown)),
+    match commands.decide(by, run_id, approval_id, request).await {
+        Ok(run) => Ok(changed_run_response(&run, shown)),
         Err(error) => Err(refused(error, |status| already_decided(status, name))),
     }
 }

@@ -8,9 +8,11 @@ use http::Request;
 use serde_json::Value;
 
 use super::body::{json_object, reject_unknown_fields, whole_number};
-use super::decide::{check_separate_approver, parse_approval_path, refused};
-use super::{Api, ApiError, ApiResponse, changed_run_response};
+use super::decide::{parse_approval_path, refused};
+use super::{ApiError, ApiResponse, changed_run_response};
 use crate::auth::Principal;
+use crate::commands::RunCommands;
+use agent_runs_ports::views::Shown;
 
 const SECONDS: std::ops::RangeInclusive<u64> = 60..=604_800;
 
@@ -23,7 +25,8 @@ fn seconds(value: Option<Value>) -> Result<Duration, ApiError> {
 }
 
 pub(super) async fn handle(
-    api: &Api,
+    commands: &RunCommands,
+    shown: Shown,
     by: &Principal,
     run_id: &str,
     approval_id: &str,
@@ -33,11 +36,8 @@ pub(super) async fn handle(
     let mut body = json_object(request.headers(), request.body(), false)?;
     reject_unknown_fields(&body, &["seconds"])?;
     let extension = seconds(body.remove("seconds"))?;
-
-    let run = api.runs.get(&by.owner, run_id).await?.ok_or_else(ApiError::run_not_found)?;
-    check_separate_approver(api, by, &run).await?;
-    match api.lifecycle.extend(run, approval_id, extension).await {
-        Ok(run) => Ok(changed_run_response(&run, api.shown)),
+    match commands.extend(by, run_id, approval_id, extension).await {
+        Ok(run) => Ok(changed_run_response(&run, shown)),
         Err(error) => Err(refused(error, |status| {
             format!("The approval is already {}; only a pending approval can be extended.", status.as_str())
         })),

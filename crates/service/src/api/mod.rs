@@ -45,7 +45,7 @@ pub use response::ApiResponse;
 pub use routes::{Operation, ROUTES};
 
 use crate::auth::{AuthError, Authenticator, Principal, bearer_token};
-use crate::lifecycle::Lifecycle;
+use crate::commands::RunCommands;
 use agent_runs_agents::AgentRegistry;
 use agent_runs_domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId, RunTrace, SpanParent};
 use agent_runs_platform::telemetry::{self, SpanKind};
@@ -98,7 +98,7 @@ impl Default for ApiLimits {
 /// Everything the operations need, built once per process.
 pub struct Api {
     runs: Arc<dyn Store>,
-    lifecycle: Lifecycle,
+    commands: RunCommands,
     auth: Authenticator,
     agents: AgentRegistry,
     clock: Arc<dyn Clock>,
@@ -150,10 +150,11 @@ impl Api {
         let rate_limiter = RateLimiter::new(limits.rate);
         let document = openapi::document(&agents.names_list(), agents.default_name());
         let openapi = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
-        let lifecycle = Lifecycle::new(runs.clone(), queue, clock.clone(), policy, limits.max_active_runs);
+        let commands =
+            RunCommands::new(runs.clone(), queue, agents.clone(), clock.clone(), policy, limits.max_active_runs);
         Api {
             runs,
-            lifecycle,
+            commands,
             auth,
             agents,
             clock,
@@ -328,19 +329,21 @@ impl Api {
         // request's future would be as large as the largest operation's,
         // and moved whole (several KB) at each step up to the connection.
         let handled: Pin<Box<dyn Future<Output = Result<ApiResponse, ApiError>> + Send + '_>> = match route.operation {
-            Operation::Create => Box::pin(create::handle(self, &principal, &request)),
+            Operation::Create => Box::pin(create::handle(&self.commands, self.shown, &principal, &request)),
             Operation::List => Box::pin(list::handle(self.runs.as_ref(), owner, request.uri().query())),
             Operation::Get => Box::pin(get::handle(self.runs.as_ref(), owner, run_id)),
-            Operation::Cancel => Box::pin(cancel::handle(self, owner, run_id, &request)),
+            Operation::Cancel => Box::pin(cancel::handle(&self.commands, self.shown, owner, run_id, &request)),
             Operation::Decide => {
-                Box::pin(decide::handle(self, &principal, run_id, params.get("approval_id"), &request))
+                let approval_id = params.get("approval_id");
+                Box::pin(decide::handle(&self.commands, self.shown, &principal, run_id, approval_id, &request))
             }
             Operation::Extend => {
-                Box::pin(extend::handle(self, &principal, run_id, params.get("approval_id"), &request))
+                let approval_id = params.get("approval_id");
+                Box::pin(extend::handle(&self.commands, self.shown, &principal, run_id, approval_id, &request))
             }
             Operation::Events => Box::pin(events::handle(self, owner, run_id, &request)),
             Operation::Inbox => Box::pin(inbox::handle(self.runs.as_ref(), owner, request.uri().query())),
-            Operation::DecideBatch => Box::pin(batch::handle(self, &principal, &request)),
+            Operation::DecideBatch => Box::pin(batch::handle(&self.commands, self.shown, &principal, &request)),
             Operation::CreateWebhook => Box::pin(webhooks::create(self, owner, &request)),
             Operation::ListWebhooks => Box::pin(webhooks::list(self, owner, request.uri().query())),
             Operation::GetWebhook => {
