@@ -2,12 +2,13 @@
 //! that calls HTTP tools. A definition is data; `AgentDefinition::parse`
 //! checks everything that can be checked before the first run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::Usage;
-use crate::mcp::{McpServerDefinition, check_servers};
+use crate::mcp::{MAX_MCP_SERVER_NAME_CHARS, McpServerDefinition, valid_mcp_server_name};
+use crate::run::Usage;
+use crate::schema::compile_schema;
 
 pub const MAX_AGENT_NAME_CHARS: usize = 64;
 pub const MAX_AGENT_STEPS: u32 = 100;
@@ -211,6 +212,15 @@ impl AgentDefinition {
     pub fn budget(&self) -> Budget {
         Budget { max_total_tokens: self.max_total_tokens, max_tool_calls: self.max_tool_calls }
     }
+
+    /// The MCP server a tool name of the model's belongs to, and the
+    /// tool's name there (the definition's checks make it at most one).
+    pub fn mcp_tool<'n>(&self, name: &'n str) -> Option<(&McpServerDefinition, &'n str)> {
+        self.mcp_servers.iter().find_map(|server| {
+            let tool = name.strip_prefix(&server.tool_name(""))?;
+            (!tool.is_empty()).then_some((server, tool))
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -223,7 +233,7 @@ pub fn valid_agent_name(name: &str) -> bool {
         && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-')
 }
 
-pub(crate) fn valid_url(url: &str) -> bool {
+fn valid_url(url: &str) -> bool {
     (url.starts_with("http://") || url.starts_with("https://"))
         && url.len() <= 2_048
         && !url.contains(char::is_whitespace)
@@ -279,7 +289,7 @@ impl AgentDefinition {
         {
             return fail(format!("`api_key_env` {env:?} is not an allowed environment variable name."));
         }
-        let mut seen = std::collections::BTreeSet::new();
+        let mut seen = BTreeSet::new();
         for tool in &self.tools {
             let label = format!("tool `{}`", tool.name);
             if !valid_agent_name(&tool.name) {
@@ -305,7 +315,7 @@ impl AgentDefinition {
             if tool.parameters.get("type").and_then(|kind| kind.as_str()) != Some("object") {
                 return fail(format!("{label}: `parameters` must be a JSON Schema with \"type\": \"object\"."));
             }
-            if let Err(error) = super::compile_schema(&tool.parameters) {
+            if let Err(error) = compile_schema(&tool.parameters) {
                 return fail(format!("{label}: `parameters` is not a valid JSON Schema: {error}"));
             }
             if !(1..=MAX_TOOL_TIMEOUT_MS).contains(&tool.timeout_ms) {
@@ -340,7 +350,7 @@ impl AgentDefinition {
                 }
             }
         }
-        check_servers(&self.mcp_servers, &seen, self.allow_private_network, check_headers)?;
+        check_servers(&self.mcp_servers, &seen, self.allow_private_network)?;
         Ok(self)
     }
 }
@@ -358,6 +368,80 @@ fn check_headers(label: &str, headers: &BTreeMap<String, String>) -> Result<(), 
         if !valid_env_name(env) {
             return Err(DefinitionError(format!("{label}: {env:?} is not an allowed environment variable name.")));
         }
+    }
+    Ok(())
+}
+
+/// Checks the servers of a definition whose HTTP tools are `tool_names`.
+fn check_servers(
+    servers: &[McpServerDefinition],
+    tool_names: &BTreeSet<&str>,
+    allow_private_network: bool,
+) -> Result<(), DefinitionError> {
+    let fail = |message: String| Err(DefinitionError(message));
+    let mut seen = BTreeSet::new();
+    for (index, server) in servers.iter().enumerate() {
+        let field = |name: &str| format!("mcp_servers[{index}].{name}");
+        if !valid_mcp_server_name(&server.name) {
+            return fail(format!(
+                "`{}` must be 1 to {MAX_MCP_SERVER_NAME_CHARS} of a-z, 0-9, `_` or `-`; got {:?}.",
+                field("name"),
+                server.name
+            ));
+        }
+        if !seen.insert(server.name.as_str()) {
+            return fail(format!("`{}`: two MCP servers are named `{}`.", field("name"), server.name));
+        }
+        let prefix = server.tool_name("");
+        // `a` and `a__b` would both claim `a__b__c`; `a` and `a_`, `a___c`.
+        let claims_ours =
+            |other: &McpServerDefinition| other.name == format!("{}_", server.name) || other.name.starts_with(&prefix);
+        if let Some(other) = servers.iter().find(|other| other.name != server.name && claims_ours(other)) {
+            return fail(format!(
+                "`{}`: the MCP servers `{}` and `{}` would both claim tools named `{}<tool>`.",
+                field("name"),
+                server.name,
+                other.name,
+                other.tool_name("")
+            ));
+        }
+        if let Some(clash) = tool_names.iter().find(|tool| tool.starts_with(&prefix)) {
+            return fail(format!(
+                "`{}`: the tool `{clash}` would clash with the MCP server `{}`'s tools, named `{prefix}<tool>`.",
+                field("name"),
+                server.name
+            ));
+        }
+        if !valid_url(&server.url) {
+            return fail(format!("`{}` must be an https:// URL.", field("url")));
+        }
+        if server.url.starts_with("http://") && !allow_private_network {
+            return fail(format!(
+                "`{}` must be an https:// URL (http:// only with `allow_private_network = true`).",
+                field("url")
+            ));
+        }
+        if !(1..=MAX_TOOL_TIMEOUT_MS).contains(&server.timeout_ms) {
+            return fail(format!("`{}` must be 1 to {MAX_TOOL_TIMEOUT_MS}.", field("timeout_ms")));
+        }
+        if let Some(tools) = &server.tools {
+            let mut listed = BTreeSet::new();
+            for tool in tools {
+                if tool.is_empty() || tool.len() > 128 {
+                    return fail(format!("`{}` lists an empty or over-long tool name.", field("tools")));
+                }
+                if !listed.insert(tool.as_str()) {
+                    return fail(format!("`{}` lists `{tool}` twice.", field("tools")));
+                }
+            }
+        }
+        if let Some(header) = server.headers_from_env.keys().find(|header| {
+            ["accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id"]
+                .contains(&header.to_ascii_lowercase().as_str())
+        }) {
+            return fail(format!("`{}`: the MCP transport sets `{header}` itself.", field("headers_from_env")));
+        }
+        check_headers(&field("headers_from_env"), &server.headers_from_env)?;
     }
     Ok(())
 }
@@ -469,7 +553,7 @@ mod tests {
         let mut document = definition();
         document["mcp_servers"] = serde_json::json!([server]);
         let agent = parse(document).unwrap();
-        assert_eq!(agent.mcp_servers[0].require_approval, crate::McpApproval::UnlessReadOnly);
+        assert_eq!(agent.mcp_servers[0].require_approval, crate::mcp::McpApproval::UnlessReadOnly);
         assert_eq!(agent.mcp_servers[0].timeout_ms, 30_000);
         let cases: [(serde_json::Value, &str); 12] = [
             (serde_json::json!([{"name": "Git Hub", "url": "https://x.example/mcp"}]), "mcp_servers[0].name"),

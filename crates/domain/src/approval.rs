@@ -4,7 +4,11 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{ApprovalId, InboxPosition, KeyId, PolicyMatch, Run, RunId, RunStatus, Timestamp};
+use crate::cursor::InboxPosition;
+use crate::ids::{ApprovalId, KeyId, MalformedId, RunId};
+use crate::policy::PolicyMatch;
+use crate::run::{Run, RunStatus};
+use crate::time::Timestamp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ApprovalStatus {
@@ -138,7 +142,7 @@ impl ApprovalRequest {
     /// already, or when an `enforce` rule said a person must (`ask`), which
     /// nobody's silence may stand in for.
     pub fn veto_window(&self) -> Option<std::time::Duration> {
-        let person_must = self.policy.as_ref().is_some_and(crate::PolicyMatch::person_must_decide);
+        let person_must = self.policy.as_ref().is_some_and(PolicyMatch::person_must_decide);
         self.auto_approve_after.filter(|_| self.decided.is_none() && !person_must)
     }
 
@@ -197,7 +201,7 @@ impl std::fmt::Display for Resolver {
 }
 
 impl std::str::FromStr for Resolver {
-    type Err = super::MalformedId;
+    type Err = MalformedId;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         if text == "timeout" {

@@ -6,7 +6,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 use ulid::Ulid;
 
-use super::{ApprovalId, ApprovalKind, ApprovalStatus, Owner, RunId, RunStatus, Timestamp};
+use crate::approval::{ApprovalKind, ApprovalStatus};
+use crate::ids::{ApprovalId, Owner, RunId};
+use crate::run::RunStatus;
+use crate::time::Timestamp;
 
 const VERSION: u8 = 1;
 /// A cursor of a thread's list: the thread's id after the status.

@@ -5,10 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    Approval, ApprovalId, ApprovalKind, ApprovalStatus, Budget, EventId, KeyId, PolicyMatch, Resolver, Run, RunId,
-    RunStatus, ThreadLink, Timestamp, Usage,
-};
+use crate::agent::Budget;
+use crate::approval::{Approval, ApprovalKind, ApprovalStatus, Resolver, canonical_json};
+use crate::ids::{ApprovalId, EventId, KeyId, RunId};
+use crate::policy::PolicyMatch;
+use crate::run::{Run, RunStatus, ThreadLink, Usage};
+use crate::time::Timestamp;
 
 /// Texts in events (a `say` line, a model's reply, a tool's result) are cut
 /// to this many bytes, on a character boundary, and flagged.
@@ -212,7 +214,7 @@ impl ApprovalSummary {
 
     /// What its texts take as JSON.
     fn text_bytes(&self) -> usize {
-        let json = |value: &serde_json::Value| super::canonical_json(value).len();
+        let json = |value: &serde_json::Value| canonical_json(value).len();
         json_text_bytes(&self.action.text)
             + self.comment.as_deref().map_or(0, json_text_bytes)
             + self.input_schema.as_ref().map_or(0, json)
@@ -263,7 +265,7 @@ pub struct ToolCompleted {
     pub mcp_server: Option<String>,
     /// For a call made with no approval: the first matching `log_only`
     /// rule, with what it would have done.
-    pub policy: Option<crate::PolicyMatch>,
+    pub policy: Option<PolicyMatch>,
 }
 
 impl EventData {
@@ -329,7 +331,7 @@ mod tests {
             id: ApprovalId::from_ulid(ulid::Ulid::nil()),
             action: String::new(),
             call: None,
-            status: super::super::ApprovalStatus::Pending,
+            status: ApprovalStatus::Pending,
             requested_at: Timestamp::from_millis(0),
             resolved_at: None,
             comment: None,
@@ -345,10 +347,10 @@ mod tests {
         };
         let text = EventText::new("");
         let run = || {
-            let policy = super::super::ExecutionPolicy::default();
+            let policy = crate::run::ExecutionPolicy::default();
             Box::new(RunSnapshot::of(&Run::new(
                 RunId::from_ulid(ulid::Ulid::nil()),
-                super::super::Owner::parse("o").unwrap(),
+                crate::ids::Owner::parse("o").unwrap(),
                 String::new(),
                 String::new(),
                 Default::default(),

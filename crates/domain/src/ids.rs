@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use ulid::Ulid;
 
-use super::Timestamp;
+use crate::time::Timestamp;
 
 /// Parses `<prefix><26 upper-case Crockford base32 characters>` into its ULID.
 fn parse_prefixed(prefix: &str, text: &str) -> Option<Ulid> {

@@ -17,9 +17,6 @@ mod time;
 mod trace;
 mod webhook;
 
-#[cfg(test)]
-mod run_tests;
-
 pub use agent::*;
 pub use approval::*;
 pub use cursor::{Cursor, CursorError, IdCursor, InboxCursor, InboxPosition};

@@ -1,14 +1,12 @@
 //! MCP servers as tools: a definition's `[[mcp_servers]]`, and the pins
 //! that make a tool changed on its server ask a person again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{DefinitionError, MAX_TOOL_TIMEOUT_MS, canonical_json};
-use crate::agent::valid_url;
-use crate::approval::sha256_hex;
+use crate::approval::{canonical_json, sha256_hex};
 
 pub const MAX_MCP_SERVER_NAME_CHARS: usize = 32;
 /// Tool names are `<server>__<tool>`.
@@ -98,17 +96,6 @@ impl McpServerDefinition {
     }
 }
 
-impl super::AgentDefinition {
-    /// The MCP server a tool name of the model's belongs to, and the
-    /// tool's name there (the definition's checks make it at most one).
-    pub fn mcp_tool<'n>(&self, name: &'n str) -> Option<(&McpServerDefinition, &'n str)> {
-        self.mcp_servers.iter().find_map(|server| {
-            let tool = name.strip_prefix(&server.tool_name(""))?;
-            (!tool.is_empty()).then_some((server, tool))
-        })
-    }
-}
-
 /// The SHA-256 (hex) of a tool's canonical JSON (RFC 8785) of its name,
 /// description, input schema and annotations, as the server lists them.
 pub fn tool_pin(name: &str, description: Option<&str>, input_schema: &Value, annotations: Option<&Value>) -> String {
@@ -124,81 +111,6 @@ pub fn tool_pin(name: &str, description: Option<&str>, input_schema: &Value, ann
 pub fn valid_mcp_server_name(name: &str) -> bool {
     (1..=MAX_MCP_SERVER_NAME_CHARS).contains(&name.len())
         && name.bytes().all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_' || byte == b'-')
-}
-
-/// Checks the servers of a definition whose HTTP tools are `tool_names`.
-pub(super) fn check_servers(
-    servers: &[McpServerDefinition],
-    tool_names: &BTreeSet<&str>,
-    allow_private_network: bool,
-    check_headers: impl Fn(&str, &BTreeMap<String, String>) -> Result<(), DefinitionError>,
-) -> Result<(), DefinitionError> {
-    let fail = |message: String| Err(DefinitionError(message));
-    let mut seen = BTreeSet::new();
-    for (index, server) in servers.iter().enumerate() {
-        let field = |name: &str| format!("mcp_servers[{index}].{name}");
-        if !valid_mcp_server_name(&server.name) {
-            return fail(format!(
-                "`{}` must be 1 to {MAX_MCP_SERVER_NAME_CHARS} of a-z, 0-9, `_` or `-`; got {:?}.",
-                field("name"),
-                server.name
-            ));
-        }
-        if !seen.insert(server.name.as_str()) {
-            return fail(format!("`{}`: two MCP servers are named `{}`.", field("name"), server.name));
-        }
-        let prefix = server.tool_name("");
-        // `a` and `a__b` would both claim `a__b__c`; `a` and `a_`, `a___c`.
-        let claims_ours =
-            |other: &McpServerDefinition| other.name == format!("{}_", server.name) || other.name.starts_with(&prefix);
-        if let Some(other) = servers.iter().find(|other| other.name != server.name && claims_ours(other)) {
-            return fail(format!(
-                "`{}`: the MCP servers `{}` and `{}` would both claim tools named `{}<tool>`.",
-                field("name"),
-                server.name,
-                other.name,
-                other.tool_name("")
-            ));
-        }
-        if let Some(clash) = tool_names.iter().find(|tool| tool.starts_with(&prefix)) {
-            return fail(format!(
-                "`{}`: the tool `{clash}` would clash with the MCP server `{}`'s tools, named `{prefix}<tool>`.",
-                field("name"),
-                server.name
-            ));
-        }
-        if !valid_url(&server.url) {
-            return fail(format!("`{}` must be an https:// URL.", field("url")));
-        }
-        if server.url.starts_with("http://") && !allow_private_network {
-            return fail(format!(
-                "`{}` must be an https:// URL (http:// only with `allow_private_network = true`).",
-                field("url")
-            ));
-        }
-        if !(1..=MAX_TOOL_TIMEOUT_MS).contains(&server.timeout_ms) {
-            return fail(format!("`{}` must be 1 to {MAX_TOOL_TIMEOUT_MS}.", field("timeout_ms")));
-        }
-        if let Some(tools) = &server.tools {
-            let mut listed = BTreeSet::new();
-            for tool in tools {
-                if tool.is_empty() || tool.len() > 128 {
-                    return fail(format!("`{}` lists an empty or over-long tool name.", field("tools")));
-                }
-                if !listed.insert(tool.as_str()) {
-                    return fail(format!("`{}` lists `{tool}` twice.", field("tools")));
-                }
-            }
-        }
-        if let Some(header) = server.headers_from_env.keys().find(|header| {
-            ["accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id"]
-                .contains(&header.to_ascii_lowercase().as_str())
-        }) {
-            return fail(format!("`{}`: the MCP transport sets `{header}` itself.", field("headers_from_env")));
-        }
-        check_headers(&field("headers_from_env"), &server.headers_from_env)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

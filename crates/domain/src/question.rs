@@ -3,7 +3,8 @@
 
 use serde_json::Value;
 
-use super::{canonical_json, check_exact_numbers, compile_kept_schema, compile_schema};
+use crate::approval::{canonical_json, check_exact_numbers};
+use crate::schema::{compile_kept_schema, compile_schema};
 
 /// The schema of a question asked without one: any string.
 pub fn default_input_schema() -> Value {

@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{
-    Approval, ApprovalStatus, Budget, Event, EventData, KeyId, NewEvent, Owner, RunId, RunSnapshot, RunTrace, Timestamp,
-};
+use crate::agent::Budget;
+use crate::approval::{Approval, ApprovalStatus};
+use crate::event::{Event, EventData, NewEvent, RunSnapshot};
+use crate::ids::{KeyId, Owner, RunId};
+use crate::time::Timestamp;
+use crate::trace::RunTrace;
 
 mod decisions;
 mod work;
@@ -220,7 +223,7 @@ pub enum TransitionError {
     #[error("the approval has no arguments to edit")]
     NothingToEdit,
     /// The edit would take the run's approvals past
-    /// [`super::MAX_APPROVAL_ARGUMENTS_PER_RUN`].
+    /// [`crate::approval::MAX_APPROVAL_ARGUMENTS_PER_RUN`].
     #[error("the run's approvals would hold too many arguments")]
     TooManyArguments,
     /// `answer` on an approval that asks no question.

@@ -5,7 +5,7 @@
 
 use rand::Rng;
 
-use super::RunId;
+use crate::ids::RunId;
 
 /// A span another span can be the child of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,9 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
-use super::{DeliveryId, EVENT_TYPES, Owner, Timestamp, WebhookId};
+use crate::event::EVENT_TYPES;
+use crate::ids::{DeliveryId, Owner, WebhookId};
+use crate::time::Timestamp;
 
 /// Endpoints one owner may have.
 pub const MAX_WEBHOOKS_PER_OWNER: usize = 20;

@@ -112,29 +112,40 @@ fn rfc3339(at: Option<Timestamp>) -> Option<String> {
     at.map(Timestamp::to_rfc3339)
 }
 
+/// An [`ApprovalView`] of `$approval`, an [`Approval`] or an event's
+/// [`ApprovalSummary`]: the fields the two hold alike (by the same names)
+/// are read here, the others given as `field: value`.
+macro_rules! approval_view {
+    ($approval:expr, { $($field:ident: $value:expr),* $(,)? }) => {
+        ApprovalView {
+            $($field: $value,)*
+            id: $approval.id.to_string(),
+            status: $approval.status.as_str(),
+            requested_at: $approval.requested_at.to_rfc3339(),
+            resolved_at: rfc3339($approval.resolved_at),
+            comment: $approval.comment.as_deref(),
+            expires_at: rfc3339($approval.expires_at),
+            resolved_by: $approval.resolved_by.as_ref().map(ToString::to_string),
+            policy: $approval.policy.as_ref().map(PolicyView::from),
+            input_schema: $approval.input_schema.as_ref().map(canonical),
+            answer: $approval.answer.as_ref().map(canonical),
+            tool_changed: $approval.tool_changed,
+            auto_approves_at: rfc3339($approval.auto_approves_at),
+            decision: None,
+        }
+    };
+}
+
 impl<'a> From<&'a Approval> for ApprovalView<'a> {
     fn from(approval: &'a Approval) -> Self {
-        ApprovalView {
-            id: approval.id.to_string(),
+        approval_view!(approval, {
             kind: approval.kind().as_str(),
             action: &approval.action,
             tool: approval.call.as_ref().map(|call| call.tool.as_str()),
             arguments: approval.call.as_ref().map(|call| canonical(&call.arguments)),
             arguments_sha256: approval.arguments_sha256(),
-            status: approval.status.as_str(),
-            requested_at: approval.requested_at.to_rfc3339(),
-            resolved_at: rfc3339(approval.resolved_at),
-            comment: approval.comment.as_deref(),
-            expires_at: rfc3339(approval.expires_at),
-            resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             edited_arguments: approval.edited_arguments.as_ref().map(canonical),
-            policy: approval.policy.as_ref().map(PolicyView::from),
-            input_schema: approval.input_schema.as_ref().map(canonical),
-            answer: approval.answer.as_ref().map(canonical),
-            tool_changed: approval.tool_changed,
-            auto_approves_at: rfc3339(approval.auto_approves_at),
-            decision: None,
-        }
+        })
     }
 }
 
@@ -142,27 +153,14 @@ impl<'a> From<&'a Approval> for ApprovalView<'a> {
 /// arguments left to its own events.
 impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
     fn from(approval: &'a ApprovalSummary) -> Self {
-        ApprovalView {
-            id: approval.id.to_string(),
+        approval_view!(approval, {
             kind: approval.kind.as_str(),
             action: &approval.action.text,
             tool: approval.tool.as_deref(),
             arguments: None,
             arguments_sha256: approval.arguments_sha256.clone(),
-            status: approval.status.as_str(),
-            requested_at: approval.requested_at.to_rfc3339(),
-            resolved_at: rfc3339(approval.resolved_at),
-            comment: approval.comment.as_deref(),
-            expires_at: rfc3339(approval.expires_at),
-            resolved_by: approval.resolved_by.as_ref().map(ToString::to_string),
             edited_arguments: None,
-            policy: approval.policy.as_ref().map(PolicyView::from),
-            input_schema: approval.input_schema.as_ref().map(canonical),
-            answer: approval.answer.as_ref().map(canonical),
-            tool_changed: approval.tool_changed,
-            auto_approves_at: rfc3339(approval.auto_approves_at),
-            decision: None,
-        }
+        })
     }
 }
 

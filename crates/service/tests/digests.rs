@@ -7,7 +7,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use agent_runs_domain::{Approval, ApprovalId, ApprovalStatus, ProposedCall, Timestamp, canonical_json};
+use agent_runs_domain::{Approval, ProposedCall, canonical_json};
+use agent_runs_testkit::approvals::pending_approval;
 use serde_json::Value;
 
 /// Each a JSON object of arguments, as a model or a person might send it.
@@ -23,22 +24,9 @@ const CORPUS: &[&str] = &[
 
 fn service_digest(arguments: Value) -> String {
     let approval = Approval {
-        id: ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1)),
         action: "Call the tool".into(),
         call: Some(ProposedCall { tool: "tool".into(), arguments }),
-        status: ApprovalStatus::Pending,
-        requested_at: Timestamp::from_millis(1_795_303_478_123),
-        resolved_at: None,
-        comment: None,
-        expires_at: None,
-        expiry_warned: false,
-        resolved_by: None,
-        edited_arguments: None,
-        policy: None,
-        input_schema: None,
-        answer: None,
-        tool_changed: false,
-        auto_approves_at: None,
+        ..pending_approval()
     };
     approval.arguments_sha256().unwrap()
 }

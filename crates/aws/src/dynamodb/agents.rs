@@ -3,7 +3,8 @@
 
 use async_trait::async_trait;
 
-use super::{DynamoStore, Item, n, s, text, unavailable};
+use super::items::{text, unavailable};
+use super::{DynamoStore, Item, n, s};
 use agent_runs_domain::{AgentDefinition, Timestamp};
 use agent_runs_ports::store::{AgentStore, StoreError, encode_agent};
 

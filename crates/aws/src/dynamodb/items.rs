@@ -5,13 +5,15 @@ use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
 
 use super::{
     CHECKPOINT_APART, COUNTED_RUNS, COUNTER_SAMPLE, COUNTER_SHARDS, DUE_SHARDS, INLINE_CHECKPOINT_BYTES, Item,
-    MAX_CHECKPOINT_BYTES, OWNER_SHARDS, RUNS_PER_COUNTER, n, s,
+    OWNER_SHARDS, RUNS_PER_COUNTER, n, s,
 };
 use agent_runs_domain::{
     ApprovalId, ApprovalStatus, DecidedCall, Event, EventData, Owner, RunId, RunStatus, Timestamp,
 };
 use agent_runs_ports::store::record::StoredRun;
-use agent_runs_ports::store::{DueRun, EventBody, RENDERED_FORMAT, Run, RunKey, StoreError, StoredEvent};
+use agent_runs_ports::store::{
+    DueRun, EventBody, MAX_CHECKPOINT_BYTES, RENDERED_FORMAT, Run, RunKey, StoreError, StoredEvent,
+};
 
 /// The run's shard of its owner's keys.
 pub(super) fn shard(run_id: RunId) -> u32 {

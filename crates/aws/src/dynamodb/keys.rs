@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::{DynamoStore, Item, STATUS_INDEX, defect, n, s, text, unavailable};
+use super::items::{defect, text, unavailable};
+use super::{DynamoStore, Item, STATUS_INDEX, n, s};
 use agent_runs_domain::{KeyId, Owner, Scopes, Timestamp};
 use agent_runs_ports::store::{KeyStore, MAX_OWNER_KEYS, StoreError, StoredKey};
 

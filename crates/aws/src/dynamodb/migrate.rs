@@ -5,10 +5,11 @@
 
 use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem};
 
-use super::{
-    CHECKPOINT_APART, COUNT_SK, DynamoStore, Item, LEGACY_COUNT, RUN_SK, TransactFailure, count_item, counter_shard,
-    decode_run, defect, entry, idempotency_pk, run_items, s, text, unavailable,
+use super::calls::TransactFailure;
+use super::items::{
+    RUN_SK, count_item, counter_shard, decode_run, defect, entry, idempotency_pk, run_items, text, unavailable,
 };
+use super::{CHECKPOINT_APART, COUNT_SK, DynamoStore, Item, LEGACY_COUNT, s};
 use agent_runs_domain::{Clock, Owner, SystemClock};
 use agent_runs_ports::store::StoreError;
 

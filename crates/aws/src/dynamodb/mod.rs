@@ -69,12 +69,10 @@ mod signing_keys;
 mod upkeep;
 mod webhooks;
 
-use calls::*;
-use items::*;
 pub use migrate::Migrated;
 pub use webhooks::{NOTIFIED_EVENT_PREFIX, decode_stream_event};
 
-use agent_runs_ports::store::{EventFormat, MAX_CHECKPOINT_BYTES};
+use agent_runs_ports::store::EventFormat;
 use agent_runs_ports::views::Shown;
 
 pub const STATUS_INDEX: &str = "gsi1";
@@ -199,6 +197,7 @@ fn n(number: impl ToString) -> AttributeValue {
 
 #[cfg(test)]
 mod tests {
+    use super::items::{count_sample, counter_cap, counter_shard, counter_shards, following_on};
     use super::*;
     use agent_runs_domain::{RunId, Timestamp};
     use agent_runs_ports::store::StoredEvent;

@@ -8,7 +8,8 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 
-use super::{DECISIONS_INDEX, DynamoStore, Item, RUN_SK, decode_run, defect, n, number, run_pk, s, text, unavailable};
+use super::items::{RUN_SK, decode_run, defect, number, run_pk, text, unavailable};
+use super::{DECISIONS_INDEX, DynamoStore, Item, n, s};
 use agent_runs_domain::{DecidedCall, HumanDecision, KeyId, Owner, Policy, Rule, RunId, Timestamp, canonical_json};
 use agent_runs_ports::store::{PolicyStore, StoreError, decode_policy, encode_policy};
 

@@ -11,7 +11,9 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Up
 use aws_smithy_runtime_api::http::Response as HttpResponse;
 use serde::{Deserialize, Serialize};
 
-use super::{DynamoStore, Item, TransactFailure, defect, n, s, text, unavailable};
+use super::calls::TransactFailure;
+use super::items::{decode_event_item, defect, text, unavailable};
+use super::{DynamoStore, Item, n, s};
 use agent_runs_domain::{
     DeliveryAttempt, DeliveryId, EndpointHealth, EventFilter, Owner, RunId, Timestamp, WebhookEndpoint, WebhookId,
     WebhookSecret, WebhookStatus,
@@ -144,7 +146,7 @@ pub fn decode_stream_event(item: &Item) -> Option<Result<(Owner, RunId, StoredEv
             .and_then(|id| id.parse().ok())
             .ok_or_else(|| defect("an event item's pk is not a run's"))?;
         let owner = Owner::parse(text(item, "owner")?).map_err(|_| defect("an event item without a valid owner"))?;
-        Ok((owner, run_id, super::decode_event_item(item)?))
+        Ok((owner, run_id, decode_event_item(item)?))
     };
     Some(decode())
 }

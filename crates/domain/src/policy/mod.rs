@@ -5,7 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{KeyId, Timestamp};
+use crate::ids::KeyId;
+use crate::time::Timestamp;
 
 mod conditions;
 mod parse;

@@ -5,11 +5,8 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use super::conditions::{INEXACT, OPS, holds_inexact_number};
-use super::{
-    Condition, Effect, MAX_MATCHES_CONDITIONS, MAX_POLICY_BYTES, MAX_REASON_CHARS, MAX_RULES, Op, Pattern, Rule,
-    RuleMode,
-};
+use super::conditions::{Condition, INEXACT, OPS, Op, Pattern, holds_inexact_number};
+use super::{Effect, MAX_MATCHES_CONDITIONS, MAX_POLICY_BYTES, MAX_REASON_CHARS, MAX_RULES, Rule, RuleMode};
 
 /// Why a document was refused: the rule (by index) and the field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

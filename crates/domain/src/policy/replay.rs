@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::{Effect, GatedCall, Policy, PolicyMatch, Rule, RuleMode, Verdict};
-use crate::Timestamp;
+use crate::approval::{Approval, ApprovalStatus, Resolver};
+use crate::ids::{ApprovalId, RunId};
+use crate::time::Timestamp;
 
 /// How a person decided a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,8 +36,8 @@ impl HumanDecision {
 /// A tool call a person decided, as the history keeps it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecidedCall {
-    pub run_id: crate::RunId,
-    pub approval_id: crate::ApprovalId,
+    pub run_id: RunId,
+    pub approval_id: ApprovalId,
     pub agent: String,
     pub tool: String,
     /// As proposed.
@@ -47,15 +49,15 @@ pub struct DecidedCall {
 impl DecidedCall {
     /// `approval` of the run `run_id` (of `agent`) as the history keeps
     /// it: only a tool call, and only once a person decided it.
-    pub fn of(run_id: crate::RunId, agent: &str, approval: &crate::Approval) -> Option<DecidedCall> {
+    pub fn of(run_id: RunId, agent: &str, approval: &Approval) -> Option<DecidedCall> {
         let call = approval.call.as_ref()?;
-        if !matches!(approval.resolved_by, Some(crate::Resolver::Key(_))) {
+        if !matches!(approval.resolved_by, Some(Resolver::Key(_))) {
             return None;
         }
         let human = match approval.status {
-            crate::ApprovalStatus::Rejected => HumanDecision::Rejected,
-            crate::ApprovalStatus::Approved if approval.edited_arguments.is_some() => HumanDecision::Edited,
-            crate::ApprovalStatus::Approved => HumanDecision::Approved,
+            ApprovalStatus::Rejected => HumanDecision::Rejected,
+            ApprovalStatus::Approved if approval.edited_arguments.is_some() => HumanDecision::Edited,
+            ApprovalStatus::Approved => HumanDecision::Approved,
             _ => return None,
         };
         Some(DecidedCall {

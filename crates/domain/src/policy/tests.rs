@@ -202,8 +202,8 @@ fn policy_of(rules_json: Value) -> Policy {
 #[test]
 fn a_replay_counts_what_rules_would_have_done_and_lists_disagreements() {
     let decided = |n: u128, tool: &str, count: i64, human| DecidedCall {
-        run_id: crate::RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, n)),
-        approval_id: crate::ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, n)),
+        run_id: crate::ids::RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, n)),
+        approval_id: crate::ids::ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, n)),
         agent: "janitor".into(),
         tool: tool.into(),
         arguments: json!({ "count": count }),
@@ -243,8 +243,8 @@ fn a_replay_counts_what_rules_would_have_done_and_lists_disagreements() {
 #[test]
 fn a_replay_stops_when_told_to() {
     let decided = DecidedCall {
-        run_id: crate::RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1)),
-        approval_id: crate::ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1)),
+        run_id: crate::ids::RunId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1)),
+        approval_id: crate::ids::ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_123, 1)),
         agent: "janitor".into(),
         tool: "deploy".into(),
         arguments: json!({}),

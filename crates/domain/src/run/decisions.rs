@@ -1,16 +1,17 @@
 //! Decisions on a run's approvals: a person's (decide, extend), a veto
 //! window's end (approved as `timeout`), and what is due next.
 
-use crate::ApprovalId;
+use std::time::Duration;
+
 use crate::approval::{
     Approval, ApprovalStatus, Decision, DecisionRequest, MAX_APPROVAL_ARGUMENTS_PER_RUN, Resolver,
     approval_arguments_bytes, canonical_json,
 };
 use crate::event::EventData;
+use crate::ids::ApprovalId;
 use crate::question::check_answer;
 use crate::run::{Changed, DecideOutcome, ExecutionPolicy, Run, RunStatus, SweepAction, TransitionError, warning_time};
 use crate::time::Timestamp;
-use std::time::Duration;
 
 impl Run {
     /// When the sweeper must look at an awaiting run: the first pending

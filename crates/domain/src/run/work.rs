@@ -1,9 +1,9 @@
 //! A worker's transitions of a run: claim, heartbeat, park, release and
 //! the ends; and the sweeper's.
 
-use crate::ApprovalId;
 use crate::approval::{Approval, ApprovalRequest, ApprovalStatus, Resolver, RuleDecision};
 use crate::event::EventData;
+use crate::ids::ApprovalId;
 use crate::run::{
     ClaimOutcome, ClaimRefused, DecideOutcome, ExecutionPolicy, Lease, Run, RunStatus, SweepAction, TransitionError,
     approval_expired_message, attempts_exhausted_message, event_limit_message, time_limit_message, warning_time,

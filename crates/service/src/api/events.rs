@@ -19,9 +19,12 @@ use agent_runs_domain::{Owner, RunId, RunStatus};
 use agent_runs_ports::store::{EventLog, EventPage, StoredEvent};
 use agent_runs_ports::views::{EventPageView, EventView, Shown};
 
+// Named from here, beside this endpoint's other limits, by the API's
+// re-exports and the OpenAPI document.
+pub use super::holds::MAX_WAIT_SECS;
+
 pub const DEFAULT_LIMIT: u32 = 100;
 pub const MAX_LIMIT: u32 = 1_000;
-pub const MAX_WAIT_SECS: u64 = 20;
 const PARAMETERS: [&str; 3] = ["after", "limit", "wait"];
 /// A stream sends a comment this often when nothing else, so proxies and
 /// clients know it is alive.

@@ -15,6 +15,10 @@ use crate::auth::{Authenticator, hash_key};
 use agent_runs_domain::Owner;
 use agent_runs_ports::store::StoreError;
 
+/// The longest `wait` a long-poll may ask for, and the longest it is held
+/// unless a deployment allows less ([`HoldLimits::max_wait`]).
+pub const MAX_WAIT_SECS: u64 = 20;
+
 /// How much the held requests may take.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HoldLimits {
@@ -35,7 +39,7 @@ impl Default for HoldLimits {
             per_owner: 32,
             total: 256,
             stream_lifetime: Duration::from_secs(15 * 60),
-            max_wait: Duration::from_secs(super::events::MAX_WAIT_SECS),
+            max_wait: Duration::from_secs(MAX_WAIT_SECS),
         }
     }
 }

@@ -6,7 +6,11 @@ use std::time::Duration;
 
 use ulid::Ulid;
 
-use super::*;
+use agent_runs_domain::{
+    ApprovalId, ApprovalRequest, ApprovalStatus, Changed, ClaimOutcome, ClaimRefused, DecideOutcome, Decision,
+    DecisionRequest, EventData, ExecutionPolicy, Owner, Run, RunId, RunStatus, SweepAction, Timestamp, TransitionError,
+    time_limit_message,
+};
 
 mod tool_calls;
 
@@ -304,7 +308,7 @@ fn sweep_requeues_stale_queued_runs_and_recovers_expired_leases() {
 
     let mut run = running();
     let expiry = run.lease.as_ref().unwrap().expires_at;
-    assert_eq!(run.sweep(expiry.plus(std::time::Duration::from_millis(1)), &policy()), SweepAction::Enqueue);
+    assert_eq!(run.sweep(expiry.plus(Duration::from_millis(1)), &policy()), SweepAction::Enqueue);
     assert_eq!(run.status, RunStatus::Running, "the next claim takes it over");
 
     let mut run = running();
@@ -375,11 +379,11 @@ fn time_awaiting_approval_does_not_count_against_the_execution_limit() {
     let mut run = queued();
     run.claim("w1", at(0), &policy()).unwrap();
     run.park("w1", vec![(approval_id(1), "a".into())], serde_json::Value::Null, at(1_000), &policy()).unwrap();
-    assert_eq!(run.execution_time(at(999_999_999)), std::time::Duration::from_secs(1), "the clock stops while parked");
-    let days_later = at(1_000).plus(policy().approval_timeout).plus(std::time::Duration::from_secs(1));
+    assert_eq!(run.execution_time(at(999_999_999)), Duration::from_secs(1), "the clock stops while parked");
+    let days_later = at(1_000).plus(policy().approval_timeout).plus(Duration::from_secs(1));
     run.decide(approval_id(1), ask(Decision::Approve, None), at(2_000), &policy()).unwrap();
     assert_eq!(run.claim("w2", days_later, &policy()), Ok(ClaimOutcome::Claimed));
-    assert_eq!(run.execution_time(days_later.plus(limit / 2)), std::time::Duration::from_secs(1) + limit / 2);
+    assert_eq!(run.execution_time(days_later.plus(limit / 2)), Duration::from_secs(1) + limit / 2);
 }
 
 #[test]
@@ -387,7 +391,7 @@ fn a_run_past_its_execution_limit_is_failed_at_its_next_claim() {
     let mut run = queued();
     run.claim("w1", at(0), &policy()).unwrap();
     run.release("w1", None, at(0).plus(policy().max_run_time), &policy()).unwrap();
-    let later = at(0).plus(policy().max_run_time).plus(std::time::Duration::from_secs(1));
+    let later = at(0).plus(policy().max_run_time).plus(Duration::from_secs(1));
     assert_eq!(run.claim("w2", later, &policy()), Ok(ClaimOutcome::AttemptsExhausted));
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(run.error.as_deref(), Some(time_limit_message(policy().max_run_time).as_str()));

@@ -1,7 +1,14 @@
 //! Decisions on gated tool calls: bound to the exact arguments, edits,
 //! extensions and expiry.
 
-use super::*;
+use std::time::Duration;
+
+use super::{approval_id, ask, at, awaiting, kinds, policy, running};
+use agent_runs_domain::{
+    ApprovalId, ApprovalKind, ApprovalRequest, ApprovalStatus, Changed, DecideOutcome, Decision, DecisionRequest,
+    Effect, EventData, MAX_APPROVAL_ARGUMENTS_PER_RUN, PolicyMatch, ProposedCall, Resolver, RuleDecision, RuleMode,
+    Run, RunStatus, SweepAction, Timestamp, TransitionError,
+};
 
 fn awaiting_tool_call() -> Run {
     let mut run = running();
