@@ -391,7 +391,7 @@ pub const ROUTER: &str = "[workspace.metadata.lambda.watch.router]\n";
 /// table, in its order.
 pub fn watch_router_toml() -> String {
     let mut paths: Vec<&str> = Vec::new();
-    for route in &ROUTES {
+    for route in ROUTES.iter().filter(|route| route.has_gateway_route()) {
         if !paths.contains(&route.path) {
             paths.push(route.path);
         }
@@ -400,7 +400,7 @@ pub fn watch_router_toml() -> String {
     for path in paths {
         let targets: Vec<String> = ROUTES
             .iter()
-            .filter(|route| route.path == path)
+            .filter(|route| route.path == path && route.has_gateway_route())
             .map(|route| format!("{{ method = \"{}\", function = \"{}\" }}", route.method, route.function))
             .collect();
         let _ = writeln!(toml, "\"{path}\" = [{}]", targets.join(", "));
@@ -478,7 +478,7 @@ fn write_events(yaml: &mut String, function: &Function) {
     };
     match function.trigger {
         Trigger::Routes => {
-            let routes = ROUTES.iter().filter(|route| route.function == function.name);
+            let routes = ROUTES.iter().filter(|route| route.function == function.name && route.has_gateway_route());
             for (index, route) in routes.enumerate() {
                 http(yaml, index, route.method.as_str(), route.path);
             }

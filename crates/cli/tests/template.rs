@@ -226,7 +226,7 @@ fn the_functions_of_the_template_are_made_from_the_function_table() {
     let listed: BTreeSet<String> = generated::FUNCTIONS.iter().map(|function| function.name.to_owned()).collect();
     assert_eq!(listed, crates, "functions/<name> crates against the function table");
     for function in &generated::FUNCTIONS {
-        let routed = ROUTES.iter().any(|route| route.function == function.name);
+        let routed = ROUTES.iter().any(|route| route.function == function.name && route.has_gateway_route());
         assert_eq!(
             routed,
             matches!(function.trigger, generated::Trigger::Routes),
@@ -257,8 +257,11 @@ fn every_route_of_the_table_goes_to_its_own_function_and_nothing_else_is_routed(
             }
         }
     }
-    let mut expected: BTreeMap<String, String> =
-        ROUTES.iter().map(|route| (route.key(), route.function.to_owned())).collect();
+    let mut expected: BTreeMap<String, String> = ROUTES
+        .iter()
+        .filter(|route| route.has_gateway_route())
+        .map(|route| (route.key(), route.function.to_owned()))
+        .collect();
     expected.insert("ANY $default".into(), FALLBACK_FUNCTION.into());
     assert_eq!(routes, expected, "template.yaml's HttpApi events against api::routes::ROUTES");
 }
@@ -275,8 +278,11 @@ fn the_cargo_lambda_watch_router_is_the_route_table() {
             routed.insert((format!("{method} {path}"), target["function"].as_str().unwrap().to_owned()));
         }
     }
-    let expected: BTreeSet<(String, String)> =
-        ROUTES.iter().map(|route| (route.key(), route.function.to_owned())).collect();
+    let expected: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .filter(|route| route.has_gateway_route())
+        .map(|route| (route.key(), route.function.to_owned()))
+        .collect();
     assert_eq!(routed, expected, "[workspace.metadata.lambda.watch.router] against api::routes::ROUTES");
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml")).unwrap();
     assert!(
@@ -287,7 +293,7 @@ fn the_cargo_lambda_watch_router_is_the_route_table() {
 
 #[test]
 fn each_function_crate_serves_its_route() {
-    for route in &ROUTES {
+    for route in ROUTES.iter().filter(|route| route.has_gateway_route()) {
         let main = format!("{}/../../functions/{}/src/main.rs", env!("CARGO_MANIFEST_DIR"), route.function);
         let source = std::fs::read_to_string(&main).unwrap_or_else(|_| panic!("no functions/{}", route.function));
         let serves = ROUTES

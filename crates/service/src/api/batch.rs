@@ -3,16 +3,18 @@
 //! with `error.index`.
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
-use serde_json::Value;
+use http::{Method, Request, StatusCode};
+use serde_json::{Value, json};
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
 use super::decide::{DECISION_FIELDS, DecisionBody, already_decided, approval_not_found, refused};
+use super::openapi::{Parts, error_response, operation};
 use super::response::json_response;
+use super::routes::{Handler, Operation, Route};
 use super::{ApiError, ApiResponse};
 use crate::auth::Principal;
 use crate::commands::{BatchDecision, RunCommands};
-use agent_runs_domain::{ApprovalId, RunId};
+use agent_runs_domain::{ApprovalId, RunId, Scope};
 use agent_runs_ports::views::{RunView, Shown};
 
 pub const MAX_DECISIONS: usize = 100;
@@ -110,4 +112,42 @@ pub(super) async fn handle(
             Ok(error.into_response_at(index))
         }
     }
+}
+
+pub(super) const ROUTE: Route = Route {
+    operation: Operation::DecideBatch,
+    method: Method::POST,
+    path: "/v1/approvals/batch",
+    operation_id: "decideApprovals",
+    function: "decide-batch",
+    handler: Handler::Keyed {
+        scope: Scope::ApprovalsDecide,
+        handle: |api, call| Box::pin(handle(&api.commands, api.shown, call.by, call.request)),
+    },
+    describe: Some(describe),
+};
+
+fn describe(route: &Route, _parts: &Parts<'_>) -> Value {
+    operation(
+        route.operation_id,
+        "Decide up to 100 approvals across runs, all or nothing",
+        json!([]),
+        Some(
+            json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DecisionBatch"}}}}),
+        ),
+        json!({
+            "200": {
+                "description": "Every decision recorded (repeats as repeats): the run of each, in request order.",
+                "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                "content": {"application/json": {"schema": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["data"],
+                    "properties": {"data": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}}}
+                }}}
+            },
+            "404": error_response("A run or approval of the batch does not exist for this key's owner; error.index names the element. Nothing was recorded.", &[]),
+            "409": error_response("A decision of the batch cannot be recorded (see decideApproval); error.index names it. Nothing was recorded.", &[])
+        }),
+    )
 }

@@ -4,9 +4,10 @@
 //! allows only this origin's script, style and requests.
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, header};
+use http::{HeaderValue, Method, Request, header};
 
-use super::{ApiError, ApiResponse};
+use super::routes::{FALLBACK_FUNCTION, Handler, Operation, Public, Route};
+use super::{Api, ApiError, ApiResponse, not_found_path};
 
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
      img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
@@ -46,32 +47,56 @@ fn asset(path: &str) -> Option<Asset> {
     Some(Asset { content_type, body })
 }
 
-/// Where the addresses people type for the console lead: relative, so
-/// that a stage or base path before them is kept. The root is a person's
-/// only when the request carries no key: to an API client it stays an
-/// unknown path (`404`).
-fn redirect(path: &str, with_key: bool) -> Option<&'static str> {
-    match path {
-        "/" if !with_key => Some("console"),
-        "/console/" => Some("../console"),
-        _ => None,
+pub(super) const PAGE: Route = public(Operation::Console, "/console", |_, request| Box::pin(file(request)));
+pub(super) const FILE: Route = public(Operation::ConsoleFile, "/console/{file}", |_, request| Box::pin(file(request)));
+/// Browsers ask for it at the root; the page names its own.
+pub(super) const FAVICON: Route = public(Operation::Favicon, "/favicon.ico", |_, request| Box::pin(file(request)));
+/// The root is a person's only when the request carries no key: to an API
+/// client with one it stays an unknown path (`404`).
+pub(super) const FROM_ROOT: Route =
+    public(Operation::ConsoleFromRoot, "/", |api, request| Box::pin(root(api, request)));
+pub(super) const FROM_FOLDER: Route =
+    public(Operation::ConsoleFromFolder, "/console/", |_, _| Box::pin(async { Ok(redirect("../console")) }));
+
+/// A console route: read by anyone, served by the function behind
+/// `$default` (and by every other), not in the OpenAPI document.
+const fn public(operation: Operation, path: &'static str, handle: Public) -> Route {
+    Route {
+        operation,
+        method: Method::GET,
+        path,
+        operation_id: "",
+        function: FALLBACK_FUNCTION,
+        handler: Handler::Public(handle),
+        describe: None,
     }
 }
 
-/// The console's answer to a request for one of its files (or an address
-/// that leads to it); `None` for any other path.
-pub(super) fn serve(method: &Method, path: &str, with_key: bool) -> Option<Result<ApiResponse, ApiError>> {
-    // Temporary: the root's answer depends on the key, so no cache keeps it.
-    let (status, body, content_type, location) = match redirect(path, with_key) {
-        Some(location) => (http::StatusCode::TEMPORARY_REDIRECT, "", None, Some(location)),
-        None => {
-            let asset = asset(path)?;
-            (http::StatusCode::OK, asset.body, Some(asset.content_type), None)
-        }
-    };
-    if method != Method::GET && method != Method::HEAD {
-        return Some(Err(ApiError::MethodNotAllowed { allow: "GET, HEAD".into() }));
+async fn file(request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
+    let asset = asset(request.uri().path()).ok_or_else(not_found_path)?;
+    Ok(answer(http::StatusCode::OK, asset.body, Some(asset.content_type), None))
+}
+
+async fn root(api: &Api, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
+    if !request.headers().contains_key(header::AUTHORIZATION) {
+        return Ok(redirect("console"));
     }
+    api.caller(request).await?;
+    Err(not_found_path())
+}
+
+/// Relative, so that a stage or base path before the address is kept.
+/// Temporary: the root's answer depends on the key, so no cache keeps it.
+fn redirect(location: &'static str) -> ApiResponse {
+    answer(http::StatusCode::TEMPORARY_REDIRECT, "", None, Some(location))
+}
+
+fn answer(
+    status: http::StatusCode,
+    body: &'static str,
+    content_type: Option<&'static str>,
+    location: Option<&'static str>,
+) -> ApiResponse {
     let mut response = http::Response::new(Bytes::from_static(body.as_bytes()));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -87,5 +112,5 @@ pub(super) fn serve(method: &Method, path: &str, with_key: bool) -> Option<Resul
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Some(Ok(response))
+    response
 }

@@ -1,14 +1,18 @@
 //! `POST /v1/agent/runs`: validate, store the run, queue it, answer `201`.
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, StatusCode, header};
-use serde_json::{Map, Value};
+use http::{HeaderValue, Method, Request, StatusCode, header};
+use serde_json::{Map, Value, json};
 
 use super::body::{json_object, optional_string, reject_unknown_fields, whole_number};
+use super::openapi::{Parts, error_response, header, operation};
+use super::routes::{Handler, Operation, Route};
 use super::{ApiError, ApiResponse, RequestTrace, run_id_of, run_response};
 use crate::auth::Principal;
 use crate::commands::{ContinueRefused, NewRun, RunCommands, StartError, Started};
-use agent_runs_domain::{Budget, IdempotencyKey, Metadata, Run, RunId, RunInput, RunTrace};
+use agent_runs_domain::{
+    Budget, IdempotencyKey, MAX_IDEMPOTENCY_KEY_CHARS, Metadata, Run, RunId, RunInput, RunTrace, Scope,
+};
 use agent_runs_platform::telemetry;
 use agent_runs_ports::views::Shown;
 
@@ -174,4 +178,55 @@ fn refused(error: StartError) -> ApiError {
         error @ StartError::KeyChurn => ApiError::Unavailable(Box::new(error)),
         StartError::Store(error) => error.into(),
     }
+}
+
+pub(super) const ROUTE: Route = Route {
+    operation: Operation::Create,
+    method: Method::POST,
+    path: "/v1/agent/runs",
+    operation_id: "createRun",
+    function: "create",
+    handler: Handler::Keyed {
+        scope: Scope::RunsWrite,
+        handle: |api, call| Box::pin(handle(&api.commands, api.shown, call.by, call.request)),
+    },
+    describe: Some(describe),
+};
+
+fn describe(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { links, .. } = parts;
+    operation(
+        route.operation_id,
+        "Create a run",
+        json!([{
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": false,
+            "description": "The same owner sending the same key within 24 hours gets the original run back; with a different body, 409.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS, "pattern": "^[\\x20-\\x7E]+$"}
+        }, {
+            "name": "traceparent",
+            "in": "header",
+            "required": false,
+            "description": "W3C Trace Context: the run joins the caller's trace (its `trace_id` is the caller's) and the create request's span is a child of the caller's span; a caller's unsampled trace is not recorded. Ignored when malformed.",
+            "schema": {"type": "string", "examples": ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]}
+        }]),
+        Some(
+            json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateRun"}}}}),
+        ),
+        json!({
+            "201": {
+                "description": "The run, queued (or the original run of a replayed Idempotency-Key).",
+                "headers": {
+                    "x-request-id": {"$ref": "#/components/headers/RequestId"},
+                    "Location": header("/v1/agent/runs/{id}", json!({"type": "string"})),
+                    "Idempotent-Replayed": header("`true` when this answers a replayed Idempotency-Key.", json!({"type": "string", "enum": ["true"]}))
+                },
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
+                "links": links
+            },
+            "404": error_response("`previous_run_id` names no run of this API key's owner.", &[]),
+            "409": error_response("The Idempotency-Key was used with a different request, or the run `previous_run_id` names has not ended.", &[])
+        }),
+    )
 }

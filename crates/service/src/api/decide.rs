@@ -2,16 +2,18 @@
 //! edit or answer. The parsing and checks here serve the batch too.
 
 use bytes::Bytes;
-use http::Request;
-use serde_json::{Map, Value};
+use http::{Method, Request};
+use serde_json::{Map, Value, json};
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
+use super::openapi::{Parts, error_response, operation, run_response};
+use super::routes::{Handler, Operation, Route};
 use super::{ApiError, ApiResponse, changed_run_response, parse_run_id};
 use crate::auth::Principal;
 use crate::commands::{DecideRefused, RunCommands};
 use agent_runs_domain::{
     ApprovalId, ApprovalKind, ApprovalStatus, Comment, Decision, DecisionRequest, KeyId, MAX_ANSWER_BYTES,
-    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, RunId, TransitionError, canonical_json,
+    MAX_APPROVAL_ARGUMENTS_BYTES, MAX_APPROVAL_ARGUMENTS_PER_RUN, RunId, Scope, TransitionError, canonical_json,
     exact_canonical,
 };
 use agent_runs_ports::store::ChangeError;
@@ -204,4 +206,43 @@ pub(super) async fn handle(
         Ok(run) => Ok(changed_run_response(&run, shown)),
         Err(error) => Err(refused(error, |status| already_decided(status, name))),
     }
+}
+
+pub(super) const ROUTE: Route = Route {
+    operation: Operation::Decide,
+    method: Method::POST,
+    path: "/v1/agent/runs/{run_id}/approvals/{approval_id}",
+    operation_id: "decideApproval",
+    function: "decide",
+    handler: Handler::Keyed {
+        scope: Scope::ApprovalsDecide,
+        handle: |api, call| {
+            Box::pin(handle(
+                &api.commands,
+                api.shown,
+                call.by,
+                call.param("run_id"),
+                call.param("approval_id"),
+                call.request,
+            ))
+        },
+    },
+    describe: Some(describe),
+};
+
+fn describe(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { run_id, approval_id, not_found, .. } = parts;
+    operation(
+        route.operation_id,
+        "Approve, edit or reject an approval",
+        json!([run_id, approval_id]),
+        Some(
+            json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Decision"}}}}),
+        ),
+        json!({
+            "200": run_response("The run as it is now.", json!({})),
+            "404": not_found.clone(),
+            "409": error_response("The approval was decided otherwise, has expired, or arguments_sha256 is not its digest; nothing changed.", &[])
+        }),
+    )
 }

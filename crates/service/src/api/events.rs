@@ -7,15 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, StatusCode, header};
+use http::{HeaderValue, Method, Request, StatusCode, header};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use serde_json::{Value, json};
+
 use super::holds::{Hold, KeyCheck};
+use super::openapi::{Parts, operation};
 use super::query::{page_size, parameters, whole_number};
 use super::response::json_response;
+use super::routes::{Handler, Operation, Route};
 use super::{Api, ApiError, ApiResponse, parse_run_id};
-use agent_runs_domain::{Owner, RunId, RunStatus};
+use agent_runs_domain::{Owner, RunId, RunStatus, Scope};
 use agent_runs_ports::store::{EventLog, EventPage, StoredEvent};
 use agent_runs_ports::views::{EventPageView, EventView, Shown};
 
@@ -361,6 +365,50 @@ impl EventStream {
             }
         })
     }
+}
+
+pub(super) const ROUTE: Route = Route {
+    operation: Operation::Events,
+    method: Method::GET,
+    path: "/v1/agent/runs/{run_id}/events",
+    operation_id: "listRunEvents",
+    function: "events",
+    handler: Handler::Keyed {
+        scope: Scope::RunsRead,
+        handle: |api, call| Box::pin(handle(api, call.owner(), call.param("run_id"), call.request)),
+    },
+    describe: Some(describe),
+};
+
+fn describe(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { run_id, not_found, .. } = parts;
+    operation(
+        route.operation_id,
+        "List a run's events, oldest first; wait for new ones",
+        json!([
+            run_id,
+            {"name": "after", "in": "query", "required": false, "description": "Only events with a higher seq; at most one past the run's last seq. Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 0}, {"const": ""}], "default": 0}},
+            {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, {"const": ""}], "default": DEFAULT_LIMIT}},
+            {"name": "wait", "in": "query", "required": false, "description": "Seconds to hold the request while nothing newer than `after` exists. Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_WAIT_SECS}, {"const": ""}], "default": 0}},
+            {"name": "Last-Event-ID", "in": "header", "required": false, "description": "Resume after this seq, as an SSE client does on reconnecting; it wins over `after`.", "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+        ]),
+        None,
+        json!({
+            "200": {
+                "description": "A page of events; with Accept: text/event-stream on the embedded server, a stream of them (`id: <seq>`, `event: <type>`, `data: <event>`, a comment every 15 s, closed after the run's last event).",
+                "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/EventList"}},
+                    "text/event-stream": {"schema": {"type": "string"}}
+                }
+            },
+            "204": {
+                "description": "With Accept: text/event-stream: the run has ended and its last event was seen; nothing will come (an EventSource stops reconnecting).",
+                "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}}
+            },
+            "404": not_found
+        }),
+    )
 }
 
 #[cfg(test)]

@@ -2,13 +2,18 @@
 //! run can say who created it and who decided, and a client can tell which
 //! key is its own. Never a secret: only what `agent-runs keys list` shows.
 
-use http::StatusCode;
+use http::{Method, StatusCode};
 use serde::Serialize;
 
+use serde_json::{Value, json};
+
+use super::openapi::{Parts, operation};
 use super::query::no_query;
 use super::response::json_response;
+use super::routes::{Handler, Operation, Route};
 use super::{ApiError, ApiResponse};
 use crate::auth::Principal;
+use agent_runs_domain::Scope;
 use agent_runs_ports::store::{KeyStore, StoredKey};
 
 #[derive(Serialize)]
@@ -60,6 +65,33 @@ impl<'a> KeyView<'a> {
             current: key.id == by.key_id,
         }
     }
+}
+
+pub(super) const ROUTE: Route = Route {
+    operation: Operation::ListKeys,
+    method: Method::GET,
+    path: "/v1/keys",
+    operation_id: "listKeys",
+    function: "directory",
+    handler: Handler::Keyed {
+        scope: Scope::RunsRead,
+        handle: |api, call| Box::pin(list(api.auth.keys(), call.by, call.query())),
+    },
+    describe: Some(describe),
+};
+
+fn describe(route: &Route, _parts: &Parts<'_>) -> Value {
+    operation(
+        route.operation_id,
+        "List the owner's API keys, oldest first",
+        json!([]),
+        None,
+        json!({"200": {
+            "description": "The owner's keys (the first 1,000, and always the caller's own), revoked ones too: ids, names and scopes, never a secret. On DynamoDB another key made a moment ago may take a second to appear.",
+            "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/KeyList"}}}
+        }}),
+    )
 }
 
 #[cfg(test)]

@@ -1,9 +1,15 @@
 //! `GET /v1/agent/runs`: newest first, a status filter, keyset cursors.
 
+use serde_json::{Value, json};
+
+use http::Method;
+
+use super::openapi::{Parts, ULID, operation};
 use super::query::{page_size, parameters};
 use super::response::page_response;
+use super::routes::{Handler, Operation, Route};
 use super::{ApiError, ApiResponse, run_id_of};
-use agent_runs_domain::{Cursor, Owner, RunId, RunStatus};
+use agent_runs_domain::{Cursor, Owner, RunId, RunStatus, Scope};
 use agent_runs_ports::store::{ListRequest, RunLists};
 
 pub const DEFAULT_LIMIT: u32 = 20;
@@ -50,4 +56,39 @@ pub(super) async fn handle(runs: &dyn RunLists, owner: &Owner, query: Option<&st
         .flatten()
         .map(|last| Cursor { status: query.status, thread: query.thread, last }.encode(owner));
     Ok(page_response(&page.views, next_cursor))
+}
+
+pub(super) const ROUTE: Route = Route {
+    operation: Operation::List,
+    method: Method::GET,
+    path: "/v1/agent/runs",
+    operation_id: "listRuns",
+    function: "list",
+    handler: Handler::Keyed {
+        scope: Scope::RunsRead,
+        handle: |api, call| Box::pin(handle(api.runs.as_ref(), call.owner(), call.query())),
+    },
+    describe: Some(describe),
+};
+
+fn describe(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { statuses, .. } = parts;
+    operation(
+        route.operation_id,
+        "List runs, newest first",
+        json!([
+            {"name": "status", "in": "query", "required": false, "description": "Only runs in this state. Empty is the same as absent.", "schema": {"type": "string", "enum": statuses.iter().copied().chain([""]).collect::<Vec<_>>()}},
+            {"name": "limit", "in": "query", "required": false, "description": "Empty is the same as absent.", "schema": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, {"const": ""}], "default": DEFAULT_LIMIT}},
+            {"name": "cursor", "in": "query", "required": false, "description": "A next_cursor from an earlier page, with the same status and thread filters.", "schema": {"type": "string"}},
+            {"name": "thread_id", "in": "query", "required": false, "description": "Only the runs of this conversation (a run's `thread_id`): its first run and every run continuing it, newest first. Another owner's thread is an empty page. Empty is the same as absent.", "schema": {"type": "string", "pattern": format!("^(run_{ULID})?$")}}
+        ]),
+        None,
+        json!({
+            "200": {
+                "description": "One page of runs.",
+                "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunList"}}}
+            }
+        }),
+    )
 }

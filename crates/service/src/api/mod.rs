@@ -4,6 +4,9 @@
 //! `http::Response<Bytes>`, so the same code serves Lambda and the embedded
 //! server.
 
+// A route written but left out of the route table is an error, not a warning.
+#![deny(dead_code)]
+
 mod agents;
 mod batch;
 mod body;
@@ -17,6 +20,7 @@ mod extend;
 mod get;
 mod holds;
 mod inbox;
+mod jwks;
 mod keys;
 mod list;
 pub mod openapi;
@@ -27,9 +31,6 @@ mod response;
 pub mod routes;
 mod webhooks;
 
-use agent_runs_ports::receipts::{JWKS_PATH, PublishedKeys, jwks};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -51,10 +52,11 @@ use agent_runs_domain::{Clock, ExecutionPolicy, IdGenerator, Run, RunId, RunTrac
 use agent_runs_platform::telemetry::{self, SpanKind};
 use agent_runs_ports::error_chain;
 use agent_runs_ports::queue::RunQueue;
+use agent_runs_ports::receipts::PublishedKeys;
 use agent_runs_ports::store::{PolicyStore, Store, WebhookStore};
 use agent_runs_ports::views::Shown;
 use rate_limit::RateLimiter;
-use routes::Resolved;
+use routes::{Call, Handler, Resolved};
 
 /// The request id every response carries in `x-request-id`; set by whatever
 /// serves the request (API Gateway's id on AWS, a generated one locally).
@@ -258,42 +260,27 @@ impl Api {
     }
 
     async fn dispatch(&self, serving: Serving, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
-        // The console's files need no key: the person types one into it.
-        let with_key = request.headers().contains_key(http::header::AUTHORIZATION);
-        if let Some(answer) = console::serve(request.method(), request.uri().path(), with_key) {
-            return answer;
-        }
-        if request.uri().path() == openapi::PATH {
-            // The API's description needs no key.
-            keyless_read(request.method())?;
-            query::no_query(request.uri().query())?;
-            let mut response = http::Response::new(self.openapi.clone());
-            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            return Ok(response);
-        }
-        if request.uri().path() == JWKS_PATH {
-            // The keys a tool checks receipts with need no key either.
-            keyless_read(request.method())?;
-            query::no_query(request.uri().query())?;
-            let keys = match &self.signing_keys {
-                Some(keys) => keys.keys().await.map_err(|error| ApiError::Unavailable(Box::new(error)))?,
-                None => Vec::new(),
-            };
-            let mut response = response::json_response(http::StatusCode::OK, &jwks(&keys));
-            // No key yet (on AWS, until the sweeper or a worker publishes
-            // it): nothing for a cache to keep.
-            let cache = if keys.is_empty() { "no-store" } else { "public, max-age=300" };
-            response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
-            return Ok(response);
-        }
-        let principal = self.authenticate(&request).await?;
-        tracing::Span::current().record("owner", tracing::field::display(&principal.owner));
-        self.rate_limiter.check(&principal.owner, self.clock.now())?;
         let (route, params) = match routes::resolve(request.method(), request.uri().path()) {
             Resolved::Found(route, params) => (route, params),
-            Resolved::WrongMethod { allow } => return Err(ApiError::MethodNotAllowed { allow }),
-            Resolved::NotFound => return Err(not_found_path()),
+            // Anyone may learn which methods the console and documents take.
+            Resolved::WrongMethod { allow, public: true } => return Err(ApiError::MethodNotAllowed { allow }),
+            // Only a caller with a key learns what else exists.
+            Resolved::WrongMethod { allow, public: false } => {
+                self.caller(&request).await?;
+                return Err(ApiError::MethodNotAllowed { allow });
+            }
+            Resolved::NotFound => {
+                self.caller(&request).await?;
+                return Err(not_found_path());
+            }
         };
+        let (scope, handle) = match route.handler {
+            // The console and the documents need no key: every function
+            // serves them, as the person or the tool reading them asks.
+            Handler::Public(handle) => return handle(self, &request).await,
+            Handler::Keyed { scope, handle } => (scope, handle),
+        };
+        let principal = self.caller(&request).await?;
         let served = match serving {
             Serving::All => true,
             Serving::One(expected) => expected.route().function == route.function,
@@ -302,10 +289,10 @@ impl Api {
         if !served {
             return Err(not_found_path());
         }
-        if !principal.scopes.allows(route.scope) {
+        if !principal.scopes.allows(scope) {
             return Err(ApiError::Forbidden(format!(
                 "This API key lacks the scope `{}` that this operation needs.",
-                route.scope.as_str()
+                scope.as_str()
             )));
         }
         if request.extensions().get::<BodyTooLarge>().is_some() || request.body().len() > MAX_BODY_BYTES {
@@ -320,53 +307,19 @@ impl Api {
                 "The request body ended before the length its Content-Length header declares. Send the whole body.",
             ));
         }
-        let owner = &principal.owner;
         let run_id = params.get("run_id");
         if !run_id.is_empty() {
             tracing::Span::current().record("run_id", tracing::field::display(run_id));
         }
-        // Each operation's future in a box of its own: held inline, every
-        // request's future would be as large as the largest operation's,
-        // and moved whole (several KB) at each step up to the connection.
-        let handled: Pin<Box<dyn Future<Output = Result<ApiResponse, ApiError>> + Send + '_>> = match route.operation {
-            Operation::Create => Box::pin(create::handle(&self.commands, self.shown, &principal, &request)),
-            Operation::List => Box::pin(list::handle(self.runs.as_ref(), owner, request.uri().query())),
-            Operation::Get => Box::pin(get::handle(self.runs.as_ref(), owner, run_id)),
-            Operation::Cancel => Box::pin(cancel::handle(&self.commands, self.shown, owner, run_id, &request)),
-            Operation::Decide => {
-                let approval_id = params.get("approval_id");
-                Box::pin(decide::handle(&self.commands, self.shown, &principal, run_id, approval_id, &request))
-            }
-            Operation::Extend => {
-                let approval_id = params.get("approval_id");
-                Box::pin(extend::handle(&self.commands, self.shown, &principal, run_id, approval_id, &request))
-            }
-            Operation::Events => Box::pin(events::handle(self, owner, run_id, &request)),
-            Operation::Inbox => Box::pin(inbox::handle(self.runs.as_ref(), owner, request.uri().query())),
-            Operation::DecideBatch => Box::pin(batch::handle(&self.commands, self.shown, &principal, &request)),
-            Operation::CreateWebhook => Box::pin(webhooks::create(self, owner, &request)),
-            Operation::ListWebhooks => Box::pin(webhooks::list(self, owner, request.uri().query())),
-            Operation::GetWebhook => {
-                Box::pin(webhooks::get(self, owner, params.get("webhook_id"), request.uri().query()))
-            }
-            Operation::DeleteWebhook => {
-                Box::pin(webhooks::delete(self, owner, params.get("webhook_id"), request.uri().query()))
-            }
-            Operation::RotateWebhookSecret => {
-                Box::pin(webhooks::rotate_secret(self, owner, params.get("webhook_id"), &request))
-            }
-            Operation::ListWebhookDeliveries => {
-                Box::pin(webhooks::deliveries(self, owner, params.get("webhook_id"), request.uri().query()))
-            }
-            Operation::GetPolicy => Box::pin(policies::get(self.policies.as_ref(), &principal, &request)),
-            Operation::PutPolicy => {
-                Box::pin(policies::put(self.policies.as_ref(), &principal, self.clock.now(), &request))
-            }
-            Operation::TestPolicy => Box::pin(policies::test(self.policies.as_ref(), &principal, &request)),
-            Operation::ListKeys => Box::pin(keys::list(self.auth.keys(), &principal, request.uri().query())),
-            Operation::GetAgent => Box::pin(agents::get(&self.agents, params.get("agent"), request.uri().query())),
-        };
-        handled.await
+        handle(self, Call { by: &principal, params: &params, request: &request }).await
+    }
+
+    /// Who is calling (their key, verified), within their rate limit.
+    async fn caller(&self, request: &Request<Bytes>) -> Result<Principal, ApiError> {
+        let principal = self.authenticate(request).await?;
+        tracing::Span::current().record("owner", tracing::field::display(&principal.owner));
+        self.rate_limiter.check(&principal.owner, self.clock.now())?;
+        Ok(principal)
     }
 
     /// The request's key, to be checked again while the request is held.
@@ -395,17 +348,6 @@ enum Serving {
     One(Operation),
     /// The `$default` route: `404` and `405` only.
     Nothing,
-}
-
-/// A document served without a key (the OpenAPI document, the JWKS) is
-/// read with GET or HEAD, as the console is; the HTTP layer sends a HEAD's
-/// headers alone.
-fn keyless_read(method: &Method) -> Result<(), ApiError> {
-    if method == Method::GET || method == Method::HEAD {
-        Ok(())
-    } else {
-        Err(ApiError::MethodNotAllowed { allow: "GET, HEAD".into() })
-    }
 }
 
 fn not_found_path() -> ApiError {

@@ -6,15 +6,17 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use serde_json::{Value, json};
 
 use super::body::{json_object, reject_unknown_fields, whole_number};
+use super::openapi::{Parts, error_response, operation};
 use super::query::no_query;
 use super::response::json_response;
+use super::routes::{Handler, Operation, Route};
 use super::{ApiError, ApiResponse};
 use crate::auth::Principal;
-use agent_runs_domain::{Owner, Policy, ReplayStopped, RuleError, parse_rules, replay};
+use agent_runs_domain::{Owner, Policy, ReplayStopped, RuleError, Scope, parse_rules, replay};
 use agent_runs_ports::store::PolicyStore;
 
 /// Calls a test replays when it names no `limit`, and the most it may.
@@ -199,4 +201,102 @@ pub(super) async fn test(
             "rules": rules,
         }),
     ))
+}
+
+pub(super) const GET: Route = Route {
+    operation: Operation::GetPolicy,
+    method: Method::GET,
+    path: "/v1/policies",
+    operation_id: "getPolicy",
+    function: "policies",
+    handler: Handler::Keyed {
+        scope: Scope::RunsRead,
+        handle: |api, call| Box::pin(get(api.policies.as_ref(), call.by, call.request)),
+    },
+    describe: Some(describe_get),
+};
+
+fn describe_get(route: &Route, _parts: &Parts<'_>) -> Value {
+    operation(
+        route.operation_id,
+        "Get the owner's approval policy",
+        json!([]),
+        None,
+        json!({"200": described_policy("The policy in force (version 0 and no rules until the first put).")}),
+    )
+}
+
+pub(super) const PUT: Route = Route {
+    operation: Operation::PutPolicy,
+    method: Method::PUT,
+    path: "/v1/policies",
+    operation_id: "putPolicy",
+    function: "policies",
+    handler: Handler::Keyed {
+        scope: Scope::PoliciesManage,
+        handle: |api, call| Box::pin(put(api.policies.as_ref(), call.by, api.clock.now(), call.request)),
+    },
+    describe: Some(describe_put),
+};
+
+fn describe_put(route: &Route, _parts: &Parts<'_>) -> Value {
+    operation(
+        route.operation_id,
+        "Replace the owner's approval policy",
+        json!([{
+            "name": "If-Match",
+            "in": "header",
+            "required": false,
+            "description": "The version to replace, as the ETag shows it (`\"3\"`; the quotes may be left out); another put since answers 412.",
+            "schema": {"type": "string", "pattern": "^(\"[0-9]+\"|[0-9]+)$"}
+        }]),
+        Some(
+            json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PolicyInput"}}}}),
+        ),
+        json!({
+            "200": described_policy("The new policy, one version on."),
+            "409": error_response("Other puts kept coming first; send it again.", &[]),
+            "412": error_response("The policy is no longer at the version If-Match names.", &[])
+        }),
+    )
+}
+
+pub(super) const TEST: Route = Route {
+    operation: Operation::TestPolicy,
+    method: Method::POST,
+    path: "/v1/policies/test",
+    operation_id: "testPolicy",
+    function: "policies",
+    handler: Handler::Keyed {
+        scope: Scope::PoliciesManage,
+        handle: |api, call| Box::pin(test(api.policies.as_ref(), call.by, call.request)),
+    },
+    describe: Some(describe_test),
+};
+
+fn describe_test(route: &Route, _parts: &Parts<'_>) -> Value {
+    operation(
+        route.operation_id,
+        "Try rules on the tool calls people decided",
+        json!([]),
+        Some(
+            json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PolicyTest"}}}}),
+        ),
+        json!({"200": {
+            "description": "What the rules would have done with the most recent decisions; nothing is changed.",
+            "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PolicyTestResult"}}}
+        }}),
+    )
+}
+
+fn described_policy(description: &str) -> Value {
+    json!({
+        "description": description,
+        "headers": {
+            "x-request-id": {"$ref": "#/components/headers/RequestId"},
+            "ETag": super::openapi::header("The policy's version, in quotes: send it as If-Match.", json!({"type": "string"}))
+        },
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Policy"}}}
+    })
 }

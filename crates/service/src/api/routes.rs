@@ -1,18 +1,29 @@
-//! The route table: every operation of the contract, declared once. The
-//! router of [`super::Api`], the local gateway's routing, the OpenAPI
-//! document's paths and scopes, and (through `agent-runs template`)
-//! `template.yaml`'s HTTP events and the `cargo lambda watch` router all
-//! come from [`ROUTES`]. Adding an endpoint is one entry here, one module
-//! under `api/` with its arm in the dispatch, its OpenAPI description, and
+//! The route table: every path the service answers, declared once, each
+//! by the module that answers it (its path, scope or public-ness, handler
+//! and OpenAPI description). The router of [`super::Api`], the local
+//! gateway's routing, the OpenAPI document, and (through `agent-runs
+//! template`) `template.yaml`'s HTTP events and the `cargo lambda watch`
+//! router all come from [`ROUTES`]. Adding an endpoint is one module under
+//! `api/` with its `ROUTE`, one line in [`ROUTES`] and an [`Operation`];
 //! (when it gets its own Lambda function) one `functions/<function>` crate
-//! and an entry of the function table; the tests name whatever was
+//! and an entry of the function table. The tests name whatever was
 //! forgotten.
 
-use http::Method;
+use std::pin::Pin;
 
-use agent_runs_domain::Scope;
+use bytes::Bytes;
+use http::{Method, Request};
+use serde_json::Value;
 
-/// The operations of the contract; each Lambda function serves one.
+use super::openapi::Parts;
+use super::{
+    Api, ApiError, ApiResponse, agents, batch, cancel, console, create, decide, events, extend, get, inbox, jwks, keys,
+    list, openapi, policies, webhooks,
+};
+use crate::auth::Principal;
+use agent_runs_domain::{Owner, Scope};
+
+/// What the service answers; each Lambda function serves one or more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
     Create,
@@ -35,10 +46,17 @@ pub enum Operation {
     TestPolicy,
     ListKeys,
     GetAgent,
+    OpenApi,
+    SigningKeys,
+    /// The console's page, its files, and the addresses that lead to it.
+    Console,
+    ConsoleFile,
+    ConsoleFromRoot,
+    ConsoleFromFolder,
+    Favicon,
 }
 
-/// Where an operation lives and what serves it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where an operation lives, who may call it and what answers it.
 pub struct Route {
     pub operation: Operation,
     pub method: Method,
@@ -46,177 +64,86 @@ pub struct Route {
     pub path: &'static str,
     /// The OpenAPI `operationId`.
     pub operation_id: &'static str,
-    /// The Lambda function (the `functions/<function>` crate and binary).
+    /// The Lambda function (the `functions/<function>` crate and binary);
+    /// [`FALLBACK_FUNCTION`] for what API Gateway's `$default` route serves.
     pub function: &'static str,
-    /// What the API key must be allowed to do.
-    pub scope: Scope,
+    pub(crate) handler: Handler,
+    /// Its OpenAPI operation; `None`: left out of the document (the console).
+    pub(crate) describe: Option<Describe>,
 }
 
-pub const ROUTES: [Route; 20] = [
-    Route {
-        operation: Operation::Create,
-        method: Method::POST,
-        path: "/v1/agent/runs",
-        operation_id: "createRun",
-        function: "create",
-        scope: Scope::RunsWrite,
-    },
-    Route {
-        operation: Operation::List,
-        method: Method::GET,
-        path: "/v1/agent/runs",
-        operation_id: "listRuns",
-        function: "list",
-        scope: Scope::RunsRead,
-    },
-    Route {
-        operation: Operation::Get,
-        method: Method::GET,
-        path: "/v1/agent/runs/{run_id}",
-        operation_id: "getRun",
-        function: "get",
-        scope: Scope::RunsRead,
-    },
-    Route {
-        operation: Operation::Cancel,
-        method: Method::POST,
-        path: "/v1/agent/runs/{run_id}/cancel",
-        operation_id: "cancelRun",
-        function: "cancel",
-        scope: Scope::RunsWrite,
-    },
-    Route {
-        operation: Operation::Decide,
-        method: Method::POST,
-        path: "/v1/agent/runs/{run_id}/approvals/{approval_id}",
-        operation_id: "decideApproval",
-        function: "decide",
-        scope: Scope::ApprovalsDecide,
-    },
-    Route {
-        operation: Operation::Extend,
-        method: Method::POST,
-        path: "/v1/agent/runs/{run_id}/approvals/{approval_id}/extend",
-        operation_id: "extendApproval",
-        function: "extend",
-        scope: Scope::ApprovalsDecide,
-    },
-    Route {
-        operation: Operation::Events,
-        method: Method::GET,
-        path: "/v1/agent/runs/{run_id}/events",
-        operation_id: "listRunEvents",
-        function: "events",
-        scope: Scope::RunsRead,
-    },
-    Route {
-        operation: Operation::Inbox,
-        method: Method::GET,
-        path: "/v1/approvals",
-        operation_id: "listApprovals",
-        function: "approvals",
-        scope: Scope::ApprovalsDecide,
-    },
-    Route {
-        operation: Operation::DecideBatch,
-        method: Method::POST,
-        path: "/v1/approvals/batch",
-        operation_id: "decideApprovals",
-        function: "decide-batch",
-        scope: Scope::ApprovalsDecide,
-    },
-    Route {
-        operation: Operation::CreateWebhook,
-        method: Method::POST,
-        path: "/v1/webhooks",
-        operation_id: "createWebhook",
-        function: "webhooks",
-        scope: Scope::WebhooksManage,
-    },
-    Route {
-        operation: Operation::ListWebhooks,
-        method: Method::GET,
-        path: "/v1/webhooks",
-        operation_id: "listWebhooks",
-        function: "webhooks",
-        scope: Scope::WebhooksManage,
-    },
-    Route {
-        operation: Operation::GetWebhook,
-        method: Method::GET,
-        path: "/v1/webhooks/{webhook_id}",
-        operation_id: "getWebhook",
-        function: "webhooks",
-        scope: Scope::WebhooksManage,
-    },
-    Route {
-        operation: Operation::DeleteWebhook,
-        method: Method::DELETE,
-        path: "/v1/webhooks/{webhook_id}",
-        operation_id: "deleteWebhook",
-        function: "webhooks",
-        scope: Scope::WebhooksManage,
-    },
-    Route {
-        operation: Operation::RotateWebhookSecret,
-        method: Method::POST,
-        path: "/v1/webhooks/{webhook_id}/rotate-secret",
-        operation_id: "rotateWebhookSecret",
-        function: "webhooks",
-        scope: Scope::WebhooksManage,
-    },
-    Route {
-        operation: Operation::ListWebhookDeliveries,
-        method: Method::GET,
-        path: "/v1/webhooks/{webhook_id}/deliveries",
-        operation_id: "listWebhookDeliveries",
-        function: "webhooks",
-        scope: Scope::WebhooksManage,
-    },
-    Route {
-        operation: Operation::GetPolicy,
-        method: Method::GET,
-        path: "/v1/policies",
-        operation_id: "getPolicy",
-        function: "policies",
-        scope: Scope::RunsRead,
-    },
-    Route {
-        operation: Operation::PutPolicy,
-        method: Method::PUT,
-        path: "/v1/policies",
-        operation_id: "putPolicy",
-        function: "policies",
-        scope: Scope::PoliciesManage,
-    },
-    Route {
-        operation: Operation::TestPolicy,
-        method: Method::POST,
-        path: "/v1/policies/test",
-        operation_id: "testPolicy",
-        function: "policies",
-        scope: Scope::PoliciesManage,
-    },
-    Route {
-        operation: Operation::ListKeys,
-        method: Method::GET,
-        path: "/v1/keys",
-        operation_id: "listKeys",
-        function: "directory",
-        scope: Scope::RunsRead,
-    },
-    Route {
-        operation: Operation::GetAgent,
-        method: Method::GET,
-        path: "/v1/agents/{agent}",
-        operation_id: "getAgent",
-        function: "directory",
-        scope: Scope::RunsRead,
-    },
+/// What answers a route: an operation for a key with this scope, or a
+/// page or document for anyone (read with GET or HEAD).
+#[derive(Clone, Copy)]
+pub(crate) enum Handler {
+    Keyed { scope: Scope, handle: Keyed },
+    Public(Public),
+}
+
+/// A request to a keyed route, as the router passed it on: the caller,
+/// the path's parameters, the request.
+#[derive(Clone, Copy)]
+pub(crate) struct Call<'a> {
+    pub by: &'a Principal,
+    pub params: &'a PathParams<'a>,
+    pub request: &'a Request<Bytes>,
+}
+
+impl<'a> Call<'a> {
+    pub fn owner(&self) -> &'a Owner {
+        &self.by.owner
+    }
+
+    pub fn param(&self, name: &str) -> &'a str {
+        self.params.get(name)
+    }
+
+    pub fn query(&self) -> Option<&'a str> {
+        self.request.uri().query()
+    }
+}
+
+/// An operation's answer, boxed: held inline, every request's future would
+/// be as large as the largest operation's, and moved whole (several KB) at
+/// each step up to the connection.
+pub(crate) type Handled<'a> = Pin<Box<dyn Future<Output = Result<ApiResponse, ApiError>> + Send + 'a>>;
+pub(crate) type Keyed = for<'a> fn(&'a Api, Call<'a>) -> Handled<'a>;
+pub(crate) type Public = for<'a> fn(&'a Api, &'a Request<Bytes>) -> Handled<'a>;
+pub(crate) type Describe = fn(&Route, &Parts<'_>) -> Value;
+
+/// Every route, in the order the OpenAPI document lists them.
+pub static ROUTES: [Route; 27] = [
+    create::ROUTE,
+    list::ROUTE,
+    get::ROUTE,
+    cancel::ROUTE,
+    decide::ROUTE,
+    extend::ROUTE,
+    events::ROUTE,
+    inbox::ROUTE,
+    batch::ROUTE,
+    webhooks::CREATE,
+    webhooks::LIST,
+    webhooks::GET,
+    webhooks::DELETE,
+    webhooks::ROTATE_SECRET,
+    webhooks::DELIVERIES,
+    policies::GET,
+    policies::PUT,
+    policies::TEST,
+    keys::ROUTE,
+    agents::ROUTE,
+    openapi::ROUTE,
+    jwks::ROUTE,
+    console::PAGE,
+    console::FILE,
+    console::FAVICON,
+    console::FROM_ROOT,
+    console::FROM_FOLDER,
 ];
 
-/// The function behind API Gateway's `$default` route: no operation, only
-/// the `404` and `405` answers.
+/// The function behind API Gateway's `$default` route: the console and the
+/// documents anyone may read, and the `404` and `405` answers.
 pub const FALLBACK_FUNCTION: &str = "fallback";
 
 impl Operation {
@@ -225,10 +152,38 @@ impl Operation {
     }
 }
 
+impl PartialEq for Route {
+    fn eq(&self, other: &Route) -> bool {
+        self.operation == other.operation
+    }
+}
+
+impl Eq for Route {}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{:?} ({})", self.operation, self.key())
+    }
+}
+
 impl Route {
     /// API Gateway's route key, `POST /v1/agent/runs`.
     pub fn key(&self) -> String {
         format!("{} {}", self.method, self.path)
+    }
+
+    /// The scope a key needs; `None`: anyone may read it, without a key.
+    pub fn scope(&self) -> Option<Scope> {
+        match self.handler {
+            Handler::Keyed { scope, .. } => Some(scope),
+            Handler::Public(_) => None,
+        }
+    }
+
+    /// Whether API Gateway routes it to its function by its route key (the
+    /// rest reach the fallback function through `$default`).
+    pub fn has_gateway_route(&self) -> bool {
+        self.function != FALLBACK_FUNCTION
     }
 }
 
@@ -266,27 +221,37 @@ fn matches<'a>(template: &'static str, path: &'a str) -> Option<PathParams<'a>> 
 pub enum Resolved<'a> {
     Found(&'static Route, PathParams<'a>),
     /// The path exists, but not with this method: these are allowed.
+    /// `public`: anyone may learn that, without a key.
     WrongMethod {
         allow: String,
+        public: bool,
     },
     NotFound,
 }
 
+/// The route `method` and `path` name. A public route is read with GET or
+/// HEAD (the HTTP layer sends a HEAD's headers alone).
 pub fn resolve<'a>(method: &Method, path: &'a str) -> Resolved<'a> {
     let mut allowed = Vec::new();
+    let mut public = false;
     for route in &ROUTES {
         if let Some(params) = matches(route.path, path) {
-            if route.method == method {
+            let head_of_get = route.scope().is_none() && method == Method::HEAD && route.method == Method::GET;
+            if route.method == method || head_of_get {
                 return Resolved::Found(route, params);
             }
+            public |= route.scope().is_none();
             allowed.push(route.method.as_str());
         }
     }
     if allowed.is_empty() {
         return Resolved::NotFound;
     }
+    if public {
+        allowed.push(Method::HEAD.as_str());
+    }
     allowed.sort_unstable();
-    Resolved::WrongMethod { allow: allowed.join(", ") }
+    Resolved::WrongMethod { allow: allowed.join(", "), public }
 }
 
 #[cfg(test)]
@@ -303,12 +268,65 @@ mod tests {
         assert!(
             matches!(resolve(&Method::GET, "/v1/agent/runs"), Resolved::Found(route, _) if route.operation == Operation::List)
         );
-        assert_eq!(resolve(&Method::DELETE, "/v1/agent/runs"), Resolved::WrongMethod { allow: "GET, POST".into() });
-        assert_eq!(resolve(&Method::GET, "/v1/agent/runs/r1/cancel"), Resolved::WrongMethod { allow: "POST".into() });
+        assert_eq!(
+            resolve(&Method::DELETE, "/v1/agent/runs"),
+            Resolved::WrongMethod { allow: "GET, POST".into(), public: false }
+        );
+        assert_eq!(
+            resolve(&Method::GET, "/v1/agent/runs/r1/cancel"),
+            Resolved::WrongMethod { allow: "POST".into(), public: false }
+        );
         for missing in ["/v1/agent/runs/", "/v1/agent/runs//cancel", "/v1/agent/runs/r1/approvals/", "/v1/agent", "/x"]
         {
             assert_eq!(resolve(&Method::GET, missing), Resolved::NotFound, "{missing}");
             assert_eq!(resolve(&Method::POST, missing), Resolved::NotFound, "{missing}");
+        }
+    }
+
+    #[test]
+    fn the_console_and_documents_are_read_by_anyone_with_get_or_head() {
+        for (method, path, operation) in [
+            (Method::GET, "/console", Operation::Console),
+            (Method::HEAD, "/console/console.js", Operation::ConsoleFile),
+            (Method::GET, "/", Operation::ConsoleFromRoot),
+            (Method::GET, "/console/", Operation::ConsoleFromFolder),
+            (Method::HEAD, "/v1/openapi.json", Operation::OpenApi),
+            (Method::GET, "/.well-known/jwks.json", Operation::SigningKeys),
+        ] {
+            let Resolved::Found(route, _) = resolve(&method, path) else { panic!("{method} {path}") };
+            assert_eq!((route.operation, route.scope()), (operation, None), "{method} {path}");
+            assert!(!route.has_gateway_route(), "served through $default");
+        }
+        let public = Resolved::WrongMethod { allow: "GET, HEAD".into(), public: true };
+        assert_eq!(resolve(&Method::POST, "/console"), public);
+        assert_eq!(resolve(&Method::DELETE, "/.well-known/jwks.json"), public);
+        // A keyed operation is not read with HEAD.
+        assert_eq!(resolve(&Method::HEAD, "/v1/keys"), Resolved::WrongMethod { allow: "GET".into(), public: false });
+    }
+
+    /// The contract's reference names every path of the OpenAPI document
+    /// (a parameter by any name: `{id}` for `{webhook_id}`).
+    #[test]
+    fn docs_api_md_names_every_documented_path() {
+        fn unnamed(text: &str) -> String {
+            let mut out = String::with_capacity(text.len());
+            let mut in_name = false;
+            for c in text.chars() {
+                match c {
+                    '{' => {
+                        in_name = true;
+                        out.push_str("{}");
+                    }
+                    '}' => in_name = false,
+                    c if !in_name => out.push(c),
+                    _ => {}
+                }
+            }
+            out
+        }
+        let reference = unnamed(include_str!("../../../../docs/api.md"));
+        for route in ROUTES.iter().filter(|route| route.describe.is_some()) {
+            assert!(reference.contains(&unnamed(route.path)), "docs/api.md does not name {}", route.key());
         }
     }
 

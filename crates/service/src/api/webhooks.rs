@@ -2,15 +2,17 @@
 //! Standard Webhooks specification; their secrets and their attempts.
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
-use serde_json::Value;
+use http::{Method, Request, StatusCode};
+use serde_json::{Value, json};
 
 use super::body::{json_object, optional_string, reject_unknown_fields};
+use super::openapi::{Parts, error_response, operation, webhook_response};
 use super::query::{no_query, page_size, parameters};
 use super::response::json_response;
+use super::routes::{Handler, Operation, Route};
 use super::{Api, ApiError, ApiResponse};
 use agent_runs_domain::{
-    EventFilter, IdCursor, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER, Owner,
+    EventFilter, IdCursor, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER, Owner, Scope,
     WebhookEndpoint, WebhookId, WebhookSecret, WebhookStatus,
 };
 use agent_runs_ports::views::{DeletedView, DeliveryAttemptView, PageView, WebhookView};
@@ -174,4 +176,183 @@ pub(super) async fn deliveries(
         .map(|last| IdCursor { last: last.id.ulid() }.encode(owner, &list));
     let view = PageView { data: page.items.iter().map(DeliveryAttemptView::from).collect(), next_cursor };
     Ok(json_response(StatusCode::OK, &view))
+}
+
+pub(super) const CREATE: Route = Route {
+    operation: Operation::CreateWebhook,
+    method: Method::POST,
+    path: "/v1/webhooks",
+    operation_id: "createWebhook",
+    function: "webhooks",
+    handler: Handler::Keyed {
+        scope: Scope::WebhooksManage,
+        handle: |api, call| Box::pin(create(api, call.owner(), call.request)),
+    },
+    describe: Some(describe_create),
+};
+
+fn describe_create(route: &Route, _parts: &Parts<'_>) -> Value {
+    let mut created =
+        webhook_response("The endpoint, with its signing secret (shown only here and by rotate-secret).", true);
+    let by_id =
+        |operation_id: &str| json!({"operationId": operation_id, "parameters": {"webhook_id": "$response.body#/id"}});
+    created["links"] = json!({
+        "GetWebhook": by_id("getWebhook"),
+        "ListWebhookDeliveries": by_id("listWebhookDeliveries"),
+        "RotateWebhookSecret": by_id("rotateWebhookSecret"),
+        "DeleteWebhook": by_id("deleteWebhook")
+    });
+    operation(
+        route.operation_id,
+        "Create a webhook endpoint",
+        json!([]),
+        Some(
+            json!({"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateWebhook"}}}}),
+        ),
+        json!({"201": created}),
+    )
+}
+
+pub(super) const LIST: Route = Route {
+    operation: Operation::ListWebhooks,
+    method: Method::GET,
+    path: "/v1/webhooks",
+    operation_id: "listWebhooks",
+    function: "webhooks",
+    handler: Handler::Keyed {
+        scope: Scope::WebhooksManage,
+        handle: |api, call| Box::pin(list(api, call.owner(), call.query())),
+    },
+    describe: Some(describe_list),
+};
+
+fn describe_list(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { page_parameters, .. } = parts;
+    operation(
+        route.operation_id,
+        "List webhook endpoints, newest first",
+        page_parameters.clone(),
+        None,
+        json!({"200": {
+            "description": "One page of endpoints (no secrets).",
+            "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/WebhookList"}}}
+        }}),
+    )
+}
+
+pub(super) const GET: Route = Route {
+    operation: Operation::GetWebhook,
+    method: Method::GET,
+    path: "/v1/webhooks/{webhook_id}",
+    operation_id: "getWebhook",
+    function: "webhooks",
+    handler: Handler::Keyed {
+        scope: Scope::WebhooksManage,
+        handle: |api, call| Box::pin(get(api, call.owner(), call.param("webhook_id"), call.query())),
+    },
+    describe: Some(describe_get),
+};
+
+fn describe_get(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { webhook_id, webhook_not_found, .. } = parts;
+    operation(
+        route.operation_id,
+        "Get a webhook endpoint",
+        json!([webhook_id]),
+        None,
+        json!({"200": webhook_response("The endpoint (no secret).", false), "404": webhook_not_found.clone()}),
+    )
+}
+
+pub(super) const DELETE: Route = Route {
+    operation: Operation::DeleteWebhook,
+    method: Method::DELETE,
+    path: "/v1/webhooks/{webhook_id}",
+    operation_id: "deleteWebhook",
+    function: "webhooks",
+    handler: Handler::Keyed {
+        scope: Scope::WebhooksManage,
+        handle: |api, call| Box::pin(delete(api, call.owner(), call.param("webhook_id"), call.query())),
+    },
+    describe: Some(describe_delete),
+};
+
+fn describe_delete(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { webhook_id, webhook_not_found, .. } = parts;
+    operation(
+        route.operation_id,
+        "Delete a webhook endpoint",
+        json!([webhook_id]),
+        None,
+        json!({
+            "200": {
+                "description": "Deleted: deliveries not yet made are dropped.",
+                "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Deleted"}}}
+            },
+            "404": webhook_not_found.clone()
+        }),
+    )
+}
+
+pub(super) const ROTATE_SECRET: Route = Route {
+    operation: Operation::RotateWebhookSecret,
+    method: Method::POST,
+    path: "/v1/webhooks/{webhook_id}/rotate-secret",
+    operation_id: "rotateWebhookSecret",
+    function: "webhooks",
+    handler: Handler::Keyed {
+        scope: Scope::WebhooksManage,
+        handle: |api, call| Box::pin(rotate_secret(api, call.owner(), call.param("webhook_id"), call.request)),
+    },
+    describe: Some(describe_rotate_secret),
+};
+
+fn describe_rotate_secret(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { webhook_id, webhook_not_found, .. } = parts;
+    operation(
+        route.operation_id,
+        "Rotate a webhook endpoint's signing secret",
+        json!([webhook_id]),
+        Some(
+            json!({"required": false, "content": {"application/json": {"schema": {"type": "object", "additionalProperties": false, "maxProperties": 0}}}}),
+        ),
+        json!({
+            "200": webhook_response("The endpoint with its new secret. For 24 hours deliveries carry a signature with the old secret too.", true),
+            "404": webhook_not_found.clone(),
+            "409": error_response("Another rotation happened at the same moment; its answer holds the secret.", &[])
+        }),
+    )
+}
+
+pub(super) const DELIVERIES: Route = Route {
+    operation: Operation::ListWebhookDeliveries,
+    method: Method::GET,
+    path: "/v1/webhooks/{webhook_id}/deliveries",
+    operation_id: "listWebhookDeliveries",
+    function: "webhooks",
+    handler: Handler::Keyed {
+        scope: Scope::WebhooksManage,
+        handle: |api, call| Box::pin(deliveries(api, call.owner(), call.param("webhook_id"), call.query())),
+    },
+    describe: Some(describe_deliveries),
+};
+
+fn describe_deliveries(route: &Route, parts: &Parts<'_>) -> Value {
+    let Parts { webhook_id, webhook_not_found, page_parameters, .. } = parts;
+    operation(
+        route.operation_id,
+        "List a webhook endpoint's delivery attempts, newest first",
+        json!([webhook_id, page_parameters[0], page_parameters[1]]),
+        None,
+        json!({
+            "200": {
+                "description": "One page of attempts (kept 30 days).",
+                "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeliveryList"}}}
+            },
+            "404": webhook_not_found.clone()
+        }),
+    )
 }

@@ -4,24 +4,54 @@
 //! (a test keeps the file equal to it), and `GET /v1/openapi.json` serves it
 //! for the running deployment.
 
-mod paths;
 mod schemas;
 
+use bytes::Bytes;
+use http::{Method, Request};
 use serde_json::{Value, json};
 
-use super::routes::ROUTES;
-use super::{ApiError, MAX_BODY_BYTES};
+use super::query::no_query;
+use super::routes::{FALLBACK_FUNCTION, Handler, Operation, ROUTES, Route};
+use super::{Api, ApiError, ApiResponse, MAX_BODY_BYTES};
 use super::{create, webhooks};
 use agent_runs_domain::{
     ApprovalKind, ApprovalStatus, EVENT_TYPES, MAX_ANSWER_BYTES, MAX_APPROVAL_ARGUMENTS_BYTES, MAX_COMMENT_CHARS,
     MAX_DISAGREEMENTS, MAX_RULES, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_URL_BYTES, MAX_WEBHOOKS_PER_OWNER,
     RETRY_DELAYS, RunStatus,
 };
-use agent_runs_ports::receipts::JWKS_PATH;
 
 pub const PATH: &str = "/v1/openapi.json";
 
-const ULID: &str = "[0-7][0-9A-HJKMNP-TV-Z]{25}";
+/// `GET /v1/openapi.json`: this document, to anyone.
+pub(in crate::api) const ROUTE: Route = Route {
+    operation: Operation::OpenApi,
+    method: Method::GET,
+    path: PATH,
+    operation_id: "getOpenApi",
+    function: FALLBACK_FUNCTION,
+    handler: Handler::Public(|api, request| Box::pin(serve(api, request))),
+    describe: Some(describe),
+};
+
+async fn serve(api: &Api, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
+    no_query(request.uri().query())?;
+    let mut response = http::Response::new(api.openapi.clone());
+    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    Ok(response)
+}
+
+fn describe(route: &Route, _parts: &Parts<'_>) -> Value {
+    json!({
+        "operationId": route.operation_id,
+        "summary": "This document",
+        "responses": {
+            "200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object", "additionalProperties": true}}}},
+            "400": {"$ref": "#/components/responses/InvalidRequest"}
+        }
+    })
+}
+
+pub(super) const ULID: &str = "[0-7][0-9A-HJKMNP-TV-Z]{25}";
 const TIMESTAMP: &str = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$";
 
 /// Every error code, with the status it comes with.
@@ -51,11 +81,11 @@ fn timestamp(nullable: bool) -> Value {
     json!({"type": kind, "format": "date-time", "pattern": TIMESTAMP, "description": "RFC 3339, UTC, milliseconds."})
 }
 
-fn header(description: &str, schema: Value) -> Value {
+pub(super) fn header(description: &str, schema: Value) -> Value {
     json!({"description": description, "schema": schema})
 }
 
-fn error_response(description: &str, extra_headers: &[(&str, Value)]) -> Value {
+pub(super) fn error_response(description: &str, extra_headers: &[(&str, Value)]) -> Value {
     let mut headers = json!({"x-request-id": {"$ref": "#/components/headers/RequestId"}});
     for (name, value) in extra_headers {
         headers[*name] = value.clone();
@@ -67,7 +97,7 @@ fn error_response(description: &str, extra_headers: &[(&str, Value)]) -> Value {
     })
 }
 
-fn run_response(description: &str, status_headers: Value) -> Value {
+pub(super) fn run_response(description: &str, status_headers: Value) -> Value {
     let mut headers = json!({"x-request-id": {"$ref": "#/components/headers/RequestId"}});
     for (name, value) in status_headers.as_object().into_iter().flatten() {
         headers[name] = value.clone();
@@ -97,7 +127,13 @@ fn common_errors(responses: &mut Value, with_body: bool) {
     }
 }
 
-fn operation(id: &str, summary: &str, parameters: Value, body: Option<Value>, mut responses: Value) -> Value {
+pub(super) fn operation(
+    id: &str,
+    summary: &str,
+    parameters: Value,
+    body: Option<Value>,
+    mut responses: Value,
+) -> Value {
     common_errors(&mut responses, body.is_some());
     let mut operation =
         json!({"operationId": id, "summary": summary, "parameters": parameters, "responses": responses});
@@ -142,7 +178,7 @@ fn decision_schema(extra: &[(&str, Value)]) -> Value {
     schema
 }
 
-fn webhook_response(description: &str, with_secret: bool) -> Value {
+pub(super) fn webhook_response(description: &str, with_secret: bool) -> Value {
     let schema = if with_secret { "WebhookWithSecret" } else { "Webhook" };
     json!({
         "description": description,
@@ -383,23 +419,23 @@ fn budget(description: &str) -> Value {
 }
 
 /// What the paths and the schemas both describe, made once.
-struct Parts<'a> {
-    agents: &'a [&'a str],
-    default_agent: &'a str,
-    statuses: Vec<&'static str>,
-    approval_statuses: Vec<&'static str>,
-    codes: Vec<&'static str>,
-    run_id: Value,
-    approval_id: Value,
-    not_found: Value,
-    webhook_id: Value,
-    webhook_not_found: Value,
-    page_parameters: Value,
-    conflict: Value,
-    links: Value,
-    usage: Value,
-    approval: Value,
-    inbox_entry: Value,
+pub(crate) struct Parts<'a> {
+    pub(crate) agents: &'a [&'a str],
+    pub(crate) default_agent: &'a str,
+    pub(crate) statuses: Vec<&'static str>,
+    pub(crate) approval_statuses: Vec<&'static str>,
+    pub(crate) codes: Vec<&'static str>,
+    pub(crate) run_id: Value,
+    pub(crate) approval_id: Value,
+    pub(crate) not_found: Value,
+    pub(crate) webhook_id: Value,
+    pub(crate) webhook_not_found: Value,
+    pub(crate) page_parameters: Value,
+    pub(crate) conflict: Value,
+    pub(crate) links: Value,
+    pub(crate) usage: Value,
+    pub(crate) approval: Value,
+    pub(crate) inbox_entry: Value,
 }
 
 impl<'a> Parts<'a> {
@@ -504,61 +540,17 @@ pub fn document(agents: &[&str], default_agent: &str) -> Value {
     let parts = Parts::new(agents, default_agent);
     let mut paths = serde_json::Map::new();
     for route in &ROUTES {
-        let mut spec = paths::spec(route, &parts);
+        let Some(describe) = route.describe else { continue };
+        let mut spec = describe(route, &parts);
         // The scope the key needs, from the route table (role names of a
-        // bearer scheme, as OpenAPI 3.1 allows).
-        spec["security"] = json!([{"bearer": [route.scope.as_str()]}]);
+        // bearer scheme, as OpenAPI 3.1 allows); none for a public route.
+        spec["security"] = match route.scope() {
+            Some(scope) => json!([{"bearer": [scope.as_str()]}]),
+            None => json!([]),
+        };
         let methods = paths.entry(route.path).or_insert_with(|| json!({}));
         methods[route.method.as_str().to_ascii_lowercase()] = spec;
     }
-    paths.insert(
-        PATH.into(),
-        json!({
-            "get": {
-                "operationId": "getOpenApi",
-                "summary": "This document",
-                "security": [],
-                "responses": {
-                    "200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object", "additionalProperties": true}}}},
-                    "400": {"$ref": "#/components/responses/InvalidRequest"}
-                }
-            }
-        }),
-    );
-    let jwk = json!({
-        "type": "object",
-        "required": ["kty", "crv", "x", "y", "kid", "use", "alg"],
-        "properties": {
-            "kty": {"type": "string", "enum": ["EC"]},
-            "crv": {"type": "string", "enum": ["P-256"]},
-            "x": {"type": "string", "description": "base64url, 32 bytes"},
-            "y": {"type": "string", "description": "base64url, 32 bytes"},
-            "kid": {"type": "string", "description": "the key's RFC 7638 thumbprint"},
-            "use": {"type": "string", "enum": ["sig"]},
-            "alg": {"type": "string", "enum": ["ES256"]}
-        }
-    });
-    paths.insert(
-        JWKS_PATH.into(),
-        json!({
-            "get": {
-                "operationId": "getSigningKeys",
-                "summary": "The public keys approval receipts are signed with (RFC 7517)",
-                "security": [],
-                "responses": {
-                    "200": {
-                        "description": "The key signing now first, then keys retired within the last 7 days. Cached for 5 minutes; an empty set is not cached.",
-                        "content": {"application/json": {"schema": {
-                            "type": "object",
-                            "required": ["keys"],
-                            "properties": {"keys": {"type": "array", "items": jwk}}
-                        }}}
-                    },
-                    "400": {"$ref": "#/components/responses/InvalidRequest"}
-                }
-            }
-        }),
-    );
     schemas::document(paths, &parts)
 }
 
