@@ -52,8 +52,8 @@ pub struct GatewayArgs {
 
 /// Which function API Gateway would invoke: the route table's, else `$default`.
 fn route(method: &http::Method, path: &str) -> (String, Option<Operation>) {
-    match routes::resolve(method, path) {
-        Resolved::Found(route, _) => (route.key(), Some(route.operation)),
+    match routes::resolve(method, path, false) {
+        Resolved::Found(route, _) if route.has_gateway_route() => (route.key(), Some(route.operation)),
         _ => ("$default".into(), None),
     }
 }

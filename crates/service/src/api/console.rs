@@ -6,8 +6,8 @@
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, header};
 
-use super::routes::{FALLBACK_FUNCTION, Handler, Operation, Public, Route};
-use super::{Api, ApiError, ApiResponse, not_found_path};
+use super::routes::{Answers, FALLBACK_FUNCTION, Handler, Operation, Public, Route, always};
+use super::{ApiError, ApiResponse, not_found_path};
 
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
      img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
@@ -47,27 +47,38 @@ fn asset(path: &str) -> Option<Asset> {
     Some(Asset { content_type, body })
 }
 
-pub(super) const PAGE: Route = public(Operation::Console, "/console", |_, request| Box::pin(file(request)));
-pub(super) const FILE: Route = public(Operation::ConsoleFile, "/console/{file}", |_, request| Box::pin(file(request)));
+pub(super) const PAGE: Route = public(Operation::Console, "/console", |_, request| Box::pin(file(request)), always);
+/// Only the files the console has: any other name is an unknown path.
+pub(super) const FILE: Route = public(
+    Operation::ConsoleFile,
+    "/console/{file}",
+    |_, request| Box::pin(file(request)),
+    |path, _| asset(path).is_some(),
+);
 /// Browsers ask for it at the root; the page names its own.
-pub(super) const FAVICON: Route = public(Operation::Favicon, "/favicon.ico", |_, request| Box::pin(file(request)));
+pub(super) const FAVICON: Route =
+    public(Operation::Favicon, "/favicon.ico", |_, request| Box::pin(file(request)), always);
 /// The root is a person's only when the request carries no key: to an API
 /// client with one it stays an unknown path (`404`).
-pub(super) const FROM_ROOT: Route =
-    public(Operation::ConsoleFromRoot, "/", |api, request| Box::pin(root(api, request)));
+pub(super) const FROM_ROOT: Route = public(
+    Operation::ConsoleFromRoot,
+    "/",
+    |_, _| Box::pin(async { Ok(redirect("console")) }),
+    |_, with_key| !with_key,
+);
 pub(super) const FROM_FOLDER: Route =
-    public(Operation::ConsoleFromFolder, "/console/", |_, _| Box::pin(async { Ok(redirect("../console")) }));
+    public(Operation::ConsoleFromFolder, "/console/", |_, _| Box::pin(async { Ok(redirect("../console")) }), always);
 
 /// A console route: read by anyone, served by the function behind
 /// `$default` (and by every other), not in the OpenAPI document.
-const fn public(operation: Operation, path: &'static str, handle: Public) -> Route {
+const fn public(operation: Operation, path: &'static str, handle: Public, answers: Answers) -> Route {
     Route {
         operation,
         method: Method::GET,
         path,
         operation_id: "",
         function: FALLBACK_FUNCTION,
-        handler: Handler::Public(handle),
+        handler: Handler::Public { handle, answers },
         describe: None,
     }
 }
@@ -75,14 +86,6 @@ const fn public(operation: Operation, path: &'static str, handle: Public) -> Rou
 async fn file(request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
     let asset = asset(request.uri().path()).ok_or_else(not_found_path)?;
     Ok(answer(http::StatusCode::OK, asset.body, Some(asset.content_type), None))
-}
-
-async fn root(api: &Api, request: &Request<Bytes>) -> Result<ApiResponse, ApiError> {
-    if !request.headers().contains_key(header::AUTHORIZATION) {
-        return Ok(redirect("console"));
-    }
-    api.caller(request).await?;
-    Err(not_found_path())
 }
 
 /// Relative, so that a stage or base path before the address is kept.

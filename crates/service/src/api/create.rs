@@ -118,12 +118,14 @@ pub(super) async fn handle(
 ) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
     let ParsedBody { input, agent, metadata, budget, previous_run_id } = parse_body(object)?;
-    let idempotency_key = idempotency_key(request)?;
     let trace = RunTrace::under(
         request.extensions().get::<RequestTrace>().map_or_else(|| telemetry::request_span_ids(None).0, |trace| trace.0),
     );
-    let new_run = NewRun { input, agent, metadata, budget, previous_run_id, idempotency_key, trace };
-    let started = commands.create(by, new_run).await;
+    let new_run = NewRun { input, agent, metadata, budget, previous_run_id, trace };
+    // In the contract's order: the body's fields, what they mean together,
+    // then the Idempotency-Key header.
+    let accepted = commands.accept(by, new_run).await.map_err(refused)?;
+    let started = commands.start(accepted, idempotency_key(request)?).await;
     if let Ok(Started::Created(run) | Started::Replayed(run)) = &started {
         tracing::Span::current().record("run_id", tracing::field::display(run.id));
     }

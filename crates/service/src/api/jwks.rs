@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::openapi::Parts;
 use super::query::no_query;
 use super::response::json_response;
-use super::routes::{FALLBACK_FUNCTION, Handler, Operation, Route};
+use super::routes::{FALLBACK_FUNCTION, Handler, Operation, Route, always};
 use super::{Api, ApiError, ApiResponse};
 use agent_runs_ports::receipts::{JWKS_PATH, jwks};
 
@@ -18,7 +18,7 @@ pub(super) const ROUTE: Route = Route {
     path: JWKS_PATH,
     operation_id: "getSigningKeys",
     function: FALLBACK_FUNCTION,
-    handler: Handler::Public(|api, request| Box::pin(serve(api, request))),
+    handler: Handler::Public { handle: |api, request| Box::pin(serve(api, request)), answers: always },
     describe: Some(describe),
 };
 

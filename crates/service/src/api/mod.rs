@@ -172,7 +172,7 @@ impl Api {
         }
     }
 
-    /// Serves these keys at [`JWKS_PATH`] (an empty set without).
+    /// Serves these keys at the JWKS path (an empty set without).
     pub fn with_signing_keys(mut self, keys: Arc<dyn PublishedKeys>) -> Self {
         self.signing_keys = Some(keys);
         self
@@ -205,7 +205,8 @@ impl Api {
         // the sampling of the run's trace.
         let mut request_span = telemetry::enabled()
             .then(|| {
-                let name = request_span_name(request.method(), request.uri().path());
+                let with_key = request.headers().contains_key(header::AUTHORIZATION);
+                let name = request_span_name(request.method(), request.uri().path(), with_key);
                 telemetry::Span::with_id(trace.trace_id, trace.span_id, caller_span, true, name, SpanKind::Server)
             })
             .flatten();
@@ -260,7 +261,8 @@ impl Api {
     }
 
     async fn dispatch(&self, serving: Serving, request: Request<Bytes>) -> Result<ApiResponse, ApiError> {
-        let (route, params) = match routes::resolve(request.method(), request.uri().path()) {
+        let with_key = request.headers().contains_key(header::AUTHORIZATION);
+        let (route, params) = match routes::resolve(request.method(), request.uri().path(), with_key) {
             Resolved::Found(route, params) => (route, params),
             // Anyone may learn which methods the console and documents take.
             Resolved::WrongMethod { allow, public: true } => return Err(ApiError::MethodNotAllowed { allow }),
@@ -277,7 +279,7 @@ impl Api {
         let (scope, handle) = match route.handler {
             // The console and the documents need no key: every function
             // serves them, as the person or the tool reading them asks.
-            Handler::Public(handle) => return handle(self, &request).await,
+            Handler::Public { handle, .. } => return handle(self, &request).await,
             Handler::Keyed { scope, handle } => (scope, handle),
         };
         let principal = self.caller(&request).await?;
@@ -386,8 +388,8 @@ pub struct RequestTrace(pub SpanParent);
 
 /// `GET /v1/agent/runs/{run_id}`: the method and the matched route's
 /// template, so that all requests of an operation share one name.
-fn request_span_name(method: &Method, path: &str) -> String {
-    match routes::resolve(method, path) {
+fn request_span_name(method: &Method, path: &str, with_key: bool) -> String {
+    match routes::resolve(method, path, with_key) {
         Resolved::Found(route, _) => format!("{method} {}", route.path),
         _ => method.to_string(),
     }

@@ -76,8 +76,17 @@ pub struct Route {
 /// page or document for anyone (read with GET or HEAD).
 #[derive(Clone, Copy)]
 pub(crate) enum Handler {
-    Keyed { scope: Scope, handle: Keyed },
-    Public(Public),
+    Keyed {
+        scope: Scope,
+        handle: Keyed,
+    },
+    /// `answers`: whether the route is there for this path (a template's
+    /// parameter may name a file that does not exist) and a request with a
+    /// key or without. Where it is not, the path is as unknown as any.
+    Public {
+        handle: Public,
+        answers: Answers,
+    },
 }
 
 /// A request to a keyed route, as the router passed it on: the caller,
@@ -109,6 +118,7 @@ impl<'a> Call<'a> {
 pub(crate) type Handled<'a> = Pin<Box<dyn Future<Output = Result<ApiResponse, ApiError>> + Send + 'a>>;
 pub(crate) type Keyed = for<'a> fn(&'a Api, Call<'a>) -> Handled<'a>;
 pub(crate) type Public = for<'a> fn(&'a Api, &'a Request<Bytes>) -> Handled<'a>;
+pub(crate) type Answers = fn(path: &str, with_key: bool) -> bool;
 pub(crate) type Describe = fn(&Route, &Parts<'_>) -> Value;
 
 /// Every route, in the order the OpenAPI document lists them.
@@ -176,7 +186,7 @@ impl Route {
     pub fn scope(&self) -> Option<Scope> {
         match self.handler {
             Handler::Keyed { scope, .. } => Some(scope),
-            Handler::Public(_) => None,
+            Handler::Public { .. } => None,
         }
     }
 
@@ -229,12 +239,23 @@ pub enum Resolved<'a> {
     NotFound,
 }
 
-/// The route `method` and `path` name. A public route is read with GET or
+/// For a public route whose path is all literal, and asked of anyone.
+pub(crate) fn always(_path: &str, _with_key: bool) -> bool {
+    true
+}
+
+/// The route `method` and `path` name for a request `with_key` (an
+/// `Authorization` header) or without. A public route is read with GET or
 /// HEAD (the HTTP layer sends a HEAD's headers alone).
-pub fn resolve<'a>(method: &Method, path: &'a str) -> Resolved<'a> {
+pub fn resolve<'a>(method: &Method, path: &'a str, with_key: bool) -> Resolved<'a> {
     let mut allowed = Vec::new();
     let mut public = false;
     for route in &ROUTES {
+        if let Handler::Public { answers, .. } = route.handler
+            && !answers(path, with_key)
+        {
+            continue;
+        }
         if let Some(params) = matches(route.path, path) {
             let head_of_get = route.scope().is_none() && method == Method::HEAD && route.method == Method::GET;
             if route.method == method || head_of_get {
@@ -260,26 +281,26 @@ mod tests {
 
     #[test]
     fn paths_resolve_to_their_operation_and_parameters() {
-        let Resolved::Found(route, params) = resolve(&Method::POST, "/v1/agent/runs/r1/approvals/a1") else {
+        let Resolved::Found(route, params) = resolve(&Method::POST, "/v1/agent/runs/r1/approvals/a1", true) else {
             panic!("not found")
         };
         assert_eq!(route.operation, Operation::Decide);
         assert_eq!((params.get("run_id"), params.get("approval_id")), ("r1", "a1"));
         assert!(
-            matches!(resolve(&Method::GET, "/v1/agent/runs"), Resolved::Found(route, _) if route.operation == Operation::List)
+            matches!(resolve(&Method::GET, "/v1/agent/runs", true), Resolved::Found(route, _) if route.operation == Operation::List)
         );
         assert_eq!(
-            resolve(&Method::DELETE, "/v1/agent/runs"),
+            resolve(&Method::DELETE, "/v1/agent/runs", true),
             Resolved::WrongMethod { allow: "GET, POST".into(), public: false }
         );
         assert_eq!(
-            resolve(&Method::GET, "/v1/agent/runs/r1/cancel"),
+            resolve(&Method::GET, "/v1/agent/runs/r1/cancel", true),
             Resolved::WrongMethod { allow: "POST".into(), public: false }
         );
         for missing in ["/v1/agent/runs/", "/v1/agent/runs//cancel", "/v1/agent/runs/r1/approvals/", "/v1/agent", "/x"]
         {
-            assert_eq!(resolve(&Method::GET, missing), Resolved::NotFound, "{missing}");
-            assert_eq!(resolve(&Method::POST, missing), Resolved::NotFound, "{missing}");
+            assert_eq!(resolve(&Method::GET, missing, true), Resolved::NotFound, "{missing}");
+            assert_eq!(resolve(&Method::POST, missing, false), Resolved::NotFound, "{missing}");
         }
     }
 
@@ -293,15 +314,24 @@ mod tests {
             (Method::HEAD, "/v1/openapi.json", Operation::OpenApi),
             (Method::GET, "/.well-known/jwks.json", Operation::SigningKeys),
         ] {
-            let Resolved::Found(route, _) = resolve(&method, path) else { panic!("{method} {path}") };
+            let Resolved::Found(route, _) = resolve(&method, path, false) else { panic!("{method} {path}") };
             assert_eq!((route.operation, route.scope()), (operation, None), "{method} {path}");
             assert!(!route.has_gateway_route(), "served through $default");
         }
         let public = Resolved::WrongMethod { allow: "GET, HEAD".into(), public: true };
-        assert_eq!(resolve(&Method::POST, "/console"), public);
-        assert_eq!(resolve(&Method::DELETE, "/.well-known/jwks.json"), public);
+        assert_eq!(resolve(&Method::POST, "/console", false), public);
+        assert_eq!(resolve(&Method::POST, "/console/console.js", true), public);
+        assert_eq!(resolve(&Method::DELETE, "/.well-known/jwks.json", true), public);
+        // A file the console does not have, or the root asked with a key, is
+        // as unknown as any path: the caller's key is checked first.
+        for (path, with_key) in [("/console/nope.js", false), ("/console/favicon.ico", true), ("/", true)] {
+            assert_eq!(resolve(&Method::GET, path, with_key), Resolved::NotFound, "{path}");
+            assert_eq!(resolve(&Method::POST, path, with_key), Resolved::NotFound, "{path}");
+        }
+        assert_eq!(resolve(&Method::POST, "/", false), public);
         // A keyed operation is not read with HEAD.
-        assert_eq!(resolve(&Method::HEAD, "/v1/keys"), Resolved::WrongMethod { allow: "GET".into(), public: false });
+        let keys = Resolved::WrongMethod { allow: "GET".into(), public: false };
+        assert_eq!(resolve(&Method::HEAD, "/v1/keys", true), keys);
     }
 
     /// The contract's reference names every path of the OpenAPI document
@@ -333,8 +363,9 @@ mod tests {
     #[test]
     fn each_operation_has_one_route_and_each_route_key_is_unique() {
         for route in &ROUTES {
-            assert_eq!(route.operation.route(), route);
-            assert_eq!(ROUTES.iter().filter(|other| other.key() == route.key()).count(), 1);
+            assert!(std::ptr::eq(route.operation.route(), route), "{route:?}");
+            assert_eq!(ROUTES.iter().filter(|other| other.operation == route.operation).count(), 1, "{route:?}");
+            assert_eq!(ROUTES.iter().filter(|other| other.key() == route.key()).count(), 1, "{route:?}");
         }
     }
 }

@@ -81,7 +81,11 @@ impl RunCommands {
             let position = match runs.iter().position(|(run, _)| run.id == decision.run_id) {
                 Some(position) => position,
                 None => {
-                    let run = self.run_to_decide(by, decision.run_id).await.map_err(|error| (at, error))?;
+                    // A store that failed is no element's fault: repeating the batch is safe.
+                    let run = self.run_to_decide(by, decision.run_id).await.map_err(|error| match error {
+                        ChangeError::Store(_) => (None, error),
+                        refused => (at, refused),
+                    })?;
                     runs.push((run, Vec::new()));
                     runs.len() - 1
                 }

@@ -6,9 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-
-use agent_runs_domain::{Budget, IdempotencyKey, KeyId, Metadata, Owner, Run, RunId, RunInput, RunTrace};
+use agent_runs_domain::{Budget, IdempotencyKey, KeyId, Metadata, Owner, Run, RunId, RunInput, RunTrace, sha256_hex};
 use agent_runs_ports::error_chain;
 use agent_runs_ports::queue::{QueueError, RunMessage};
 use agent_runs_ports::store::{ChangeError, IdempotencyClaim, InsertOutcome, StoreError, Transition, change_run};
@@ -37,7 +35,6 @@ pub struct NewRun {
     pub budget: Budget,
     /// The ended run this one continues.
     pub previous_run_id: Option<RunId>,
-    pub idempotency_key: Option<IdempotencyKey>,
     /// The trace the run's spans belong to.
     pub trace: RunTrace,
 }
@@ -71,8 +68,8 @@ pub enum StartError {
     Store(#[from] StoreError),
 }
 
-/// A run the rules accept, ready to store.
-struct Accepted {
+/// A run the rules accept, ready to start.
+pub struct Accepted {
     owner: Owner,
     created_by: KeyId,
     agent: String,
@@ -80,7 +77,6 @@ struct Accepted {
     metadata: BTreeMap<String, String>,
     budget: Budget,
     continues: Option<Run>,
-    idempotency: Option<IdempotencyClaimed>,
     trace: RunTrace,
 }
 
@@ -90,13 +86,11 @@ struct IdempotencyClaimed {
     request_hash: String,
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 impl RunCommands {
-    pub async fn create(&self, by: &Principal, new_run: NewRun) -> Result<Started, StartError> {
-        let NewRun { input, agent, metadata, budget, previous_run_id, idempotency_key, trace } = new_run;
+    /// What `by` asks for, judged by the rules (the run continued, the
+    /// agent and its view of the input, its budget); nothing is written.
+    pub async fn accept(&self, by: &Principal, new_run: NewRun) -> Result<Accepted, StartError> {
+        let NewRun { input, agent, metadata, budget, previous_run_id, trace } = new_run;
         let continues = match previous_run_id {
             Some(run_id) => match self.run_to_continue(&by.owner, run_id, agent.as_deref()).await? {
                 Ok(previous) => Some(previous),
@@ -127,11 +121,7 @@ impl RunCommands {
                 return Err(StartError::OverAgentBudget { field, most, agent });
             }
         }
-        let idempotency = idempotency_key.map(|key| IdempotencyClaimed {
-            key_hash: sha256_hex(key.as_str().as_bytes()),
-            request_hash: request_hash(&agent, &input, &metadata, budget, continues.as_ref()),
-        });
-        self.start(Accepted {
+        Ok(Accepted {
             owner: by.owner.clone(),
             created_by: by.key_id,
             agent,
@@ -139,14 +129,21 @@ impl RunCommands {
             metadata: metadata.into_map(),
             budget,
             continues,
-            idempotency,
             trace,
         })
-        .await
     }
 
-    async fn start(&self, accepted: Accepted) -> Result<Started, StartError> {
-        let Accepted { owner, created_by, agent, input, metadata, budget, continues, idempotency, trace } = accepted;
+    /// Stores and queues an accepted run, once per `Idempotency-Key`.
+    pub async fn start(
+        &self,
+        accepted: Accepted,
+        idempotency_key: Option<IdempotencyKey>,
+    ) -> Result<Started, StartError> {
+        let idempotency = idempotency_key.map(|key| IdempotencyClaimed {
+            key_hash: sha256_hex(key.as_str().as_bytes()),
+            request_hash: request_hash(&accepted),
+        });
+        let Accepted { owner, created_by, agent, input, metadata, budget, continues, trace } = accepted;
         for _ in 0..CREATE_ATTEMPTS {
             let now = self.clock.now();
             let run_id = RunId::from_ulid(self.ids.ulid_at(now));
@@ -275,14 +272,15 @@ impl RunCommands {
 }
 
 /// A fingerprint of what the request asks for, insensitive to formatting.
-fn request_hash(agent: &str, input: &RunInput, metadata: &Metadata, budget: Budget, continues: Option<&Run>) -> String {
+fn request_hash(accepted: &Accepted) -> String {
+    let Accepted { agent, input, metadata, budget, continues, .. } = accepted;
     let mut canonical = serde_json::json!({
         "agent": agent,
-        "input": input.as_str(),
-        "metadata": metadata.as_map(),
+        "input": input,
+        "metadata": metadata,
     });
     // Only when set, so requests without one keep the fingerprints they had.
-    if budget != Budget::default() {
+    if *budget != Budget::default() {
         canonical["budget"] = serde_json::json!([budget.max_total_tokens, budget.max_tool_calls]);
     }
     if let Some(previous) = continues {

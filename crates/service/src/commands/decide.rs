@@ -20,11 +20,11 @@ impl RunCommands {
         approval_id: ApprovalId,
         request: DecisionRequest,
     ) -> Result<Run, ChangeError<DecideRefused>> {
+        let read = self.run_to_decide(by, run_id).await?;
+        self.check_decision(by, &read, approval_id, &request).await?;
         // A decision is judged at the time it arrived: its answer's check
         // does not count against the approval's expiry or window.
         let arrived = self.clock.now();
-        let read = self.run_to_decide(by, run_id).await?;
-        self.check_decision(by, &read, approval_id, &request).await?;
         check_answer_aside(&read, arrived, approval_id, &request).await?;
         self.record_decision(read, approval_id, request, arrived).await
     }

@@ -27,7 +27,7 @@ use agent_runs_ports::store::{ChangeError, RunStore, Transition};
 
 pub use batch::{BatchDecision, BatchRefused};
 pub use continuation::ContinueRefused;
-pub use create::{IDEMPOTENCY_WINDOW, NewRun, StartError, Started};
+pub use create::{Accepted, IDEMPOTENCY_WINDOW, NewRun, StartError, Started};
 
 use crate::auth::Principal;
 

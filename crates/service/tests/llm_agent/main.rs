@@ -2,9 +2,6 @@
 //! store: against a local stand-in of an OpenAI-compatible provider and its
 //! tools, and against Bedrock through the SDK's mock client.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;

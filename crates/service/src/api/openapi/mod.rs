@@ -11,7 +11,7 @@ use http::{Method, Request};
 use serde_json::{Value, json};
 
 use super::query::no_query;
-use super::routes::{FALLBACK_FUNCTION, Handler, Operation, ROUTES, Route};
+use super::routes::{FALLBACK_FUNCTION, Handler, Operation, ROUTES, Route, always};
 use super::{Api, ApiError, ApiResponse, MAX_BODY_BYTES};
 use super::{create, webhooks};
 use agent_runs_domain::{
@@ -29,7 +29,7 @@ pub(in crate::api) const ROUTE: Route = Route {
     path: PATH,
     operation_id: "getOpenApi",
     function: FALLBACK_FUNCTION,
-    handler: Handler::Public(|api, request| Box::pin(serve(api, request))),
+    handler: Handler::Public { handle: |api, request| Box::pin(serve(api, request)), answers: always },
     describe: Some(describe),
 };
 

@@ -2,8 +2,9 @@ use std::collections::BTreeSet;
 
 use super::*;
 use agent_runs_agents::AgentRegistry;
-use agent_runs_domain::{Approval, ApprovalId, ExecutionPolicy, Owner, Run, RunId, Timestamp};
+use agent_runs_domain::{ExecutionPolicy, Owner, Run, RunId};
 use agent_runs_ports::views::RunView;
+use agent_runs_testkit::approvals::pending_approval;
 
 fn builtin() -> Value {
     let agents = AgentRegistry::builtin("echo").unwrap();
@@ -38,24 +39,7 @@ fn the_run_and_approval_schemas_have_exactly_the_keys_the_handlers_send() {
         Default::default(),
         &ExecutionPolicy::default(),
     );
-    run.approvals.push(Approval {
-        id: ApprovalId::from_ulid(ulid::Ulid::from_parts(1_795_303_478_124, 2)),
-        action: "a".into(),
-        call: None,
-        status: ApprovalStatus::Pending,
-        requested_at: Timestamp::from_millis(1_795_303_478_124),
-        resolved_at: None,
-        comment: None,
-        expires_at: None,
-        expiry_warned: false,
-        resolved_by: None,
-        edited_arguments: None,
-        policy: None,
-        input_schema: None,
-        answer: None,
-        tool_changed: false,
-        auto_approves_at: None,
-    });
+    run.approvals.push(pending_approval());
     let view = serde_json::to_value(RunView::new(&run, agent_runs_ports::views::Shown::default())).unwrap();
     let schemas = &builtin()["components"]["schemas"];
     assert_eq!(keys(&view), required(&schemas["Run"]));
