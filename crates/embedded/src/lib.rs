@@ -34,7 +34,7 @@ use writer::{Committed, Writer};
 use agent_runs_domain::{ApprovalId, Event, EventData, Owner, RunId, Timestamp};
 use agent_runs_ports::store::record::StoredRun;
 use agent_runs_ports::store::{EventBody, EventFormat, ListRequest, Run, StoreError, StoredEvent};
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 const READERS: usize = 4;
 
@@ -58,7 +58,7 @@ pub enum Durability {
 pub struct SqliteStore {
     inner: Arc<Inner>,
     /// What the runs' JSON (lists, events) shows beyond the contract.
-    shown: Shown,
+    shown: ExtraFields,
 }
 
 struct Inner {
@@ -175,14 +175,14 @@ impl SqliteStore {
             event_signals: Mutex::default(),
             deliveries_queued: tokio::sync::Notify::new(),
         };
-        Ok(Self { inner: Arc::new(inner), shown: Shown::default() })
+        Ok(Self { inner: Arc::new(inner), shown: ExtraFields::default() })
     }
 
     /// Renders runs in lists and events showing `shown` (what the
     /// deployment's configuration says; nothing beyond the contract unless
     /// told). Called right after opening, before any clone: the cache of
     /// recent runs' JSON is shared by the clones.
-    pub fn showing(self, shown: Shown) -> Self {
+    pub fn showing(self, shown: ExtraFields) -> Self {
         SqliteStore { shown, ..self }
     }
 
@@ -349,7 +349,7 @@ fn insert_events(connection: &Connection, owner: &Owner, events: &[Event]) -> Re
         .map_err(unavailable)?;
     for event in events {
         // Always the record: a release from before it refuses this schema.
-        let data = EventBody::written(&event.data, EventFormat::Record, Shown::default());
+        let data = EventBody::written(&event.data, EventFormat::Record, ExtraFields::default());
         statement
             .execute(params![
                 event.run_id.to_string(),

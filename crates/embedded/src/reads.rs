@@ -78,7 +78,7 @@ impl RunLists for SqliteStore {
         })
     }
 
-    async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<Arc<str>>, StoreError> {
+    async fn run_json(&self, owner: &Owner, run_id: RunId) -> Result<Option<Arc<str>>, StoreError> {
         if let Some(recent) = self.inner.recent.as_ref().and_then(|recent| recent.get(owner, run_id)) {
             return recent.view(self.shown).map(Some);
         }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use agent_runs_domain::{InboxPosition, Owner, RunId};
 use agent_runs_ports::store::{InboxRequest, InboxViewPage, ListRequest, Run, StoreError, ViewPage, run_view_json};
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 /// Runs as this process last wrote them, so a get or a worker's read needs
 /// neither SQLite nor a JSON decode, and the pages of lists and of the
@@ -36,7 +36,7 @@ pub(crate) struct CachedRun {
 }
 
 impl CachedRun {
-    pub(crate) fn view(&self, shown: Shown) -> Result<Arc<str>, StoreError> {
+    pub(crate) fn view(&self, shown: ExtraFields) -> Result<Arc<str>, StoreError> {
         if let Some(view) = self.view.get() {
             return Ok(view.clone());
         }

@@ -14,7 +14,7 @@ use agent_runs_domain::{
 /// once by the composition root (from the configuration) and passed to
 /// whatever renders runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Shown {
+pub struct ExtraFields {
     /// `trace_id`: when the deployment exports traces.
     pub trace_ids: bool,
 }
@@ -165,7 +165,7 @@ impl<'a> From<&'a ApprovalSummary> for ApprovalView<'a> {
 }
 
 impl<'a> RunView<'a> {
-    pub fn new(run: &'a Run, shown: Shown) -> Self {
+    pub fn new(run: &'a Run, shown: ExtraFields) -> Self {
         RunView {
             id: run.id.to_string(),
             status: run.status.as_str(),
@@ -258,7 +258,7 @@ impl<'a> From<&'a DeliveryAttempt> for DeliveryAttemptView<'a> {
 }
 
 /// The run's JSON as clients see it, ready to be spliced into a page.
-pub fn run_json(run: &Run, shown: Shown) -> Result<std::sync::Arc<str>, serde_json::Error> {
+pub fn run_json(run: &Run, shown: ExtraFields) -> Result<std::sync::Arc<str>, serde_json::Error> {
     serde_json::to_string(&RunView::new(run, shown)).map(Into::into)
 }
 
@@ -291,7 +291,7 @@ impl<'a> From<&'a InboxEntry> for InboxEntryView<'a> {
 }
 
 /// The `data` of an event, as JSON: what the store keeps and clients get.
-pub fn event_data_json(data: &EventData, shown: Shown) -> String {
+pub fn event_data_json(data: &EventData, shown: ExtraFields) -> String {
     let encoded = match data {
         EventData::RunCreated(run)
         | EventData::RunSucceeded(run)
@@ -358,7 +358,7 @@ fn flagged(view: impl Serialize, truncated: bool) -> serde_json::Result<String> 
 }
 
 /// The run in an event, as its snapshot keeps it.
-fn run_in_event(run: &RunSnapshot, shown: Shown) -> serde_json::Result<String> {
+fn run_in_event(run: &RunSnapshot, shown: ExtraFields) -> serde_json::Result<String> {
     let view = RunView {
         id: run.id.to_string(),
         status: run.status.as_str(),
@@ -437,7 +437,7 @@ mod tests {
         let run = Run::new(id, owner, "echo".into(), "hi".into(), BTreeMap::new(), &ExecutionPolicy::default());
         let trace = run.trace().trace_id_hex();
         for trace_ids in [false, true] {
-            let shown = Shown { trace_ids };
+            let shown = ExtraFields { trace_ids };
             let view: serde_json::Value = serde_json::from_str(&run_json(&run, shown).unwrap()).unwrap();
             let event = event_data_json(&EventData::RunCreated(Box::new(RunSnapshot::of(&run))), shown);
             let event: serde_json::Value = serde_json::from_str(&event).unwrap();

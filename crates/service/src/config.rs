@@ -6,7 +6,7 @@ use crate::api::{ApiLimits, HoldLimits, RateLimit};
 use agent_runs_domain::{ExecutionPolicy, MAX_TOOL_TIMEOUT_MS};
 use agent_runs_platform::telemetry::{Sampler, TracesConfig};
 use agent_runs_ports::store::{EVENT_FORMAT, EventFormat, MAX_CHECKPOINT_BYTES, RENDERED_FORMAT};
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 /// A worker stops taking steps this long before its Lambda deadline: enough
 /// for a tool call in flight to end (at most [`MAX_TOOL_TIMEOUT_MS`]) and
@@ -145,8 +145,8 @@ fn traces(env: &impl Fn(&str) -> Option<String>) -> Result<TracesConfig, ConfigE
 impl Config {
     /// What runs show beyond the contract's keys: `trace_id` where traces
     /// are exported.
-    pub fn shown(&self) -> Shown {
-        Shown { trace_ids: self.traces.export }
+    pub fn shown(&self) -> ExtraFields {
+        ExtraFields { trace_ids: self.traces.export }
     }
 
     pub fn from_env() -> Result<Self, ConfigError> {

@@ -21,7 +21,7 @@ use super::{
 };
 use agent_runs_domain::{Event, Owner, RunId};
 use agent_runs_ports::store::{EventBody, EventFormat, IdempotencyClaim, IdempotencyRecord, Run, StoreError};
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 /// Why DynamoDB canceled a transaction, from its reasons (one per item, in
 /// order; `None` for an item that was fine).
@@ -87,7 +87,7 @@ where
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        let (shown, event_format) = (Shown::default(), EventFormat::default());
+        let (shown, event_format) = (ExtraFields::default(), EventFormat::default());
         Self { client, table: table.into(), shown, event_format, kind_filter_budget: KIND_FILTERED_BUDGET }
     }
 
@@ -100,7 +100,7 @@ impl DynamoStore {
     /// Renders runs in lists and events showing `shown` (what the
     /// deployment's configuration says; nothing beyond the contract unless
     /// told).
-    pub fn showing(self, shown: Shown) -> Self {
+    pub fn showing(self, shown: ExtraFields) -> Self {
         DynamoStore { shown, ..self }
     }
 

@@ -73,7 +73,7 @@ pub use migrate::Migrated;
 pub use webhooks::{NOTIFIED_EVENT_PREFIX, decode_stream_event};
 
 use agent_runs_ports::store::EventFormat;
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 pub const STATUS_INDEX: &str = "gsi1";
 pub const DUE_INDEX: &str = "gsi2";
@@ -179,7 +179,7 @@ pub struct DynamoStore {
     client: Client,
     table: String,
     /// What the runs' JSON (lists, events) shows beyond the contract.
-    shown: Shown,
+    shown: ExtraFields,
     event_format: EventFormat,
     /// Inbox entries a page with a kind filter reads at most.
     kind_filter_budget: usize,

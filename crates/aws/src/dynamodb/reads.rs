@@ -189,7 +189,7 @@ impl RunLists for DynamoStore {
     }
 
     /// The run's item alone: clients never see a checkpoint kept apart.
-    async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<std::sync::Arc<str>>, StoreError> {
+    async fn run_json(&self, owner: &Owner, run_id: RunId) -> Result<Option<std::sync::Arc<str>>, StoreError> {
         let item = self.get_item(run_pk(run_id), RUN_SK.into()).await?;
         owners_run(item, owner)?.map(|(run, _)| run_view_json(&run, self.shown)).transpose()
     }

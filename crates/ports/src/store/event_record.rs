@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::record::{StoredApproval, StoredBudget, StoredPolicyMatch, StoredThread, StoredUsage, at, millis};
-use crate::views::{Shown, event_data_json};
+use crate::views::{ExtraFields, event_data_json};
 use agent_runs_domain::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalSummary, EventData, EventText, RunSnapshot, RunStatus, ThreadLink,
     Timestamp, ToolCompleted,
@@ -46,7 +46,7 @@ impl EventBody {
     }
 
     /// `data` as stores write it in `format` (rendered as `shown`).
-    pub fn written(data: &EventData, format: EventFormat, shown: Shown) -> Self {
+    pub fn written(data: &EventData, format: EventFormat, shown: ExtraFields) -> Self {
         match format {
             EventFormat::Record => EventBody { format: EVENT_FORMAT, text: encode_event(data) },
             EventFormat::Rendered => EventBody { format: RENDERED_FORMAT, text: event_data_json(data, shown) },
@@ -73,7 +73,7 @@ impl EventBody {
 
     /// The data of the event of type `kind` as clients get it from this
     /// deployment.
-    pub fn render(&self, kind: &str, shown: Shown) -> Result<Cow<'_, str>, StoreError> {
+    pub fn render(&self, kind: &str, shown: ExtraFields) -> Result<Cow<'_, str>, StoreError> {
         Ok(match self.decode(kind)? {
             None => Cow::Borrowed(&self.text),
             Some(data) => Cow::Owned(event_data_json(&data, shown)),

@@ -199,8 +199,8 @@ impl<S: RunLists + ?Sized, H: Hooks> RunLists for Layered<S, H> {
         self.read(Call::ListViews, self.inner.list_views(owner, request)).await
     }
 
-    async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<std::sync::Arc<str>>, StoreError> {
-        self.read(Call::Get(run_id), self.inner.view(owner, run_id)).await
+    async fn run_json(&self, owner: &Owner, run_id: RunId) -> Result<Option<std::sync::Arc<str>>, StoreError> {
+        self.read(Call::Get(run_id), self.inner.run_json(owner, run_id)).await
     }
 
     async fn inbox(&self, owner: &Owner, request: InboxRequest) -> Result<InboxPage, StoreError> {

@@ -10,7 +10,7 @@ pub mod record;
 
 use async_trait::async_trait;
 
-use crate::views::Shown;
+use crate::views::ExtraFields;
 
 use agent_runs_domain::{
     AgentDefinition, ApprovalKind, ApprovalStatus, DecidedCall, DeliveryAttempt, DeliveryId, EndpointHealth,
@@ -182,7 +182,7 @@ pub struct StoredEvent {
 
 impl StoredEvent {
     /// The event's `data` as clients get it from this deployment.
-    pub fn data_json(&self, shown: Shown) -> Result<std::borrow::Cow<'_, str>, StoreError> {
+    pub fn data_json(&self, shown: ExtraFields) -> Result<std::borrow::Cow<'_, str>, StoreError> {
         self.data.render(&self.kind, shown)
     }
 }
@@ -251,7 +251,7 @@ pub trait RunLists: Send + Sync + 'static {
     /// One of the owner's runs as clients see it (its JSON), as
     /// [`RunStore::get`] finds it; a store that keeps runs' JSON answers
     /// without copying and encoding the run.
-    async fn view(&self, owner: &Owner, run_id: RunId) -> Result<Option<std::sync::Arc<str>>, StoreError>;
+    async fn run_json(&self, owner: &Owner, run_id: RunId) -> Result<Option<std::sync::Arc<str>>, StoreError>;
 
     /// The owner's approvals with the request's status (and agent), newest
     /// `requested_at` first, each as its run holds it now.
@@ -304,7 +304,7 @@ pub trait Store: RunStore + RunLists + EventLog + Upkeep {}
 impl<T: RunStore + RunLists + EventLog + Upkeep> Store for T {}
 
 /// A list page as clients see it, from the runs of a [`RunLists::list`].
-pub fn views_of(page: ListPage, shown: Shown) -> Result<ViewPage, StoreError> {
+pub fn views_of(page: ListPage, shown: ExtraFields) -> Result<ViewPage, StoreError> {
     let views = page.runs.iter().map(|run| run_view_json(run, shown)).collect::<Result<_, _>>()?;
     let last = page.resume_after.or_else(|| page.runs.last().map(|run| run.id));
     Ok(ViewPage { views, last, has_more: page.has_more })
@@ -402,7 +402,7 @@ pub trait PolicyStore: Send + Sync + 'static {
 }
 
 /// A run's JSON as clients see it, for a list page.
-pub fn run_view_json(run: &Run, shown: Shown) -> Result<std::sync::Arc<str>, StoreError> {
+pub fn run_view_json(run: &Run, shown: ExtraFields) -> Result<std::sync::Arc<str>, StoreError> {
     crate::views::run_json(run, shown).map_err(|error| StoreError::Defect(format!("cannot encode a run: {error}")))
 }
 

@@ -15,7 +15,7 @@ use super::{ApiError, ApiResponse};
 use crate::auth::Principal;
 use crate::commands::{BatchDecision, RunCommands};
 use agent_runs_domain::{ApprovalId, RunId, Scope};
-use agent_runs_ports::views::{RunView, Shown};
+use agent_runs_ports::views::{ExtraFields, RunView};
 
 pub const MAX_DECISIONS: usize = 100;
 
@@ -47,7 +47,7 @@ fn parse_element(value: Value) -> Result<Element, ApiError> {
 
 pub(super) async fn handle(
     commands: &RunCommands,
-    shown: Shown,
+    shown: ExtraFields,
     by: &Principal,
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {

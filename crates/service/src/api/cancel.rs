@@ -12,11 +12,11 @@ use super::{ApiError, ApiResponse, changed_run_response, parse_run_id};
 use crate::commands::RunCommands;
 use agent_runs_domain::{Owner, Scope, TransitionError};
 use agent_runs_ports::store::ChangeError;
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 pub(super) async fn handle(
     commands: &RunCommands,
-    shown: Shown,
+    shown: ExtraFields,
     owner: &Owner,
     run_id: &str,
     request: &Request<Bytes>,

@@ -14,7 +14,7 @@ use agent_runs_domain::{
     Budget, IdempotencyKey, MAX_IDEMPOTENCY_KEY_CHARS, Metadata, Run, RunId, RunInput, RunTrace, Scope,
 };
 use agent_runs_platform::telemetry;
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 const FIELDS: &[&str] = &["input", "agent", "metadata", "budget", "previous_run_id"];
 const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
@@ -99,7 +99,7 @@ fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, A
     IdempotencyKey::parse(value.as_bytes()).map(Some).map_err(|error| ApiError::invalid("Idempotency-Key", error.0))
 }
 
-fn created(run: &Run, replayed: bool, shown: Shown) -> ApiResponse {
+fn created(run: &Run, replayed: bool, shown: ExtraFields) -> ApiResponse {
     let mut response = run_response(StatusCode::CREATED, run, shown);
     let location = format!("/v1/agent/runs/{}", run.id);
     let headers = response.headers_mut();
@@ -112,7 +112,7 @@ fn created(run: &Run, replayed: bool, shown: Shown) -> ApiResponse {
 
 pub(super) async fn handle(
     commands: &RunCommands,
-    shown: Shown,
+    shown: ExtraFields,
     by: &Principal,
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {

@@ -17,7 +17,7 @@ use agent_runs_domain::{
     exact_canonical,
 };
 use agent_runs_ports::store::ChangeError;
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 pub(super) const DECISION_FIELDS: [&str; 5] = ["decision", "comment", "arguments", "arguments_sha256", "answer"];
 
@@ -191,7 +191,7 @@ pub(super) fn refused(error: ChangeError<DecideRefused>, decided: impl Fn(Approv
 
 pub(super) async fn handle(
     commands: &RunCommands,
-    shown: Shown,
+    shown: ExtraFields,
     by: &Principal,
     run_id: &str,
     approval_id: &str,

@@ -21,7 +21,7 @@ use super::routes::{Handler, Operation, Route};
 use super::{Api, ApiError, ApiResponse, parse_run_id};
 use agent_runs_domain::{Owner, RunId, RunStatus, Scope};
 use agent_runs_ports::store::{EventLog, EventPage, StoredEvent};
-use agent_runs_ports::views::{EventPageView, EventView, Shown};
+use agent_runs_ports::views::{EventPageView, EventView, ExtraFields};
 
 // Named from here, beside this endpoint's other limits, by the API's
 // re-exports and the OpenAPI document.
@@ -62,7 +62,7 @@ pub struct EventStream {
     key: Option<KeyCheck>,
     /// The owner's share of held requests, given back with the stream.
     _hold: Option<Arc<Hold>>,
-    shown: Shown,
+    shown: ExtraFields,
 }
 
 struct EventsQuery {
@@ -189,13 +189,13 @@ pub(super) async fn handle(
     Ok(json_response(StatusCode::OK, &page_view(run_id, after, &page, api.shown)?))
 }
 
-fn event_view(run_id: RunId, event: &StoredEvent, shown: Shown) -> Result<EventView<'_>, ApiError> {
+fn event_view(run_id: RunId, event: &StoredEvent, shown: ExtraFields) -> Result<EventView<'_>, ApiError> {
     let data = event.data_json(shown).map_err(|error| ApiError::Internal(Box::new(error)))?;
     EventView::of(run_id, event.seq, &event.kind, event.at, &data)
         .map_err(|_| ApiError::Internal(format!("event {} of {run_id} has malformed data", event.seq).into()))
 }
 
-fn page_view(run_id: RunId, after: u64, page: &EventPage, shown: Shown) -> Result<EventPageView<'_>, ApiError> {
+fn page_view(run_id: RunId, after: u64, page: &EventPage, shown: ExtraFields) -> Result<EventPageView<'_>, ApiError> {
     Ok(EventPageView {
         data: page.events.iter().map(|event| event_view(run_id, event, shown)).collect::<Result<_, _>>()?,
         next_after: page.events.last().map_or(after, |event| event.seq),
@@ -249,7 +249,7 @@ impl Waiting {
     }
 }
 
-fn frame(run_id: RunId, event: &StoredEvent, shown: Shown) -> Result<Bytes, ApiError> {
+fn frame(run_id: RunId, event: &StoredEvent, shown: ExtraFields) -> Result<Bytes, ApiError> {
     let json = serde_json::to_string(&event_view(run_id, event, shown)?)
         .map_err(|error| ApiError::Internal(Box::new(error)))?;
     Ok(Bytes::from(format!("id: {}\nevent: {}\ndata: {json}\n\n", event.seq, event.kind)))
@@ -267,7 +267,7 @@ impl EventStream {
     /// or key is checked here: the events operation does that first.
     #[doc(hidden)]
     pub fn new(log: Arc<dyn EventLog>, run_id: RunId, after: u64, ended: bool, ends_at: Instant) -> Self {
-        EventStream { log, run_id, after, ended, ends_at, key: None, _hold: None, shown: Shown::default() }
+        EventStream { log, run_id, after, ended, ends_at, key: None, _hold: None, shown: ExtraFields::default() }
     }
 
     /// The stream's body: a message per event, a comment every

@@ -15,7 +15,7 @@ use super::{ApiError, ApiResponse, changed_run_response};
 use crate::auth::Principal;
 use crate::commands::RunCommands;
 use agent_runs_domain::Scope;
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 
 const SECONDS: std::ops::RangeInclusive<u64> = 60..=604_800;
 
@@ -29,7 +29,7 @@ fn seconds(value: Option<Value>) -> Result<Duration, ApiError> {
 
 pub(super) async fn handle(
     commands: &RunCommands,
-    shown: Shown,
+    shown: ExtraFields,
     by: &Principal,
     run_id: &str,
     approval_id: &str,

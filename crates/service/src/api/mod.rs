@@ -54,7 +54,7 @@ use agent_runs_ports::error_chain;
 use agent_runs_ports::queue::RunQueue;
 use agent_runs_ports::receipts::PublishedKeys;
 use agent_runs_ports::store::{PolicyStore, Store, WebhookStore};
-use agent_runs_ports::views::Shown;
+use agent_runs_ports::views::ExtraFields;
 use rate_limit::RateLimiter;
 use routes::{Call, Handler, Resolved};
 
@@ -111,7 +111,7 @@ pub struct Api {
     webhooks: Arc<dyn WebhookStore>,
     webhook_allow_private: bool,
     /// What runs show beyond the contract's keys.
-    shown: Shown,
+    shown: ExtraFields,
     policies: Arc<dyn PolicyStore>,
     /// The keys approval receipts are signed with, for the JWKS.
     signing_keys: Option<Arc<dyn PublishedKeys>>,
@@ -130,7 +130,7 @@ pub struct ApiParts {
     /// Webhook URLs may be `http` and private addresses.
     pub webhook_allow_private: bool,
     /// What runs show beyond the contract's keys.
-    pub shown: Shown,
+    pub shown: ExtraFields,
     pub policies: Arc<dyn PolicyStore>,
 }
 
@@ -189,7 +189,7 @@ impl Api {
     /// method is a `404` or `405`, never another function's operation. `None` is API Gateway's `$default` route, which
     /// serves no operation: only the `404` and `405` answers.
     pub async fn handle_as(&self, operation: Option<Operation>, request: Request<Bytes>) -> ApiResponse {
-        self.answer(operation.map_or(Serving::Nothing, Serving::One), request).await
+        self.answer(operation.map_or(Serving::Fallback, Serving::One), request).await
     }
 
     async fn answer(&self, serving: Serving, mut request: Request<Bytes>) -> ApiResponse {
@@ -286,7 +286,7 @@ impl Api {
         let served = match serving {
             Serving::All => true,
             Serving::One(expected) => expected.route().function == route.function,
-            Serving::Nothing => false,
+            Serving::Fallback => false,
         };
         if !served {
             return Err(not_found_path());
@@ -348,8 +348,9 @@ impl Api {
 enum Serving {
     All,
     One(Operation),
-    /// The `$default` route: `404` and `405` only.
-    Nothing,
+    /// API Gateway's `$default` route: the public routes (the console,
+    /// the documents), `404` and `405`, and no keyed operation.
+    Fallback,
 }
 
 fn not_found_path() -> ApiError {
@@ -371,12 +372,12 @@ fn run_id_of(param: &'static str, text: &str) -> Result<RunId, ApiError> {
         .map_err(|_| ApiError::invalid(param, format!("`{param}` must be a run id (run_ followed by 26 characters).")))
 }
 
-fn run_response(status: http::StatusCode, run: &Run, shown: Shown) -> ApiResponse {
+fn run_response(status: http::StatusCode, run: &Run, shown: ExtraFields) -> ApiResponse {
     response::json_response(status, &agent_runs_ports::views::RunView::new(run, shown))
 }
 
 /// The run a request changed: its span joins the run's trace.
-fn changed_run_response(run: &Run, shown: Shown) -> ApiResponse {
+fn changed_run_response(run: &Run, shown: ExtraFields) -> ApiResponse {
     let mut response = run_response(http::StatusCode::OK, run, shown);
     response.extensions_mut().insert(run.trace());
     response

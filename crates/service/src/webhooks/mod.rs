@@ -17,7 +17,7 @@ use agent_runs_domain::{
     RETRY_DELAYS, RunId, Timestamp, WebhookEndpoint, delivery_body, retry_delay,
 };
 use agent_runs_ports::store::StoredEvent;
-use agent_runs_ports::views::{EventView, Shown};
+use agent_runs_ports::views::{EventView, ExtraFields};
 
 pub use engine::{CREATE_SETTLED_AFTER, Delivered, DeliveryError, DeliveryQueue, EARLY_ENOUGH, Held, WebhookEngine};
 pub use outbox_worker::{OutboxQueue, OutboxWorker};
@@ -74,7 +74,7 @@ pub struct Deliverer {
     clock: Arc<dyn Clock>,
     ids: Arc<IdGenerator>,
     metrics: Option<Arc<dyn MetricsSink>>,
-    shown: Shown,
+    shown: ExtraFields,
 }
 
 impl Deliverer {
@@ -98,12 +98,12 @@ impl Deliverer {
             clock,
             ids: Arc::new(IdGenerator::default()),
             metrics: None,
-            shown: Shown::default(),
+            shown: ExtraFields::default(),
         }
     }
 
     /// Renders events as this deployment shows them.
-    pub fn showing(self, shown: Shown) -> Self {
+    pub fn showing(self, shown: ExtraFields) -> Self {
         Deliverer { shown, ..self }
     }
 

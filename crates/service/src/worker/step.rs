@@ -8,8 +8,8 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use super::{
-    Attempt, CANCEL_CHECK_EVERY, EVENTS_FLUSH_AT, EVENTS_FLUSH_EVERY, Limited, MAX_APPROVALS_PER_RUN, Outcome, Refused,
-    Worker, WorkerError,
+    Attempt, CANCEL_CHECK_EVERY, EVENTS_FLUSH_AT, EVENTS_FLUSH_EVERY, EventLimit, MAX_APPROVALS_PER_RUN, Outcome,
+    Refused, Worker, WorkerError,
 };
 use agent_runs_agents::{MustFinish, Step, StepInput};
 use agent_runs_domain::{ApprovalId, ApprovalRequest, EventData, Policy, Run, Usage, time_limit_message};
@@ -195,7 +195,7 @@ impl Worker {
                     // step says whether the lease held.
                     let sent = Instant::now();
                     match self
-                        .write(run, lease, &[], Limited::Yes, |run, now, lease| {
+                        .write(run, lease, &[], EventLimit::Applies, |run, now, lease| {
                             run.heartbeat(lease, None, now, &self.policy)
                         })
                         .await
@@ -274,7 +274,7 @@ impl Worker {
         let events = [attempt.events.as_slice(), &reported].concat();
         let sent = Instant::now();
         let written = self
-            .write(&mut attempt.run, &attempt.lease, &events, Limited::Yes, |run, now, lease| {
+            .write(&mut attempt.run, &attempt.lease, &events, EventLimit::Applies, |run, now, lease| {
                 run.record_rule_decisions(lease, requests.clone(), checkpoint.clone(), now, &self.policy)
             })
             .await?;
@@ -304,7 +304,7 @@ impl Worker {
             let saved = attempt.checkpoint.clone();
             let sent = Instant::now();
             match self
-                .write(&mut attempt.run, &attempt.lease, &attempt.events, Limited::Yes, |run, now, lease| {
+                .write(&mut attempt.run, &attempt.lease, &attempt.events, EventLimit::Applies, |run, now, lease| {
                     run.heartbeat(lease, saved.clone(), now, &self.policy)
                 })
                 .await?

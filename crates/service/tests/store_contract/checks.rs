@@ -720,7 +720,7 @@ pub(super) const LEGACY_EVENT: &str = r#"{"text":"from before","truncated":false
 /// both read back, the new one rendered now, the old one as it was written.
 pub(super) async fn events_from_before_the_record_read_as_written(store: &dyn TestStore, run: &Run) {
     use agent_runs_ports::store::{EventBody, RENDERED_FORMAT};
-    use agent_runs_ports::views::Shown;
+    use agent_runs_ports::views::ExtraFields;
     let page = store.events(run.id, 0, 10).await.unwrap();
     assert_eq!(
         page.events.iter().map(|event| event.kind.as_str()).collect::<Vec<_>>(),
@@ -729,7 +729,7 @@ pub(super) async fn events_from_before_the_record_read_as_written(store: &dyn Te
     let created = page.events[0].data.decode("run.created").unwrap();
     assert!(matches!(created, Some(EventData::RunCreated(created)) if created.id == run.id));
     assert_eq!(page.events[1].data, EventBody::stored(RENDERED_FORMAT, LEGACY_EVENT.into()));
-    let shown = Shown { trace_ids: true };
+    let shown = ExtraFields { trace_ids: true };
     let created: serde_json::Value = serde_json::from_str(&page.events[0].data_json(shown).unwrap()).unwrap();
     assert_eq!(created["trace_id"], run.trace().trace_id_hex(), "rendered as this deployment shows runs");
     assert_eq!(store.event(run.id, 2).await.unwrap().unwrap().data_json(shown).unwrap(), LEGACY_EVENT);

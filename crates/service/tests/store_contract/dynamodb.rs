@@ -207,8 +207,8 @@ pub(super) async fn dynamodb_events_from_before_the_record_read_as_written() {
     // A deploy over an earlier release writes events as that release did:
     // the JSON clients get, rendered at write, which both releases serve.
     use agent_runs_ports::store::{EventFormat, RENDERED_FORMAT};
-    use agent_runs_ports::views::Shown;
-    let store = store.writing_events(EventFormat::Rendered).showing(Shown { trace_ids: true });
+    use agent_runs_ports::views::ExtraFields;
+    let store = store.writing_events(EventFormat::Rendered).showing(ExtraFields { trace_ids: true });
     let mut run = new_run("legacy", 1, 803);
     insert(&store, &mut run).await;
     let created = store.event(run.id, 1).await.unwrap().unwrap();
@@ -218,7 +218,7 @@ pub(super) async fn dynamodb_events_from_before_the_record_read_as_written() {
         (json["id"].as_str(), json["trace_id"].as_str()),
         (Some(&*run.id.to_string()), Some(&*run.trace().trace_id_hex()))
     );
-    assert_eq!(created.data_json(Shown::default()).unwrap(), created.data.text());
+    assert_eq!(created.data_json(ExtraFields::default()).unwrap(), created.data.text());
 }
 
 /// With a kind filter, DynamoDB reads each entry's run: a page reads a

@@ -153,7 +153,7 @@ pub(super) async fn sqlite_views_follow_every_write_under_concurrent_gets() {
                 let (mut seen, mut reads) = (0, 0);
                 // At least one read each, however late its task starts.
                 loop {
-                    let view = store.view(&owner("follow"), run_id).await.unwrap().expect("the run is there");
+                    let view = store.run_json(&owner("follow"), run_id).await.unwrap().expect("the run is there");
                     let now = tokens(&view);
                     assert!(now >= seen, "a get went back from {seen} tokens to {now}");
                     (seen, reads) = (now, reads + 1);
@@ -168,7 +168,7 @@ pub(super) async fn sqlite_views_follow_every_write_under_concurrent_gets() {
     for total in 1..=300 {
         run.usage = Some(agent_runs_domain::Usage { total_tokens: total, ..Default::default() });
         store.update(&mut run).await.unwrap();
-        let view = store.view(&owner("follow"), run.id).await.unwrap().unwrap();
+        let view = store.run_json(&owner("follow"), run.id).await.unwrap().unwrap();
         let written = serde_json::to_string(&agent_runs_ports::views::RunView::new(&run, Default::default())).unwrap();
         assert_eq!(*view, written, "the view of write {total}");
     }
@@ -176,7 +176,7 @@ pub(super) async fn sqlite_views_follow_every_write_under_concurrent_gets() {
     for reader in readers {
         assert!(reader.await.unwrap() > 0);
     }
-    assert_eq!(store.view(&owner("other"), run.id).await.unwrap(), None, "another owner's run is not found");
+    assert_eq!(store.run_json(&owner("other"), run.id).await.unwrap(), None, "another owner's run is not found");
 }
 
 /// The serving store answers a list with a page it kept only while none of

@@ -121,16 +121,16 @@ fn every_kind_reads_back_and_renders_as_written() {
     assert_eq!(all.iter().map(EventData::kind).collect::<Vec<_>>(), agent_runs_domain::EVENT_TYPES);
     for data in all {
         let kind = data.kind();
-        let body = EventBody::written(&data, EventFormat::Record, Shown::default());
+        let body = EventBody::written(&data, EventFormat::Record, ExtraFields::default());
         assert_eq!(body.format(), EVENT_FORMAT);
         assert_eq!(body.decode(kind).unwrap().as_ref(), Some(&data), "{kind}");
         for trace_ids in [false, true] {
-            let shown = Shown { trace_ids };
+            let shown = ExtraFields { trace_ids };
             assert_eq!(body.render(kind, shown).unwrap(), event_data_json(&data, shown), "{kind}");
             // Rendered at write, as a deploy over an older release writes.
             let rendered = EventBody::written(&data, EventFormat::Rendered, shown);
             assert_eq!((rendered.format(), rendered.decode(kind).unwrap()), (RENDERED_FORMAT, None));
-            assert_eq!(rendered.render(kind, Shown::default()).unwrap(), event_data_json(&data, shown), "{kind}");
+            assert_eq!(rendered.render(kind, ExtraFields::default()).unwrap(), event_data_json(&data, shown), "{kind}");
         }
     }
 }
@@ -156,10 +156,10 @@ fn the_event_that_ends_a_run_fits_an_item_whatever_its_texts() {
         .collect();
     let ended = EventData::RunSucceeded(Box::new(RunSnapshot::of(&run)));
     for format in [EventFormat::Record, EventFormat::Rendered] {
-        let stored = EventBody::written(&ended, format, Shown { trace_ids: true }).text().len();
+        let stored = EventBody::written(&ended, format, ExtraFields { trace_ids: true }).text().len();
         assert!(stored < 300_000, "{stored} bytes");
     }
-    let shown: serde_json::Value = serde_json::from_str(&event_data_json(&ended, Shown::default())).unwrap();
+    let shown: serde_json::Value = serde_json::from_str(&event_data_json(&ended, ExtraFields::default())).unwrap();
     let first = &shown["pending_approvals"][0];
     assert_eq!((shown["truncated"].as_bool(), &first["answer"]), (Some(true), &serde_json::Value::Null));
     assert_eq!(first["action"].as_str().map(str::len), Some(agent_runs_domain::SHORT_APPROVAL_TEXT_BYTES));
@@ -167,7 +167,7 @@ fn the_event_that_ends_a_run_fits_an_item_whatever_its_texts() {
     run.approvals.truncate(3);
     let whole: serde_json::Value = serde_json::from_str(&event_data_json(
         &EventData::RunSucceeded(Box::new(RunSnapshot::of(&run))),
-        Shown::default(),
+        ExtraFields::default(),
     ))
     .unwrap();
     assert_eq!(whole["pending_approvals"][0]["action"].as_str().map(str::len), Some(2_000));
@@ -196,7 +196,7 @@ fn the_stored_format_is_fixed() {
     let stored = encode_event(&asked);
     assert!(stored.contains(kept), "{stored}");
     let before = EventBody::stored(EVENT_FORMAT, stored.replace(kept, "}"));
-    let shown = before.render("run.canceled", Shown::default()).unwrap();
+    let shown = before.render("run.canceled", ExtraFields::default()).unwrap();
     assert!(shown.contains(r#""input_schema":null,"answer":null"#), "{shown}");
     let approval = encode_event(&EventData::ApprovalDecided(approval(2, true)));
     assert_eq!(
@@ -209,7 +209,7 @@ fn the_stored_format_is_fixed() {
 fn events_from_before_the_record_are_shown_as_they_were_written() {
     let json = r#"{"text":"old","truncated":false}"#;
     let body = EventBody::stored(RENDERED_FORMAT, json.to_owned());
-    assert_eq!(body.render("output.appended", Shown { trace_ids: true }).unwrap(), json);
+    assert_eq!(body.render("output.appended", ExtraFields { trace_ids: true }).unwrap(), json);
 }
 
 #[test]
@@ -223,6 +223,6 @@ fn a_record_that_does_not_read_back_is_a_defect() {
     ];
     for (format, kind, text) in cases {
         let body = EventBody::stored(format, text.to_owned());
-        assert!(matches!(body.render(kind, Shown::default()), Err(StoreError::Defect(_))), "{kind} {text}");
+        assert!(matches!(body.render(kind, ExtraFields::default()), Err(StoreError::Defect(_))), "{kind} {text}");
     }
 }

@@ -40,14 +40,14 @@ fn the_run_and_approval_schemas_have_exactly_the_keys_the_handlers_send() {
         &ExecutionPolicy::default(),
     );
     run.approvals.push(pending_approval());
-    let view = serde_json::to_value(RunView::new(&run, agent_runs_ports::views::Shown::default())).unwrap();
+    let view = serde_json::to_value(RunView::new(&run, agent_runs_ports::views::ExtraFields::default())).unwrap();
     let schemas = &builtin()["components"]["schemas"];
     assert_eq!(keys(&view), required(&schemas["Run"]));
     // A run whose model reported tokens has `usage` too, and one created
     // with a budget `budget`; both are optional.
     run.usage = Some(Default::default());
     run.budget = agent_runs_domain::Budget { max_total_tokens: Some(5), max_tool_calls: None };
-    let with_usage = serde_json::to_value(RunView::new(&run, agent_runs_ports::views::Shown::default())).unwrap();
+    let with_usage = serde_json::to_value(RunView::new(&run, agent_runs_ports::views::ExtraFields::default())).unwrap();
     // `trace_id` is there when traces are exported (tests/traces.rs).
     let mut optional = keys(&with_usage);
     assert!(optional.insert("trace_id".into()));
