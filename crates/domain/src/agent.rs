@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::mcp::{MAX_MCP_SERVER_NAME_CHARS, McpServerDefinition, valid_mcp_server_name};
-use crate::run::Usage;
+use crate::run_values::Budget;
 use crate::schema::compile_schema;
 
 pub const MAX_AGENT_NAME_CHARS: usize = 64;
@@ -166,46 +166,6 @@ pub struct AgentDefinition {
 
 /// The tool a definition with `ask_human` offers its model.
 pub const ASK_HUMAN_TOOL: &str = "ask_human";
-
-/// What one run may spend; an absent limit is none.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Budget {
-    pub max_total_tokens: Option<u64>,
-    pub max_tool_calls: Option<u64>,
-}
-
-impl Budget {
-    /// Field by field, the tighter of the two.
-    pub fn within(self, other: Budget) -> Budget {
-        let tighter = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        Budget {
-            max_total_tokens: tighter(self.max_total_tokens, other.max_total_tokens),
-            max_tool_calls: tighter(self.max_tool_calls, other.max_tool_calls),
-        }
-    }
-
-    /// Why a model call may not be made now, in the words a failed run shows.
-    pub fn refuses_model_call(&self, usage: Option<&Usage>) -> Option<String> {
-        let used = usage.map_or(0, |usage| usage.total_tokens);
-        self.max_total_tokens
-            .filter(|max| used >= *max)
-            .map(|max| format!("budget exceeded: the run used {used} tokens of its {max}."))
-    }
-
-    /// Why a tool call may not be made now (the tokens spent count too: no
-    /// paid call follows a turn that went over).
-    pub fn refuses_tool_call(&self, usage: Option<&Usage>) -> Option<String> {
-        let calls = usage.map_or(0, |usage| usage.tool_calls);
-        self.refuses_model_call(usage).or_else(|| {
-            self.max_tool_calls
-                .filter(|max| calls >= *max)
-                .map(|max| format!("budget exceeded: the run made {calls} tool calls of its {max}."))
-        })
-    }
-}
 
 impl AgentDefinition {
     /// The budget every run of this agent has at most.

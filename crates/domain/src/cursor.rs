@@ -8,7 +8,7 @@ use ulid::Ulid;
 
 use crate::approval::{ApprovalKind, ApprovalStatus};
 use crate::ids::{ApprovalId, Owner, RunId};
-use crate::run::RunStatus;
+use crate::run_values::RunStatus;
 use crate::time::Timestamp;
 
 const VERSION: u8 = 1;

@@ -5,11 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::agent::Budget;
 use crate::approval::{Approval, ApprovalKind, ApprovalStatus, Resolver, canonical_json};
 use crate::ids::{ApprovalId, EventId, KeyId, RunId};
 use crate::policy::PolicyMatch;
-use crate::run::{Run, RunStatus, ThreadLink, Usage};
+use crate::run_values::Budget;
+use crate::run_values::{RunStatus, ThreadLink, Usage};
 use crate::time::Timestamp;
 
 /// Texts in events (a `say` line, a model's reply, a tool's result) are cut
@@ -170,41 +170,10 @@ pub struct ApprovalSummary {
     pub answer: Option<serde_json::Value>,
 }
 
-impl RunSnapshot {
-    pub fn of(run: &Run) -> Self {
-        RunSnapshot {
-            id: run.id,
-            status: run.status,
-            agent: run.agent.clone(),
-            input: EventText::new(&run.input),
-            output: run.output.as_deref().map(EventText::new),
-            error: run.error.as_deref().map(EventText::new),
-            approvals: ApprovalSummary::all_of(&run.approvals),
-            metadata: run.metadata.clone(),
-            created_by: run.created_by,
-            created_at: run.created_at,
-            started_at: run.started_at,
-            completed_at: run.completed_at,
-            usage: run.usage,
-            budget: run.budget,
-            thread: run.thread,
-            trace_id: run.trace().trace_id,
-        }
-    }
-
-    /// Whether the snapshot leaves something of the run out: a text cut, or
-    /// an approval's arguments.
-    pub fn truncated(&self) -> bool {
-        let texts = [Some(&self.input), self.output.as_ref(), self.error.as_ref()];
-        texts.into_iter().flatten().any(|text| text.truncated)
-            || self.approvals.iter().any(|approval| approval.action.truncated || approval.tool.is_some())
-    }
-}
-
 impl ApprovalSummary {
     /// The approvals of a run, shortened together past
     /// [`SNAPSHOT_APPROVAL_TEXT_BYTES`].
-    fn all_of(approvals: &[Approval]) -> Vec<Self> {
+    pub(crate) fn all_of(approvals: &[Approval]) -> Vec<Self> {
         let mut summaries: Vec<Self> = approvals.iter().map(Self::of).collect();
         if summaries.iter().map(Self::text_bytes).sum::<usize>() > SNAPSHOT_APPROVAL_TEXT_BYTES {
             summaries.iter_mut().for_each(Self::shorten);
@@ -324,6 +293,7 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::Run;
 
     #[test]
     fn every_kind_is_listed() {

@@ -7,10 +7,13 @@ mod cursor;
 mod event;
 mod fields;
 mod ids;
+mod inbox;
 mod mcp;
 mod policy;
+mod policy_replay;
 mod question;
 mod run;
+mod run_values;
 mod schema;
 mod scope;
 mod time;
@@ -25,10 +28,13 @@ pub use fields::*;
 pub use ids::{
     ApprovalId, DeliveryId, EventId, IdGenerator, InvalidOwner, KeyId, MalformedId, Owner, RunId, WebhookId,
 };
+pub use inbox::InboxEntry;
 pub use mcp::*;
 pub use policy::*;
+pub use policy_replay::{DecidedCall, HumanDecision, MAX_DISAGREEMENTS, Replay, ReplayStopped, RuleTally, replay};
 pub use question::*;
 pub use run::*;
+pub use run_values::{Budget, RunStatus, ThreadLink, Usage};
 pub use schema::{CompiledSchema, MAX_SCHEMA_PATTERNS, compile_kept_schema, compile_listed_schema, compile_schema};
 pub use scope::{Scope, Scopes};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -7,57 +7,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::Serialize;
-
-use crate::agent::Budget;
 use crate::approval::{Approval, ApprovalStatus};
-use crate::event::{Event, EventData, NewEvent, RunSnapshot};
+use crate::event::{ApprovalSummary, Event, EventData, EventText, NewEvent, RunSnapshot};
 use crate::ids::{KeyId, Owner, RunId};
+use crate::run_values::{Budget, RunStatus, ThreadLink, Usage};
 use crate::time::Timestamp;
 use crate::trace::RunTrace;
 
 mod decisions;
 mod work;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RunStatus {
-    Queued,
-    Running,
-    AwaitingApproval,
-    Succeeded,
-    Failed,
-    Canceled,
-}
-
-impl RunStatus {
-    pub const ALL: [RunStatus; 6] = [
-        RunStatus::Queued,
-        RunStatus::Running,
-        RunStatus::AwaitingApproval,
-        RunStatus::Succeeded,
-        RunStatus::Failed,
-        RunStatus::Canceled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Queued => "queued",
-            RunStatus::Running => "running",
-            RunStatus::AwaitingApproval => "awaiting_approval",
-            RunStatus::Succeeded => "succeeded",
-            RunStatus::Failed => "failed",
-            RunStatus::Canceled => "canceled",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<RunStatus> {
-        RunStatus::ALL.into_iter().find(|status| status.as_str() == text)
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Canceled)
-    }
-}
 
 /// A worker's claim on a running run. Another claim may take the run over
 /// only once `expires_at` has passed.
@@ -168,15 +126,6 @@ pub struct Run {
     pub pending_events: Vec<NewEvent>,
 }
 
-/// Where a run that continues another stands in their conversation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ThreadLink {
-    /// The thread's first run.
-    pub thread_id: RunId,
-    /// The run this one continues.
-    pub previous_run_id: RunId,
-}
-
 /// A store's note on a run it handed out (see [`Run::store_note`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreNote {
@@ -185,24 +134,6 @@ pub struct StoreNote {
     /// Whether a checkpoint of the run was ever stored apart from it;
     /// `None` when unknown (a run written by a store that kept no note).
     pub checkpoint_item: Option<bool>,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub total_tokens: u64,
-    /// Tool calls made (each HTTP request to a tool).
-    pub tool_calls: u64,
-}
-
-impl std::ops::AddAssign for Usage {
-    fn add_assign(&mut self, other: Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.total_tokens += other.total_tokens;
-        self.tool_calls += other.tool_calls;
-    }
 }
 
 /// A transition that is not allowed from the run's current state.
@@ -536,5 +467,36 @@ impl Run {
                 Ok(Changed::Yes)
             }
         }
+    }
+}
+
+impl RunSnapshot {
+    pub fn of(run: &Run) -> Self {
+        RunSnapshot {
+            id: run.id,
+            status: run.status,
+            agent: run.agent.clone(),
+            input: EventText::new(&run.input),
+            output: run.output.as_deref().map(EventText::new),
+            error: run.error.as_deref().map(EventText::new),
+            approvals: ApprovalSummary::all_of(&run.approvals),
+            metadata: run.metadata.clone(),
+            created_by: run.created_by,
+            created_at: run.created_at,
+            started_at: run.started_at,
+            completed_at: run.completed_at,
+            usage: run.usage,
+            budget: run.budget,
+            thread: run.thread,
+            trace_id: run.trace().trace_id,
+        }
+    }
+
+    /// Whether the snapshot leaves something of the run out: a text cut, or
+    /// an approval's arguments.
+    pub fn truncated(&self) -> bool {
+        let texts = [Some(&self.input), self.output.as_ref(), self.error.as_ref()];
+        texts.into_iter().flatten().any(|text| text.truncated)
+            || self.approvals.iter().any(|approval| approval.action.truncated || approval.tool.is_some())
     }
 }

@@ -10,13 +10,11 @@ use crate::time::Timestamp;
 
 mod conditions;
 mod parse;
-mod replay;
 #[cfg(test)]
 mod tests;
 
 pub use conditions::{Condition, Op, Pattern};
 pub use parse::{RuleError, is_rule_id, parse_rules, rules_from_json, rules_json};
-pub use replay::{DecidedCall, HumanDecision, MAX_DISAGREEMENTS, Replay, ReplayStopped, RuleTally, replay};
 
 /// The most rules a document holds.
 pub const MAX_RULES: usize = 200;
@@ -190,7 +188,7 @@ impl Policy {
 
     /// [`Policy::evaluate`] with whether the rule at each index matches
     /// told by `matches`.
-    pub(super) fn verdict(&self, call: &GatedCall, matches: impl Fn(usize) -> bool) -> Verdict {
+    pub(crate) fn verdict(&self, call: &GatedCall, matches: impl Fn(usize) -> bool) -> Verdict {
         let named = |rule: &Rule, effect: Effect| PolicyMatch {
             rule: rule.id.clone(),
             effect,

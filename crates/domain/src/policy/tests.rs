@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy_replay::{DecidedCall, HumanDecision, ReplayStopped, RuleTally, replay};
 
 fn rules(rules: Value) -> Vec<Rule> {
     parse_rules(&json!({ "rules": rules })).unwrap()

@@ -10,7 +10,8 @@ use crate::approval::{
 use crate::event::EventData;
 use crate::ids::ApprovalId;
 use crate::question::check_answer;
-use crate::run::{Changed, DecideOutcome, ExecutionPolicy, Run, RunStatus, SweepAction, TransitionError, warning_time};
+use crate::run::{Changed, DecideOutcome, ExecutionPolicy, Run, SweepAction, TransitionError, warning_time};
+use crate::run_values::RunStatus;
 use crate::time::Timestamp;
 
 impl Run {

@@ -5,9 +5,10 @@ use crate::approval::{Approval, ApprovalRequest, ApprovalStatus, Resolver, RuleD
 use crate::event::EventData;
 use crate::ids::ApprovalId;
 use crate::run::{
-    ClaimOutcome, ClaimRefused, DecideOutcome, ExecutionPolicy, Lease, Run, RunStatus, SweepAction, TransitionError,
+    ClaimOutcome, ClaimRefused, DecideOutcome, ExecutionPolicy, Lease, Run, SweepAction, TransitionError,
     approval_expired_message, attempts_exhausted_message, event_limit_message, time_limit_message, warning_time,
 };
+use crate::run_values::RunStatus;
 use crate::time::Timestamp;
 
 impl Run {

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::{Effect, GatedCall, Policy, PolicyMatch, Rule, RuleMode, Verdict};
 use crate::approval::{Approval, ApprovalStatus, Resolver};
 use crate::ids::{ApprovalId, RunId};
+use crate::policy::{Effect, GatedCall, Policy, PolicyMatch, Rule, RuleMode, Verdict};
 use crate::time::Timestamp;
 
 /// How a person decided a call.
