@@ -10,23 +10,12 @@ use super::routes::{Handler, Operation, Route};
 use super::{ApiError, ApiResponse, RequestTrace, run_id_of, run_response};
 use crate::auth::Principal;
 use crate::commands::{ContinueRefused, NewRun, RunCommands, StartError, Started};
-use agent_runs_domain::{
-    Budget, IdempotencyKey, MAX_IDEMPOTENCY_KEY_CHARS, Metadata, Run, RunId, RunInput, RunTrace, Scope,
-};
+use agent_runs_domain::{Budget, IdempotencyKey, MAX_IDEMPOTENCY_KEY_CHARS, Metadata, Run, RunInput, RunTrace, Scope};
 use agent_runs_platform::telemetry;
 use agent_runs_ports::views::ExtraFields;
 
 const FIELDS: &[&str] = &["input", "agent", "metadata", "budget", "previous_run_id"];
 const ACTIVE_RUNS_RETRY_AFTER_SECS: u64 = 5;
-
-/// A create request's body, parsed.
-struct ParsedBody {
-    input: RunInput,
-    agent: Option<String>,
-    metadata: Metadata,
-    budget: Budget,
-    previous_run_id: Option<RunId>,
-}
 
 /// The largest budget limit: exact in every JSON reader (2^53 - 1).
 pub const MAX_BUDGET: u64 = (1 << 53) - 1;
@@ -73,7 +62,7 @@ fn parse_metadata(value: Option<Value>) -> Result<Metadata, ApiError> {
 
 /// The body's fields, checked each on its own; what they mean together
 /// (the agent, its budget, the run continued) is the command's to judge.
-fn parse_body(mut object: Map<String, Value>) -> Result<ParsedBody, ApiError> {
+fn parse_body(mut object: Map<String, Value>, trace: RunTrace) -> Result<NewRun, ApiError> {
     reject_unknown_fields(&object, FIELDS)?;
     let input = match object.remove("input") {
         None | Some(Value::Null) => return Err(ApiError::invalid("input", "`input` is required.")),
@@ -85,7 +74,7 @@ fn parse_body(mut object: Map<String, Value>) -> Result<ParsedBody, ApiError> {
     let budget = parse_budget(object.remove("budget"))?;
     let previous_run_id =
         optional_string(&mut object, "previous_run_id")?.map(|text| run_id_of("previous_run_id", &text)).transpose()?;
-    Ok(ParsedBody { input, agent, metadata, budget, previous_run_id })
+    Ok(NewRun { input, agent, metadata, budget, previous_run_id, trace })
 }
 
 fn idempotency_key(request: &Request<Bytes>) -> Result<Option<IdempotencyKey>, ApiError> {
@@ -117,11 +106,10 @@ pub(super) async fn handle(
     request: &Request<Bytes>,
 ) -> Result<ApiResponse, ApiError> {
     let object = json_object(request.headers(), request.body(), false)?;
-    let ParsedBody { input, agent, metadata, budget, previous_run_id } = parse_body(object)?;
     let trace = RunTrace::under(
         request.extensions().get::<RequestTrace>().map_or_else(|| telemetry::request_span_ids(None).0, |trace| trace.0),
     );
-    let new_run = NewRun { input, agent, metadata, budget, previous_run_id, trace };
+    let new_run = parse_body(object, trace)?;
     // In the contract's order: the body's fields, what they mean together,
     // then the Idempotency-Key header.
     let accepted = commands.accept(by, new_run).await.map_err(refused)?;
