@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::LazyLock;
 
 use serde_json::Value;
 
@@ -43,6 +44,9 @@ const LAYERS: &[(&str, &[&str])] = &[
 
 /// A Lambda function's crate: its `main` and the glue, nothing else.
 const FUNCTION: &[&str] = &["agent-runs-lambda"];
+
+/// Read once for all the tests here: `cargo metadata` takes a while.
+static WORKSPACE: LazyLock<Workspace> = LazyLock::new(Workspace::read);
 
 struct Workspace {
     metadata: Value,
@@ -121,7 +125,7 @@ impl Workspace {
 
 #[test]
 fn each_crate_depends_only_on_the_layers_below_it() {
-    let workspace = Workspace::read();
+    let workspace = &*WORKSPACE;
     let crates = workspace.ours();
     let layers: BTreeMap<&str, &[&str]> = LAYERS.iter().copied().collect();
     let mut functions = 0;
@@ -147,7 +151,7 @@ fn each_crate_depends_only_on_the_layers_below_it() {
 
 #[test]
 fn the_bottom_layers_build_without_the_aws_sdk_or_sqlite_where_they_should() {
-    let workspace = Workspace::read();
+    let workspace = &*WORKSPACE;
     for bottom in ["agent-runs-domain", "agent-runs-ports", "agent-runs-embedded"] {
         let builds = workspace.builds(bottom);
         let aws: Vec<&&str> =
@@ -166,7 +170,7 @@ fn the_bottom_layers_build_without_the_aws_sdk_or_sqlite_where_they_should() {
 
 #[test]
 fn only_tests_use_the_testkit() {
-    let workspace = Workspace::read();
+    let workspace = &*WORKSPACE;
     for (name, (normal, _)) in workspace.ours() {
         assert!(!normal.contains("agent-runs-testkit"), "{name} ships the testkit");
     }
@@ -175,7 +179,7 @@ fn only_tests_use_the_testkit() {
 /// The domain depends on nothing that does I/O or needs a runtime.
 #[test]
 fn the_domain_depends_only_on_pure_libraries() {
-    let workspace = Workspace::read();
+    let workspace = &*WORKSPACE;
     let domain = workspace.packages().iter().find(|package| package["name"] == "agent-runs-domain").unwrap();
     let pure = [
         "base64",

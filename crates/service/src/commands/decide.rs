@@ -5,11 +5,14 @@
 //! time the decision arrived; the run is queued again when it was the last
 //! decision it waited for.
 
-use agent_runs_domain::{ApprovalId, ApprovalStatus, DecideOutcome, Decision, DecisionRequest, Run, RunId, Timestamp};
+use agent_runs_domain::{
+    Approval, ApprovalId, ApprovalStatus, DecideOutcome, Decision, DecisionRequest, Run, RunId, Timestamp,
+    TransitionError,
+};
 use agent_runs_ports::store::{ChangeError, Transition, change_run};
 
 use super::answer::check_answer_aside;
-use super::{DecideRefused, RunCommands, WritesSeen, approval_of};
+use super::{DecideRefused, RunCommands, WritesSeen};
 use crate::auth::Principal;
 
 impl RunCommands {
@@ -101,4 +104,12 @@ impl RunCommands {
         }
         Ok(run)
     }
+}
+
+/// The approval `approval_id` of `run`, or why there is none.
+fn approval_of(run: &Run, approval_id: ApprovalId) -> Result<&Approval, ChangeError<DecideRefused>> {
+    run.approvals
+        .iter()
+        .find(|approval| approval.id == approval_id)
+        .ok_or(ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval)))
 }

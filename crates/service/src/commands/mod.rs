@@ -18,9 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_runs_agents::AgentRegistry;
-use agent_runs_domain::{
-    Approval, ApprovalId, ApprovalKind, Clock, ExecutionPolicy, IdGenerator, Run, RunId, Timestamp, TransitionError,
-};
+use agent_runs_domain::{ApprovalKind, Clock, ExecutionPolicy, IdGenerator, Run, RunId, Timestamp, TransitionError};
 use agent_runs_ports::error_chain;
 use agent_runs_ports::queue::{RunMessage, RunQueue};
 use agent_runs_ports::store::{ChangeError, RunStore, Transition};
@@ -160,12 +158,4 @@ impl WritesSeen {
         self.tried |= matches!(transition, Transition::Write(_));
         transition
     }
-}
-
-/// The approval `approval_id` of `run`, or why there is none.
-fn approval_of(run: &Run, approval_id: ApprovalId) -> Result<&Approval, ChangeError<DecideRefused>> {
-    run.approvals
-        .iter()
-        .find(|approval| approval.id == approval_id)
-        .ok_or(ChangeError::Refused(DecideRefused::Transition(TransitionError::NoSuchApproval)))
 }
