@@ -276,6 +276,12 @@ pub(super) fn an_idempotency_key_replays_the_original_run_and_refuses_a_differen
         assert_eq!(error["param"], "Idempotency-Key");
     }
     create(&key, &"k".repeat(255), json!({"input": "hello"})).expect_status(201);
+    // What the body asks is judged before the header: an unknown agent or a
+    // run to continue that does not exist wins over a malformed key.
+    let unknown = create(&key, "", json!({"input": "hello", "agent": "nope"}));
+    assert_eq!(unknown.expect_error(400, "invalid_request")["param"], "agent");
+    let missing = json!({"input": "hello", "previous_run_id": "run_01M806T4VB0000000000000001"});
+    create(&key, "", missing).expect_error(404, "not_found");
 }
 
 // ---------------------------------------------------------------- list
